@@ -1,0 +1,47 @@
+// The `troupe` executable: one binary, one subcommand per cli/cmd_*.cpp.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include "cli/command.hpp"
+#include "core/error.hpp"
+
+namespace troupe::cli {
+
+std::vector<command>& registry() {
+  static std::vector<command> commands;
+  return commands;
+}
+
+void print_error(const std::string& text) { std::fprintf(stderr, "troupe: error: %s\n", text.c_str()); }
+
+}  // namespace troupe::cli
+
+int main(int argc, char** argv) {
+  using namespace troupe::cli;
+  CLI::App app{"troupe: train and fine-tune GPT-2 and LLaMA models with pipeline, data and tensor "
+               "parallelism, built as an actor system"};
+  app.require_subcommand(1);
+  auto& cmds = registry();
+  std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  std::function<int()> chosen;
+  for (auto& c : cmds) {
+    CLI::App* sub = app.add_subcommand(c.name, c.description);
+    auto run = c.setup(*sub);
+    sub->callback([&chosen, run] { chosen = run; });
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return chosen ? chosen() : 1;
+  } catch (const troupe::core::failure& e) {
+    print_error(e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    print_error(std::string("unexpected: ") + e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,162 @@
+// The backend interface: every op of both model families as forward/backward, plus the memory and
+// optimizer primitives the runtime needs. The CPU backend (kernels/cpu/) is the reference; the CUDA
+// backend (kernels/cuda/) implements the same interface and is tested against it.
+//
+// Conventions (all backends):
+//  - Tensors are contiguous, row-major, and live on the backend's device.
+//  - Activations are `N = B*T` rows; heads are laid out [B, T, heads, head_dim].
+//  - Every backward ACCUMULATES (+=) into each gradient it produces, input gradients included;
+//    callers zero buffers first. This keeps residual branches and gradient accumulation across
+//    micro-batches a single code path, so results do not depend on how a model is split.
+//  - Deterministic: no atomics in reductions, so the same inputs give the same bits every time.
+//  - Shape errors throw core::failure naming the op and the shapes.
+//  - The CPU backend computes in fp32 only; the CUDA backend also takes bf16/fp16 activations and
+//    weights with fp32 accumulation. Optimizer state and master weights are always fp32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace troupe::kernels {
+
+using core::tensor;
+
+struct attention_dims {
+  int batch = 0;      // B
+  int seq = 0;        // T
+  int heads = 0;      // H (query heads)
+  int kv_heads = 0;   // Hkv; H % Hkv == 0 (grouped-query attention)
+  int head_dim = 0;   // D
+};
+
+struct adamw_params {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0;  // decoupled: p -= lr * wd * p
+  float grad_scale = 1;    // gradients are multiplied by this first (clipping, loss-scale undo)
+  int step = 1;            // 1-based, for bias correction
+};
+
+/// Elements per block of `sumsq_blocks`. Tensors are laid out in flat buffers at multiples of this,
+/// so that any partition of a buffer on block boundaries (pipeline splits, ZeRO shards) yields the
+/// same per-block partial sums and therefore the same global norm, bit for bit.
+inline constexpr std::int64_t norm_block = 1024;
+
+class backend {
+ public:
+  virtual ~backend() = default;
+  virtual core::device dev() const = 0;
+  virtual std::string name() const = 0;
+
+  // --- memory ---------------------------------------------------------------------------------
+  /// Uninitialised tensor on this device (CPU: zero-filled).
+  virtual tensor empty(const core::shape_t& shape, core::dtype t) = 0;
+  virtual void zero(tensor& x) = 0;
+  /// Copy between any two tensors of equal byte size on this device or the host.
+  virtual void copy(const tensor& src, tensor& dst) = 0;
+  /// Element type conversion (f32 <-> bf16/f16) of equally shaped tensors.
+  virtual void convert(const tensor& src, tensor& dst) = 0;
+  /// Wait for all work this backend queued.
+  virtual void synchronize() = 0;
+  /// Host copy of a tensor (synchronises).
+  tensor to_host(const tensor& x);
+  /// Device copy of a host tensor.
+  tensor from_host(const tensor& host);
+
+  // --- dense ------------------------------------------------------------------------------------
+  /// y[N,OC] = x[N,IC] · w[OC,IC]ᵀ (+ b[OC] when b is defined). Overwrites y.
+  virtual void linear_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y) = 0;
+  /// dx[N,IC] += dy[N,OC] · w[OC,IC].
+  virtual void linear_backward_input(const tensor& dy, const tensor& w, tensor& dx) = 0;
+  /// dw[OC,IC] += dyᵀ · x; db[OC] += Σ_rows dy (when db is defined).
+  virtual void linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw, tensor& db) = 0;
+
+  // --- embeddings ---------------------------------------------------------------------------
+  /// out[B*T,C] = wte[tok] (+ wpe[t] when wpe is defined, t = row % T). tokens: int32 [B*T].
+  virtual void embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe, int seq,
+                                 tensor& out) = 0;
+  /// dwte[tok] += dout rows (rows added in row order); dwpe[t] += dout rows.
+  virtual void embedding_backward(const tensor& dout, const tensor& tokens, int seq, tensor& dwte,
+                                  tensor& dwpe) = 0;
+
+  // --- normalisation --------------------------------------------------------------------------
+  /// y = (x - mean) * rstd * w + b over the last dim; saves mean[N], rstd[N] (fp32).
+  virtual void layernorm_forward(const tensor& x, const tensor& w, const tensor& b, float eps,
+                                 tensor& y, tensor& mean, tensor& rstd) = 0;
+  virtual void layernorm_backward(const tensor& dy, const tensor& x, const tensor& w,
+                                  const tensor& mean, const tensor& rstd, tensor& dx, tensor& dw,
+                                  tensor& db) = 0;
+  /// y = x * rstd * w, rstd = 1/sqrt(mean(x²) + eps); saves rstd[N] (fp32).
+  virtual void rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y,
+                               tensor& rstd) = 0;
+  virtual void rmsnorm_backward(const tensor& dy, const tensor& x, const tensor& w,
+                                const tensor& rstd, tensor& dx, tensor& dw) = 0;
+
+  // --- pointwise --------------------------------------------------------------------------------
+  /// GELU, tanh approximation (GPT-2).
+  virtual void gelu_forward(const tensor& x, tensor& y) = 0;
+  virtual void gelu_backward(const tensor& dy, const tensor& x, tensor& dx) = 0;
+  /// y = silu(gate) * up (LLaMA MLP).
+  virtual void swiglu_forward(const tensor& gate, const tensor& up, tensor& y) = 0;
+  virtual void swiglu_backward(const tensor& dy, const tensor& gate, const tensor& up,
+                               tensor& dgate, tensor& dup) = 0;
+  /// y = a + b (y may alias a).
+  virtual void add(const tensor& a, const tensor& b, tensor& y) = 0;
+  /// y += x.
+  virtual void accumulate(const tensor& x, tensor& y) = 0;
+  /// x *= s.
+  virtual void scale(tensor& x, float s) = 0;
+
+  // --- attention ------------------------------------------------------------------------------
+  /// Rotary position embedding, rotate-half convention (Hugging Face LLaMA): the first
+  /// `rot_heads` heads of each row of qkv[B*T, heads_total*D] are rotated by position t = row % T;
+  /// the other heads are copied. y may alias x.
+  virtual void rope_forward(const tensor& x, int seq, int heads_total, int rot_heads, int head_dim,
+                            float theta, tensor& y) = 0;
+  /// dx += Rᵀ dy for rotated heads, dx += dy for the rest.
+  virtual void rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
+                             int head_dim, float theta, tensor& dx) = 0;
+  /// Causal attention on fused qkv[B*T, (H + 2*Hkv)*D] (query heads, then key heads, then value
+  /// heads), scale 1/sqrt(D). out[B*T, H*D]; lse[B, H, T] (fp32) is the log-sum-exp of each
+  /// query's scores, the only statistic saved: the T×T matrix is never kept.
+  virtual void attention_forward(const tensor& qkv, const attention_dims& d, tensor& out,
+                                 tensor& lse) = 0;
+  /// dqkv += gradient of attention w.r.t. qkv, given dout, the forward's out and lse.
+  virtual void attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
+                                  const tensor& lse, const attention_dims& d, tensor& dqkv) = 0;
+
+  // --- loss -----------------------------------------------------------------------------------
+  /// Softmax cross-entropy fused with its backward. logits[N,V]; targets int32 [N] (a negative
+  /// target is ignored: zero loss, zero gradient). Writes losses[N] (fp32, per row) and, when
+  /// grad_scale != 0, overwrites logits with dloss/dlogits * grad_scale.
+  virtual void cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
+                             float grad_scale) = 0;
+
+  // --- optimizer ------------------------------------------------------------------------------
+  /// Per-block sums of squares (fp64) of x (fp32), blocks of `norm_block` elements, in order:
+  /// out[i] = Σ x[i*norm_block .. (i+1)*norm_block)². out: f64 [ceil(n / norm_block)].
+  virtual void sumsq_blocks(const tensor& x, tensor& out) = 0;
+  /// AdamW with decoupled weight decay on fp32 master params, grads, moments m and v (all same
+  /// shape). When `low` is defined (bf16/f16, same shape), it receives the updated params.
+  virtual void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                     const adamw_params& p, tensor& low) = 0;
+  /// True when any element of x (fp32/bf16/f16) is NaN or infinite.
+  virtual bool has_nonfinite(const tensor& x) = 0;
+};
+
+/// "cpu" or "cuda[:i]". Throws core::failure when the device is not available in this build or
+/// on this machine (the message says which).
+std::unique_ptr<backend> make_backend(const std::string& device);
+/// True when this build has the CUDA backend and a GPU is visible.
+bool cuda_available();
+
+/// Sets the threads the CPU BLAS may use (0 = all cores); results do not depend on it.
+void set_cpu_threads(int n);
+
+}  // namespace troupe::kernels

@@ -1,0 +1,110 @@
+// A model chunk: a contiguous range of transformer layers, optionally with the token embedding
+// (first chunk) and the final norm, LM head and loss (last chunk). The whole model is one chunk;
+// a pipeline splits it into pipeline_stage × virtual_pipeline chunks. A chunk owns its parameters
+// and gradients in flat fp32 buffers (tensors at offsets aligned to kernels::norm_block, so ZeRO
+// shards and grad-norm blocks are split-invariant) and the saved activations of the micro-batches
+// in flight, keyed by micro-batch id.
+//
+// Determinism contract: for the same inputs, forward/backward of a chunk produce the same bits no
+// matter how the model is split into chunks, which schedule calls them, or whether activations
+// were recomputed; parameter gradients accumulate in the order backward (or backward_weight) is
+// called, which the runtime keeps in micro-batch order.
+//
+// Tied embeddings (GPT-2): the first chunk owns "wte.weight", the last chunk owns a copy named
+// "lm_head.weight" flagged `tied`. Each keeps its own gradient; the trainer / runtime sums them in
+// the fixed order (embedding use, then head use) and both copies take the same update.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/tensor.hpp"
+#include "kernels/backend.hpp"
+
+namespace troupe::model {
+
+using core::tensor;
+
+/// Which part of the model a chunk holds.
+struct chunk_spec {
+  int first_layer = 0;
+  int num_layers = 0;
+  bool has_embedding = false;
+  bool has_head = false;
+};
+
+/// Splits cfg.num_layers into `chunks` contiguous chunks of equal size. REQUIRES: divisible.
+std::vector<chunk_spec> partition(const core::model_config& cfg, int chunks);
+
+/// One named parameter (Hugging Face naming, e.g. "h.3.attn.c_attn.weight" for GPT-2,
+/// "model.layers.3.self_attn.q_proj.weight" for LLaMA) inside the chunk's flat buffers. Linear
+/// weights are stored [out, in].
+struct param_info {
+  std::string name;
+  core::shape_t shape;
+  std::int64_t offset = 0;  // elements into the flat buffer; a multiple of kernels::norm_block
+  std::int64_t numel = 0;
+  bool decay = true;        // weight decay applies (matrices yes; norms, biases no)
+  bool tied = false;        // the LM head's copy of a tied embedding
+};
+
+class chunk_impl;
+
+class chunk {
+ public:
+  chunk(const core::model_config& cfg, chunk_spec spec, kernels::backend& be,
+        core::precision_kind precision = core::precision_kind::fp32);
+  ~chunk();
+  chunk(chunk&&) noexcept;
+  chunk& operator=(chunk&&) noexcept;
+
+  const chunk_spec& spec() const;
+  const std::vector<param_info>& params() const;
+  /// Flat fp32 master parameters / gradients (padded; padding stays zero).
+  tensor& flat_params();
+  tensor& flat_grads();
+  /// View of one parameter / its gradient by name. Throws core::failure for unknown names.
+  tensor param(const std::string& name);
+  tensor grad(const std::string& name);
+
+  /// Deterministic initialisation: each parameter draws from the stream keyed by
+  /// (seed, hash of its name), so a parameter's initial value does not depend on the split.
+  /// GPT-2: N(0, init_std), residual projections N(0, init_std/sqrt(2L)), norms 1, biases 0.
+  void init(std::uint64_t seed);
+  /// After the master weights changed (optimizer step, checkpoint load): refresh any
+  /// low-precision copy.
+  void params_updated();
+  void zero_grads();
+
+  void set_recompute(core::recompute_mode mode);
+
+  /// Forward of micro-batch `mb` of micro_batch_size × seq_length tokens.
+  /// input: int32 tokens [B*T] on the first chunk, hidden [B*T, C] otherwise.
+  /// On the last chunk `targets` (int32 [B*T]) and `grad_scale` (d total loss / d token loss,
+  /// typically 1 / tokens per step) are used, the loss and dlogits are computed, and an empty
+  /// tensor is returned; otherwise returns the hidden output [B*T, C].
+  tensor forward(int mb, const tensor& input, const tensor& targets = {}, float grad_scale = 0);
+  /// Sum of mb's per-token losses in row order (last chunk only; valid after forward).
+  double loss_sum(int mb) const;
+  /// Full backward of mb: accumulates parameter gradients, returns d input [B*T, C] (empty on the
+  /// first chunk), releases mb's saved activations. grad_out is ignored on the last chunk.
+  tensor backward(int mb, const tensor& grad_out);
+  /// Zero-bubble split: backward_input computes only d input and keeps what backward_weight needs;
+  /// backward_weight(mb) then accumulates the parameter gradients and releases mb's state.
+  /// backward_input followed by backward_weight gives the same bits as backward.
+  tensor backward_input(int mb, const tensor& grad_out);
+  void backward_weight(int mb);
+
+  /// Bytes of saved activations currently held / the peak since construction.
+  std::size_t saved_activation_bytes() const;
+  std::size_t peak_saved_activation_bytes() const;
+
+ private:
+  std::unique_ptr<chunk_impl> impl_;
+};
+
+}  // namespace troupe::model
