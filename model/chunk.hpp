@@ -82,7 +82,7 @@ class chunk {
 
   void set_recompute(core::recompute_mode mode);
 
-  /// Forward of micro-batch `mb` of micro_batch_size × seq_length tokens.
+  /// Forward of micro-batch `mb`: rows = B × seq_length tokens for any B >= 1.
   /// input: int32 tokens [B*T] on the first chunk, hidden [B*T, C] otherwise.
   /// On the last chunk `targets` (int32 [B*T]) and `grad_scale` (d total loss / d token loss,
   /// typically 1 / tokens per step) are used, the loss and dlogits are computed, and an empty
@@ -98,6 +98,11 @@ class chunk {
   /// backward_input followed by backward_weight gives the same bits as backward.
   tensor backward_input(int mb, const tensor& grad_out);
   void backward_weight(int mb);
+
+  /// Drops whatever mb saved (used after evaluation forwards, which need no backward).
+  void release(int mb);
+  /// Inference on the last chunk: logits [rows, vocab] (fp32) for input rows; saves nothing.
+  tensor forward_logits(const tensor& input);
 
   /// Bytes of saved activations currently held / the peak since construction.
   std::size_t saved_activation_bytes() const;
