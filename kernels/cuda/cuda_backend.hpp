@@ -1,0 +1,100 @@
+// The CUDA backend: kernels/backend.hpp on one GPU. Each instance owns one stream, one cuBLASLt
+// handle and one caching allocator, so several backends may share a GPU (that is how pipeline stages
+// on one GPU run side by side). All ops are queued on the stream; only copies to the host,
+// has_nonfinite and synchronize wait for it. This header has no CUDA types, so host-only code
+// (kernels/backend.cpp, tests, benchmarks) can include it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/backend.hpp"
+#include "kernels/cuda/cuda_allocator.hpp"
+
+struct CUstream_st;
+
+namespace troupe::kernels {
+
+/// A CUDA backend on GPU `device_index`. Throws core::failure when that GPU cannot be used.
+std::unique_ptr<backend> make_cuda_backend(int device_index);
+/// True when at least one GPU is visible to the CUDA runtime (never throws).
+bool cuda_device_present();
+
+namespace cuda {
+
+struct context;
+
+class cuda_backend final : public backend {
+ public:
+  explicit cuda_backend(int device_index);
+  ~cuda_backend() override;
+
+  core::device dev() const override;
+  std::string name() const override;
+
+  tensor empty(const core::shape_t& shape, core::dtype t) override;
+  void zero(tensor& x) override;
+  void copy(const tensor& src, tensor& dst) override;
+  void convert(const tensor& src, tensor& dst) override;
+  void synchronize() override;
+
+  void linear_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y) override;
+  void linear_backward_input(const tensor& dy, const tensor& w, tensor& dx) override;
+  void linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw, tensor& db) override;
+
+  void embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe, int seq,
+                         tensor& out) override;
+  void embedding_backward(const tensor& dout, const tensor& tokens, int seq, tensor& dwte,
+                          tensor& dwpe) override;
+
+  void layernorm_forward(const tensor& x, const tensor& w, const tensor& b, float eps, tensor& y,
+                         tensor& mean, tensor& rstd) override;
+  void layernorm_backward(const tensor& dy, const tensor& x, const tensor& w, const tensor& mean,
+                          const tensor& rstd, tensor& dx, tensor& dw, tensor& db) override;
+  void rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y,
+                       tensor& rstd) override;
+  void rmsnorm_backward(const tensor& dy, const tensor& x, const tensor& w, const tensor& rstd,
+                        tensor& dx, tensor& dw) override;
+
+  void gelu_forward(const tensor& x, tensor& y) override;
+  void gelu_backward(const tensor& dy, const tensor& x, tensor& dx) override;
+  void swiglu_forward(const tensor& gate, const tensor& up, tensor& y) override;
+  void swiglu_backward(const tensor& dy, const tensor& gate, const tensor& up, tensor& dgate,
+                       tensor& dup) override;
+  void add(const tensor& a, const tensor& b, tensor& y) override;
+  void accumulate(const tensor& x, tensor& y) override;
+  void scale(tensor& x, float s) override;
+
+  void rope_forward(const tensor& x, int seq, int heads_total, int rot_heads, int head_dim,
+                    float theta, tensor& y) override;
+  void rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads, int head_dim,
+                     float theta, tensor& dx) override;
+  void attention_forward(const tensor& qkv, const attention_dims& d, tensor& out,
+                         tensor& lse) override;
+  void attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
+                          const tensor& lse, const attention_dims& d, tensor& dqkv) override;
+
+  void cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
+                     float grad_scale) override;
+
+  void sumsq_blocks(const tensor& x, tensor& out) override;
+  void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const adamw_params& p,
+             tensor& low) override;
+  bool has_nonfinite(const tensor& x) override;
+
+  /// Allocator counters of this backend (peak bytes of its stage).
+  memory_stats memory() const;
+  /// Restarts the peak counters at the current values.
+  void reset_peak_memory();
+  /// Returns cached, unused device blocks to the driver.
+  void empty_cache();
+  /// This backend's cudaStream_t, for events and communication streams.
+  CUstream_st* stream() const;
+
+ private:
+  void activate() const;
+  std::unique_ptr<context> ctx_;
+};
+
+}  // namespace cuda
+}  // namespace troupe::kernels
