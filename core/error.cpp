@@ -7,12 +7,20 @@ std::string error::to_string() const {
   if (!where.file.empty()) {
     out += where.file;
     if (where.line > 0) {
-      out += ":" + std::to_string(where.line);
-      if (where.column > 0) out += ":" + std::to_string(where.column);
+      out += ':';
+      out += std::to_string(where.line);
+      if (where.column > 0) {
+        out += ':';
+        out += std::to_string(where.column);
+      }
     }
     out += ": ";
   }
-  if (where.rank >= 0) out += "rank " + std::to_string(where.rank) + ": ";
+  if (where.rank >= 0) {
+    out += "rank ";
+    out += std::to_string(where.rank);
+    out += ": ";
+  }
   if (!where.key.empty()) out += where.key + ": ";
   out += message;
   if (!hint.empty()) out += "\n  hint: " + hint;
