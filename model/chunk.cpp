@@ -1,0 +1,480 @@
+// A model chunk: embedding (first chunk), layers, final norm + head + loss (last chunk), with the
+// saved activations of each micro-batch in flight. See chunk.hpp for the contract.
+//
+// Why the results do not depend on the split: every layer runs the same ops on the same inputs
+// whether its neighbour is in this chunk or another; a chunk boundary only hands the hidden state
+// (forward) or its gradient (backward) over unchanged. Recompute re-runs the identical forward
+// ops, so recomputed activations are the same bits as saved ones. backward is backward_input and
+// backward_weight applied layer by layer, so the split backward is the same arithmetic too.
+#include "model/chunk.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/error.hpp"
+#include "model/layer.hpp"
+#include "model/params.hpp"
+
+namespace troupe::model {
+
+std::vector<chunk_spec> partition(const core::model_config& cfg, int chunks) {
+  TROUPE_CHECK(chunks >= 1 && cfg.num_layers % chunks == 0,
+               "cannot split " + std::to_string(cfg.num_layers) + " layers into " +
+                   std::to_string(chunks) + " equal chunks");
+  const int per = cfg.num_layers / chunks;
+  std::vector<chunk_spec> out;
+  for (int i = 0; i < chunks; ++i) out.push_back({i * per, per, i == 0, i == chunks - 1});
+  return out;
+}
+
+namespace {
+
+core::dtype compute_dtype(core::precision_kind p) {
+  switch (p) {
+    case core::precision_kind::fp32: return core::dtype::f32;
+    case core::precision_kind::bf16: return core::dtype::bf16;
+    case core::precision_kind::fp16: return core::dtype::f16;
+  }
+  return core::dtype::f32;
+}
+
+/// What the last chunk keeps for the head's backward.
+struct head_acts {
+  tensor x;                // final norm input (the last layer's output)
+  tensor n, mean, rstd;    // final norm output and statistics
+  tensor dlogits;          // d loss / d logits × grad_scale, [N, V]: the largest buffer
+};
+
+/// One micro-batch in flight.
+struct mb_state {
+  tensor tokens;                   // first chunk: int32 [N]
+  tensor input;                    // other chunks: hidden [N, C]
+  tensor targets;                  // last chunk under full recompute: int32 [N]
+  float grad_scale = 0;
+  bool complete = false;           // every activation backward reads is held
+  bool input_done = false;         // backward_input ran; backward_weight is due
+  std::vector<layer_acts> layers;
+  std::vector<layer_stash> stash;
+  head_acts head;
+  tensor head_dn;                  // dy of the final norm, when its weights wait for phase W
+  bool head_norm_done = false;
+  tensor d_emb;                    // dy of the embedding, for phase W
+  std::size_t bytes = 0;           // as last accounted
+
+  template <class F>
+  void each(F&& f) {
+    for (tensor* t : {&tokens, &input, &targets, &head.x, &head.n, &head.mean, &head.rstd,
+                      &head.dlogits, &head_dn, &d_emb})
+      f(*t);
+    for (auto& a : layers) a.each(f);
+    for (auto& s : stash) s.each(f);
+  }
+};
+
+/// What a forward keeps.
+enum class keep { all, all_but_attention, nothing };
+
+}  // namespace
+
+class chunk_impl {
+ public:
+  chunk_impl(const core::model_config& cfg, chunk_spec spec, kernels::backend& be,
+             core::precision_kind precision)
+      : cfg_(cfg), spec_(spec), be_(be), act_(compute_dtype(precision)) {
+    TROUPE_CHECK(spec.num_layers >= 0 && spec.first_layer >= 0 &&
+                     spec.first_layer + spec.num_layers <= cfg.num_layers,
+                 "chunk layers [" + std::to_string(spec.first_layer) + ", " +
+                     std::to_string(spec.first_layer + spec.num_layers) + ") outside a " +
+                     std::to_string(cfg.num_layers) + "-layer model");
+    TROUPE_CHECK(cfg.hidden_size % cfg.num_heads == 0 && cfg.num_heads % cfg.kv_heads() == 0,
+                 "hidden_size " + std::to_string(cfg.hidden_size) + ", num_heads " +
+                     std::to_string(cfg.num_heads) + ", kv heads " +
+                     std::to_string(cfg.kv_heads()) + " do not divide");
+    defs_ = define_params(cfg, spec);
+    for (std::size_t i = 0; i < defs_.size(); ++i) {
+      infos_.push_back(defs_[i].info);
+      index_[defs_[i].info.name] = i;
+    }
+    const std::int64_t n = flat_numel(defs_);
+    params_ = be_.empty({n}, core::dtype::f32);
+    grads_ = be_.empty({n}, core::dtype::f32);
+    be_.zero(params_);
+    be_.zero(grads_);
+    if (act_ != core::dtype::f32) {
+      low_ = be_.empty({n}, act_);
+      be_.zero(low_);
+    }
+    ops_ = make_layer_ops(cfg_, be_, act_);
+  }
+
+  core::model_config cfg_;
+  chunk_spec spec_;
+  kernels::backend& be_;
+  core::dtype act_;
+  std::vector<param_def> defs_;
+  std::vector<param_info> infos_;
+  std::unordered_map<std::string, std::size_t> index_;
+  tensor params_, grads_, low_;
+  std::unique_ptr<layer_ops> ops_;
+  core::recompute_mode recompute_ = core::recompute_mode::none;
+  std::map<int, mb_state> states_;
+  std::map<int, double> losses_;
+  std::size_t bytes_ = 0, peak_ = 0;
+
+  const param_info& info(const std::string& name) const {
+    auto it = index_.find(name);
+    if (it == index_.end())
+      throw core::failure("no parameter '" + name + "' in the chunk of layers [" +
+                          std::to_string(spec_.first_layer) + ", " +
+                          std::to_string(spec_.first_layer + spec_.num_layers) + ")" +
+                          (spec_.has_embedding ? " with embedding" : "") +
+                          (spec_.has_head ? " with head" : ""));
+    return infos_[it->second];
+  }
+  tensor view(const tensor& flat, const std::string& name) const {
+    const param_info& p = info(name);
+    return flat.slice(p.offset, p.shape);
+  }
+
+  /// Parameter views for the ops (compute dtype) or for gradients (fp32).
+  struct views {
+    embedding_tensors emb;
+    std::vector<layer_tensors> layers;
+    head_tensors head;
+  };
+  views make_views(const tensor& flat) const {
+    TROUPE_CHECK(flat.numel() == flat_numel(defs_),
+                 "flat buffer of " + std::to_string(flat.numel()) + " elements, expected " +
+                     std::to_string(flat_numel(defs_)));
+    auto lookup = [&](const std::string& name) { return view(flat, name); };
+    views v;
+    if (spec_.has_embedding) v.emb = embedding_views(cfg_, lookup);
+    for (int l = 0; l < spec_.num_layers; ++l)
+      v.layers.push_back(layer_views(cfg_, spec_.first_layer + l, lookup));
+    if (spec_.has_head) v.head = head_views(cfg_, lookup);
+    return v;
+  }
+  views weights() const { return make_views(low_.defined() ? low_ : params_); }
+  views gradients() const { return make_views(grads_); }
+
+  /// Bytes held by st (each storage once: a layer's output is the next layer's input).
+  void account(mb_state& st) {
+    std::unordered_set<const core::storage*> seen;
+    std::size_t bytes = 0;
+    st.each([&](const tensor& t) {
+      if (t.defined() && seen.insert(t.store().get()).second) bytes += t.store()->bytes;
+    });
+    bytes_ = bytes_ - st.bytes + bytes;
+    st.bytes = bytes;
+    peak_ = std::max(peak_, bytes_);
+  }
+  void drop(std::map<int, mb_state>::iterator it) {
+    bytes_ -= it->second.bytes;
+    states_.erase(it);
+  }
+
+  std::int64_t check_rows(const tensor& input) const {
+    TROUPE_CHECK(input.defined(), "forward without an input");
+    const std::int64_t n = input.dim(0);
+    TROUPE_CHECK(n > 0 && n % cfg_.seq_length == 0,
+                 std::to_string(n) + " input rows are not whole sequences of seq_length " +
+                     std::to_string(cfg_.seq_length));
+    if (spec_.has_embedding) {
+      TROUPE_CHECK(input.type() == core::dtype::i32 && input.numel() == n,
+                   "first chunk wants int32 tokens [B*T], got " +
+                       std::string(core::dtype_name(input.type())) + " " +
+                       core::shape_string(input.shape()));
+    } else {
+      TROUPE_CHECK(input.type() == act_ && input.shape() == core::shape_t({n, cfg_.hidden_size}),
+                   "chunk wants " + std::string(core::dtype_name(act_)) + " hidden [N, " +
+                       std::to_string(cfg_.hidden_size) + "], got " +
+                       core::dtype_name(input.type()) + " " + core::shape_string(input.shape()));
+    }
+    return n;
+  }
+  /// A copy on this backend that the chunk owns: callers may reuse their buffers.
+  tensor own(const tensor& t) {
+    tensor out = be_.empty(t.shape(), t.type());
+    be_.copy(t, out);
+    return out;
+  }
+
+  /// The forward of st's input; keeps activations in st as `k` says. With `loss`, the last chunk
+  /// runs the cross-entropy (dlogits into st.head when kept) and returns an empty tensor;
+  /// without, it returns the logits.
+  tensor run(mb_state& st, keep k, double* loss) {
+    const views w = weights();
+    tensor x;
+    if (spec_.has_embedding) {
+      x = ops_->alloc({st.tokens.dim(0), cfg_.hidden_size});
+      be_.embedding_forward(st.tokens, w.emb.wte, w.emb.wpe, cfg_.seq_length, x);
+    } else {
+      x = st.input;
+    }
+    const std::int64_t n = x.dim(0);
+    st.layers.assign(k == keep::nothing ? 0 : spec_.num_layers, {});
+    for (int l = 0; l < spec_.num_layers; ++l) {
+      layer_acts a;
+      tensor y = ops_->forward(w.layers[l], x, a);
+      if (k == keep::all_but_attention) a.att = {}, a.lse = {};
+      if (k != keep::nothing) st.layers[l] = std::move(a);
+      x = std::move(y);
+    }
+    if (!spec_.has_head) return x;
+
+    head_acts h;
+    h.x = x;
+    h.n = ops_->alloc({n, cfg_.hidden_size});
+    ops_->norm_stats(n, h.mean, h.rstd);
+    ops_->norm_forward(h.x, w.head.norm_w, w.head.norm_b, h.n, h.mean, h.rstd);
+    tensor logits = ops_->alloc({n, cfg_.vocab_size});
+    be_.linear_forward(h.n, w.head.head_w, {}, logits);
+    if (!loss) return logits;
+    tensor losses = ops_->alloc({n}, core::dtype::f32);
+    be_.cross_entropy(logits, st.targets, losses, st.grad_scale);
+    const tensor host = be_.to_host(losses);
+    double sum = 0;
+    for (std::int64_t i = 0; i < n; ++i) sum += host.data<float>()[i];
+    *loss = sum;
+    if (k != keep::nothing && st.grad_scale != 0) {
+      h.dlogits = std::move(logits);
+      st.head = std::move(h);
+    }
+    return {};
+  }
+
+  tensor forward(int mb, const tensor& input, const tensor& targets, float grad_scale) {
+    TROUPE_CHECK(!states_.count(mb), "micro-batch " + std::to_string(mb) +
+                                         " is already in flight in this chunk; backward or "
+                                         "release it first");
+    const std::int64_t n = check_rows(input);
+    mb_state st;
+    if (spec_.has_embedding)
+      st.tokens = own(input.reshape({n}));
+    else
+      st.input = own(input);
+    keep k = recompute_ == core::recompute_mode::none        ? keep::all
+             : recompute_ == core::recompute_mode::selective ? keep::all_but_attention
+                                                             : keep::nothing;
+    tensor out;
+    if (spec_.has_head) {
+      TROUPE_CHECK(targets.defined() && targets.type() == core::dtype::i32 &&
+                       targets.numel() == n,
+                   "the last chunk wants int32 targets of " + std::to_string(n) + " rows");
+      st.targets = own(targets.reshape({n}));
+      st.grad_scale = grad_scale;
+      // An evaluation forward (no gradient wanted) keeps nothing: no backward can follow.
+      if (grad_scale == 0) k = keep::nothing;
+      double loss = 0;
+      run(st, k, &loss);
+      losses_[mb] = loss;
+      if (grad_scale == 0) st = mb_state{};
+    } else {
+      out = run(st, k, nullptr);
+    }
+    st.complete = k != keep::nothing;
+    // Only a full recompute needs the targets again, to rebuild dlogits.
+    if (k != keep::nothing) st.targets = {};
+    auto it = states_.emplace(mb, std::move(st)).first;
+    account(it->second);
+    return out;
+  }
+
+  std::map<int, mb_state>::iterator find(int mb, const char* what) {
+    auto it = states_.find(mb);
+    TROUPE_CHECK(it != states_.end(), std::string(what) + " of micro-batch " +
+                                          std::to_string(mb) +
+                                          " that has no forward in flight in this chunk");
+    return it;
+  }
+
+  /// Phase I (and, when `with_weights`, phase W right behind it, layer by layer).
+  tensor backward_input(int mb, const tensor& grad_out, bool with_weights) {
+    auto it = find(mb, "backward");
+    mb_state& st = it->second;
+    TROUPE_CHECK(!st.input_done, "backward_input of micro-batch " + std::to_string(mb) +
+                                     " ran already; backward_weight is due");
+    if (spec_.has_head)
+      TROUPE_CHECK(st.grad_scale != 0, "micro-batch " + std::to_string(mb) +
+                                           " was an evaluation forward (grad_scale 0)");
+    if (!st.complete) {
+      double unused = 0;
+      run(st, keep::all, spec_.has_head ? &unused : nullptr);
+      st.complete = true;
+      st.targets = {};
+      account(st);
+    }
+    const views w = weights();
+    views g = gradients();
+    const std::int64_t n = spec_.has_embedding ? st.tokens.dim(0) : st.input.dim(0);
+
+    tensor dy;
+    if (spec_.has_head) {
+      dy = head_backward_input(st, w.head, with_weights ? &g.head : nullptr);
+      if (with_weights) head_backward_weight(st, w.head, g.head);
+    } else {
+      TROUPE_CHECK(grad_out.defined() && grad_out.type() == act_ &&
+                       grad_out.shape() == core::shape_t({n, cfg_.hidden_size}),
+                   "backward of micro-batch " + std::to_string(mb) + " wants " +
+                       core::dtype_name(act_) + " grad_out [" + std::to_string(n) + ", " +
+                       std::to_string(cfg_.hidden_size) + "]");
+      dy = with_weights ? grad_out : own(grad_out);
+    }
+    st.stash.assign(spec_.num_layers, {});
+    for (int l = spec_.num_layers - 1; l >= 0; --l) {
+      tensor dx = ops_->backward_input(w.layers[l], st.layers[l], dy, st.stash[l],
+                                       with_weights ? &g.layers[l] : nullptr);
+      account(st);
+      if (with_weights) {
+        ops_->backward_weight(w.layers[l], st.layers[l], st.stash[l], g.layers[l]);
+        st.layers[l] = {};
+        st.stash[l] = {};
+      } else {
+        ops_->keep_for_weight(st.layers[l]);
+      }
+      dy = std::move(dx);
+    }
+    if (spec_.has_embedding) {
+      if (with_weights)
+        be_.embedding_backward(dy, st.tokens, cfg_.seq_length, g.emb.wte, g.emb.wpe);
+      else
+        st.d_emb = dy;
+      dy = {};
+    }
+    if (with_weights) {
+      drop(it);
+    } else {
+      st.input_done = true;
+      account(st);
+    }
+    return dy;
+  }
+
+  void backward_weight(int mb) {
+    auto it = find(mb, "backward_weight");
+    mb_state& st = it->second;
+    TROUPE_CHECK(st.input_done, "backward_weight of micro-batch " + std::to_string(mb) +
+                                    " before its backward_input");
+    const views w = weights();
+    views g = gradients();
+    if (spec_.has_head) head_backward_weight(st, w.head, g.head);
+    for (int l = spec_.num_layers - 1; l >= 0; --l)
+      ops_->backward_weight(w.layers[l], st.layers[l], st.stash[l], g.layers[l]);
+    if (spec_.has_embedding)
+      be_.embedding_backward(st.d_emb, st.tokens, cfg_.seq_length, g.emb.wte, g.emb.wpe);
+    drop(it);
+  }
+
+  tensor head_backward_input(mb_state& st, const head_tensors& w, head_tensors* norm_grads) {
+    const head_acts& h = st.head;
+    const std::int64_t n = h.x.dim(0), c = cfg_.hidden_size;
+    tensor dn = ops_->zeros({n, c});
+    be_.linear_backward_input(h.dlogits, w.head_w, dn);
+    tensor dx = ops_->zeros({n, c});
+    tensor dw, db;
+    if (norm_grads) {
+      dw = norm_grads->norm_w, db = norm_grads->norm_b;
+    } else {
+      dw = ops_->zeros({c}, core::dtype::f32);
+      if (w.norm_b.defined()) db = ops_->zeros({c}, core::dtype::f32);
+      st.head_dn = dn;
+    }
+    ops_->norm_backward(dn, h.x, w.norm_w, h.mean, h.rstd, dx, dw, db);
+    st.head_norm_done = norm_grads != nullptr;
+    return dx;
+  }
+
+  void head_backward_weight(mb_state& st, const head_tensors& w, head_tensors& g) {
+    head_acts& h = st.head;
+    tensor none;
+    be_.linear_backward_weight(h.dlogits, h.n, g.head_w, none);
+    if (!st.head_norm_done) {
+      tensor dx_scratch = ops_->zeros(h.x.shape());
+      ops_->norm_backward(st.head_dn, h.x, w.norm_w, h.mean, h.rstd, dx_scratch, g.norm_w,
+                          g.norm_b);
+    }
+    // dlogits is as large as the logits: let it go the moment its last reader is done.
+    st.head = {};
+    st.head_dn = {};
+    account(st);
+  }
+};
+
+chunk::chunk(const core::model_config& cfg, chunk_spec spec, kernels::backend& be,
+             core::precision_kind precision)
+    : impl_(std::make_unique<chunk_impl>(cfg, spec, be, precision)) {}
+chunk::~chunk() = default;
+chunk::chunk(chunk&&) noexcept = default;
+chunk& chunk::operator=(chunk&&) noexcept = default;
+
+const chunk_spec& chunk::spec() const { return impl_->spec_; }
+const std::vector<param_info>& chunk::params() const { return impl_->infos_; }
+tensor& chunk::flat_params() { return impl_->params_; }
+tensor& chunk::flat_grads() { return impl_->grads_; }
+tensor chunk::param(const std::string& name) { return impl_->view(impl_->params_, name); }
+tensor chunk::grad(const std::string& name) { return impl_->view(impl_->grads_, name); }
+
+void chunk::init(std::uint64_t seed) {
+  tensor host = tensor::zeros({flat_numel(impl_->defs_)});
+  for (const auto& d : impl_->defs_)
+    init_param(d, impl_->cfg_, seed, host.data<float>() + d.info.offset);
+  impl_->be_.copy(host, impl_->params_);
+  params_updated();
+}
+
+void chunk::params_updated() {
+  if (impl_->low_.defined()) impl_->be_.convert(impl_->params_, impl_->low_);
+}
+
+void chunk::zero_grads() { impl_->be_.zero(impl_->grads_); }
+
+void chunk::set_recompute(core::recompute_mode mode) { impl_->recompute_ = mode; }
+
+tensor chunk::forward(int mb, const tensor& input, const tensor& targets, float grad_scale) {
+  return impl_->forward(mb, input, targets, grad_scale);
+}
+
+double chunk::loss_sum(int mb) const {
+  TROUPE_CHECK(impl_->spec_.has_head, "loss_sum on a chunk without the head");
+  auto it = impl_->losses_.find(mb);
+  TROUPE_CHECK(it != impl_->losses_.end(),
+               "no loss for micro-batch " + std::to_string(mb) + ": forward it first");
+  return it->second;
+}
+
+tensor chunk::backward(int mb, const tensor& grad_out) {
+  return impl_->backward_input(mb, grad_out, true);
+}
+
+tensor chunk::backward_input(int mb, const tensor& grad_out) {
+  return impl_->backward_input(mb, grad_out, false);
+}
+
+void chunk::backward_weight(int mb) { impl_->backward_weight(mb); }
+
+void chunk::release(int mb) {
+  auto it = impl_->states_.find(mb);
+  if (it != impl_->states_.end()) impl_->drop(it);
+  impl_->losses_.erase(mb);
+}
+
+tensor chunk::forward_logits(const tensor& input) {
+  TROUPE_CHECK(impl_->spec_.has_head, "forward_logits on a chunk without the head");
+  const std::int64_t n = impl_->check_rows(input);
+  mb_state st;
+  if (impl_->spec_.has_embedding)
+    st.tokens = impl_->own(input.reshape({n}));
+  else
+    st.input = impl_->own(input);
+  tensor logits = impl_->run(st, keep::nothing, nullptr);
+  if (logits.type() == core::dtype::f32) return logits;
+  tensor out = impl_->be_.empty(logits.shape(), core::dtype::f32);
+  impl_->be_.convert(logits, out);
+  return out;
+}
+
+std::size_t chunk::saved_activation_bytes() const { return impl_->bytes_; }
+std::size_t chunk::peak_saved_activation_bytes() const { return impl_->peak_; }
+
+}  // namespace troupe::model

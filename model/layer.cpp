@@ -1,0 +1,154 @@
+// The family-independent skeleton of a transformer layer: norms, attention, residual adds, and
+// the order in which the two backward phases visit the ops. See layer.hpp.
+#include "model/layer.hpp"
+
+#include "core/error.hpp"
+#include "model/params.hpp"
+
+namespace troupe::model {
+
+layer_ops::layer_ops(const core::model_config& cfg, kernels::backend& be, core::dtype act)
+    : cfg_(cfg),
+      be_(be),
+      act_(act),
+      qkv_width_(static_cast<std::int64_t>(cfg.num_heads + 2 * cfg.kv_heads()) * cfg.head_dim()),
+      ffn_(ffn_hidden(cfg)) {}
+
+tensor layer_ops::alloc(const core::shape_t& shape, core::dtype t) { return be_.empty(shape, t); }
+
+tensor layer_ops::zeros(const core::shape_t& shape, core::dtype t) {
+  tensor out = be_.empty(shape, t);
+  // The CPU backend hands out zero-filled memory already (backend.hpp); others do not.
+  if (!be_.dev().is_cpu()) be_.zero(out);
+  return out;
+}
+
+kernels::attention_dims layer_ops::dims(std::int64_t rows) const {
+  TROUPE_CHECK(rows % cfg_.seq_length == 0,
+               std::to_string(rows) + " rows are not whole sequences of " +
+                   std::to_string(cfg_.seq_length));
+  return {static_cast<int>(rows / cfg_.seq_length), cfg_.seq_length, cfg_.num_heads,
+          cfg_.kv_heads(), cfg_.head_dim()};
+}
+
+void layer_ops::norm_stats(std::int64_t n, tensor& mean, tensor& rstd) {
+  if (cfg_.arch == core::arch_kind::gpt2) mean = alloc({n}, core::dtype::f32);
+  rstd = alloc({n}, core::dtype::f32);
+}
+
+void layer_ops::norm_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y,
+                             tensor& mean, tensor& rstd) {
+  const auto eps = static_cast<float>(cfg_.norm_eps);
+  if (cfg_.arch == core::arch_kind::gpt2)
+    be_.layernorm_forward(x, w, b, eps, y, mean, rstd);
+  else
+    be_.rmsnorm_forward(x, w, eps, y, rstd);
+}
+
+void layer_ops::norm_backward(const tensor& dy, const tensor& x, const tensor& w,
+                              const tensor& mean, const tensor& rstd, tensor& dx, tensor& dw,
+                              tensor& db) {
+  if (cfg_.arch == core::arch_kind::gpt2)
+    be_.layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
+  else
+    be_.rmsnorm_backward(dy, x, w, rstd, dx, dw);
+}
+
+tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a) {
+  const std::int64_t n = x.dim(0), c = cfg_.hidden_size;
+  a.x = x;
+  a.n1 = alloc({n, c});
+  norm_stats(n, a.mean1, a.rstd1);
+  norm_forward(x, w.norm1_w, w.norm1_b, a.n1, a.mean1, a.rstd1);
+  a.qkv = qkv_forward(w, a.n1);
+  recompute_attention(a);
+  tensor mid = alloc({n, c});
+  be_.linear_forward(a.att, w.proj_w, w.proj_b, mid);
+  be_.add(mid, x, mid);
+  a.mid = mid;
+  a.n2 = alloc({n, c});
+  norm_stats(n, a.mean2, a.rstd2);
+  norm_forward(a.mid, w.norm2_w, w.norm2_b, a.n2, a.mean2, a.rstd2);
+  tensor out = mlp_forward(w, a);
+  be_.add(out, a.mid, out);
+  return out;
+}
+
+void layer_ops::recompute_attention(layer_acts& a) {
+  const std::int64_t n = a.qkv.dim(0);
+  const auto d = dims(n);
+  a.att = alloc({n, static_cast<std::int64_t>(d.heads) * d.head_dim});
+  a.lse = alloc({d.batch, d.heads, d.seq}, core::dtype::f32);
+  be_.attention_forward(a.qkv, d, a.att, a.lse);
+}
+
+tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const tensor& dy,
+                                 layer_stash& s, const layer_tensors* norm_grads) {
+  const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
+  TROUPE_CHECK(dy.shape() == a.x.shape(), "layer gradient " + core::shape_string(dy.shape()) +
+                                              " does not match its input " +
+                                              core::shape_string(a.x.shape()));
+  // Norm weight gradients go either straight into the parameter gradients (views, so a copy of
+  // the handle writes through) or into scratch that is thrown away: the weight phase then
+  // recomputes them from the stashed dy.
+  s.norms_done = norm_grads != nullptr;
+  tensor dw1, db1, dw2, db2;
+  if (norm_grads) {
+    dw1 = norm_grads->norm1_w, db1 = norm_grads->norm1_b;
+    dw2 = norm_grads->norm2_w, db2 = norm_grads->norm2_b;
+  } else {
+    const bool bias = w.norm1_b.defined();
+    dw1 = zeros({c}, core::dtype::f32), dw2 = zeros({c}, core::dtype::f32);
+    if (bias) db1 = zeros({c}, core::dtype::f32), db2 = zeros({c}, core::dtype::f32);
+  }
+
+  tensor dn2 = zeros({n, c});
+  mlp_backward_input(w, a, dy, dn2, s);
+  tensor d_mid = alloc({n, c});
+  be_.copy(dy, d_mid);  // the residual path
+  norm_backward(dn2, a.mid, w.norm2_w, a.mean2, a.rstd2, d_mid, dw2, db2);
+  if (!s.norms_done) s.d_n2 = dn2;
+
+  if (!a.att.defined()) recompute_attention(a);
+  tensor datt = zeros({n, a.att.dim(1)});
+  be_.linear_backward_input(d_mid, w.proj_w, datt);
+  s.d_mid = d_mid;
+  tensor dqkv = zeros({n, qkv_width_});
+  be_.attention_backward(datt, a.qkv, a.att, a.lse, dims(n), dqkv);
+  tensor dn1 = zeros({n, c});
+  qkv_backward_input(w, dqkv, dn1, s);
+
+  tensor dx = alloc({n, c});
+  be_.copy(d_mid, dx);
+  norm_backward(dn1, a.x, w.norm1_w, a.mean1, a.rstd1, dx, dw1, db1);
+  if (!s.norms_done) s.d_n1 = dn1;
+  return dx;
+}
+
+void layer_ops::backward_weight(const layer_tensors& w, const layer_acts& a,
+                                const layer_stash& s, layer_tensors& g) {
+  const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
+  mlp_backward_weight(a, s, g);
+  be_.linear_backward_weight(s.d_mid, a.att, g.proj_w, g.proj_b);
+  qkv_backward_weight(a, s, g);
+  if (s.norms_done) return;
+  // The input gradient was produced in backward_input; this pass only wants dw and db.
+  tensor dx_scratch = zeros({n, c});
+  norm_backward(s.d_n2, a.mid, w.norm2_w, a.mean2, a.rstd2, dx_scratch, g.norm2_w, g.norm2_b);
+  norm_backward(s.d_n1, a.x, w.norm1_w, a.mean1, a.rstd1, dx_scratch, g.norm1_w, g.norm1_b);
+}
+
+void layer_ops::keep_for_weight(layer_acts& a) const {
+  a.qkv = {};
+  a.lse = {};
+  a.fc = {};
+  a.up = {};
+}
+
+std::unique_ptr<layer_ops> make_layer_ops(const core::model_config& cfg, kernels::backend& be,
+                                          core::dtype act) {
+  if (cfg.arch == core::arch_kind::gpt2) return make_gpt2_layer_ops(cfg, be, act);
+  return make_llama_layer_ops(cfg, be, act);
+}
+
+}  // namespace troupe::model

@@ -1,0 +1,161 @@
+// One pre-norm transformer layer as backend ops: forward, and a backward split in two phases as
+// zero-bubble schedules need — backward_input (every gradient that flows towards the layer's
+// input) and backward_weight (every parameter gradient). A full backward is the two phases run
+// back to back on the same layer, so the split and the unsplit backward are one code path and
+// give the same bits by construction.
+//
+//   x ─ norm1 ─ qkv projection ─ attention ─ proj ─(+x)─ mid ─ norm2 ─ MLP ─(+mid)─ out
+//
+// The skeleton (norms, attention, residuals) is shared; the families differ in the qkv
+// projection (GPT-2: fused c_attn with bias; LLaMA: q/k/v projections and RoPE) and the MLP
+// (GPT-2: c_fc, GELU, c_proj; LLaMA: SwiGLU), which gpt2_layer.cpp and llama_layer.cpp supply.
+#pragma once
+
+#include <memory>
+
+#include "core/config.hpp"
+#include "core/tensor.hpp"
+#include "kernels/backend.hpp"
+
+namespace troupe::model {
+
+using core::tensor;
+
+/// Parameters of one layer as views into a flat buffer: weights in the compute dtype for the
+/// ops, or fp32 gradients. Fields a family does not use stay undefined.
+struct layer_tensors {
+  tensor norm1_w, norm1_b;  // ln_1 / input_layernorm (bias: GPT-2 only)
+  tensor qkv_w, qkv_b;      // GPT-2 attn.c_attn
+  tensor q_w, k_w, v_w;     // LLaMA self_attn.{q,k,v}_proj
+  tensor proj_w, proj_b;    // attn.c_proj / self_attn.o_proj
+  tensor norm2_w, norm2_b;  // ln_2 / post_attention_layernorm
+  tensor fc_w, fc_b;        // mlp.c_fc / mlp.gate_proj
+  tensor up_w;              // LLaMA mlp.up_proj
+  tensor out_w, out_b;      // mlp.c_proj / mlp.down_proj
+};
+
+/// Final norm and LM head.
+struct head_tensors {
+  tensor norm_w, norm_b;  // ln_f / model.norm (bias: GPT-2 only)
+  tensor head_w;          // lm_head.weight [V, C]
+};
+
+/// Token embedding and (GPT-2) position embedding.
+struct embedding_tensors {
+  tensor wte, wpe;
+};
+
+/// What one layer keeps of one micro-batch for its backward. Undefined = not held.
+struct layer_acts {
+  tensor x;                    // layer input
+  tensor n1, mean1, rstd1;     // norm1 output and statistics (mean: LayerNorm only)
+  tensor qkv;                  // attention input (after RoPE for LLaMA)
+  tensor att, lse;             // attention output and log-sum-exp: the "attention internals"
+  tensor mid;                  // residual stream after attention
+  tensor n2, mean2, rstd2;     // norm2 output and statistics
+  tensor fc, up;               // MLP pre-activations (GPT-2 c_fc; LLaMA gate and up)
+  tensor act;                  // MLP activation, the output projection's input
+
+  /// Every field, for memory accounting and release.
+  template <class F>
+  void each(F&& f) {
+    for (tensor* t : {&x, &n1, &mean1, &rstd1, &qkv, &att, &lse, &mid, &n2, &mean2, &rstd2, &fc,
+                      &up, &act})
+      f(*t);
+  }
+};
+
+/// Output gradients of the layer's parametrised ops, kept from backward_input for
+/// backward_weight. Undefined = not held.
+struct layer_stash {
+  tensor d_out;   // d out: the MLP output projection's dy
+  tensor d_fc;    // dy of c_fc / gate_proj
+  tensor d_up;    // dy of up_proj
+  tensor d_n2;    // dy of norm2
+  tensor d_mid;   // d mid: the attention output projection's dy
+  tensor d_qkv;   // dy of the qkv projection (before RoPE)
+  tensor d_n1;    // dy of norm1
+  bool norms_done = false;  // norm weight gradients were accumulated in backward_input
+
+  template <class F>
+  void each(F&& f) {
+    for (tensor* t : {&d_out, &d_fc, &d_up, &d_n2, &d_mid, &d_qkv, &d_n1}) f(*t);
+  }
+};
+
+/// The ops of one model family. One instance serves all layers of a chunk; it holds only
+/// scratch, never per-micro-batch state.
+class layer_ops {
+ public:
+  /// `act` is the activation dtype (the compute precision).
+  layer_ops(const core::model_config& cfg, kernels::backend& be, core::dtype act);
+  virtual ~layer_ops() = default;
+
+  /// Runs the layer on x [N, C] and returns its output; `a` receives every activation.
+  tensor forward(const layer_tensors& w, const tensor& x, layer_acts& a);
+  /// Recomputes a.att and a.lse from a.qkv (selective recompute dropped them).
+  void recompute_attention(layer_acts& a);
+  /// Gradient w.r.t. the layer input from dy = d out; fills `s` for backward_weight. When
+  /// `norm_grads` is given, the norm weight gradients are accumulated into it right away (one
+  /// norm backward instead of two when the weight phase follows immediately).
+  tensor backward_input(const layer_tensors& w, layer_acts& a, const tensor& dy, layer_stash& s,
+                        const layer_tensors* norm_grads);
+  /// Accumulates every parameter gradient of the layer into g from a and s.
+  void backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
+                       layer_tensors& g);
+  /// After backward_input: drops the activations backward_weight does not read.
+  void keep_for_weight(layer_acts& a) const;
+
+  /// The family's norm (GPT-2 LayerNorm with bias, LLaMA RMSNorm); mean/b unused for RMSNorm.
+  void norm_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y, tensor& mean,
+                    tensor& rstd);
+  /// Norm backward: dx += ..., dw (and db) += ....
+  void norm_backward(const tensor& dy, const tensor& x, const tensor& w, const tensor& mean,
+                     const tensor& rstd, tensor& dx, tensor& dw, tensor& db);
+  /// Allocates norm statistics for n rows into mean (LayerNorm only) and rstd.
+  void norm_stats(std::int64_t n, tensor& mean, tensor& rstd);
+
+  /// An activation-dtype buffer whose contents will be overwritten.
+  tensor alloc(const core::shape_t& shape) { return alloc(shape, act_); }
+  tensor alloc(const core::shape_t& shape, core::dtype t);
+  /// A zero-filled buffer (backward ops accumulate into their outputs).
+  tensor zeros(const core::shape_t& shape) { return zeros(shape, act_); }
+  tensor zeros(const core::shape_t& shape, core::dtype t);
+
+  kernels::backend& be() { return be_; }
+  core::dtype act() const { return act_; }
+
+ protected:
+  /// qkv [N, (H + 2 Hkv) D] from the norm1 output, in the layout attention expects.
+  virtual tensor qkv_forward(const layer_tensors& w, const tensor& n1) = 0;
+  /// dn1 += gradient through the qkv projection from d qkv; keeps its dy in s.d_qkv.
+  virtual void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
+                                  layer_stash& s) = 0;
+  virtual void qkv_backward_weight(const layer_acts& a, const layer_stash& s,
+                                   layer_tensors& g) = 0;
+  /// MLP of the norm2 output a.n2, keeping its activations in a; returns its output [N, C].
+  virtual tensor mlp_forward(const layer_tensors& w, layer_acts& a) = 0;
+  /// dn2 += gradient through the MLP from dy; keeps the dys in s.
+  virtual void mlp_backward_input(const layer_tensors& w, const layer_acts& a, const tensor& dy,
+                                  tensor& dn2, layer_stash& s) = 0;
+  virtual void mlp_backward_weight(const layer_acts& a, const layer_stash& s,
+                                   layer_tensors& g) = 0;
+
+  kernels::attention_dims dims(std::int64_t rows) const;
+
+  core::model_config cfg_;
+  kernels::backend& be_;
+  core::dtype act_;
+  std::int64_t qkv_width_;  // (H + 2 Hkv) * D
+  int ffn_;
+};
+
+/// The ops of cfg.arch.
+std::unique_ptr<layer_ops> make_layer_ops(const core::model_config& cfg, kernels::backend& be,
+                                          core::dtype act);
+std::unique_ptr<layer_ops> make_gpt2_layer_ops(const core::model_config& cfg,
+                                               kernels::backend& be, core::dtype act);
+std::unique_ptr<layer_ops> make_llama_layer_ops(const core::model_config& cfg,
+                                                kernels::backend& be, core::dtype act);
+
+}  // namespace troupe::model

@@ -1,0 +1,111 @@
+// LLaMA's parts of a layer: q/k/v projections run as one GEMM and rotated by RoPE, and the
+// SwiGLU MLP down_proj(silu(gate_proj(m)) * up_proj(m)). No biases.
+//
+// The q, k and v weights stay separate parameters under their Hugging Face names, each at its own
+// norm_block-aligned offset, so they are not adjacent in the flat buffer. Linear weights are
+// [out, in], so stacking them row-wise gives the fused [(H + 2 Hkv) D, C] weight whose GEMM writes
+// qkv in exactly the [q heads | k heads | v heads] layout attention reads. The stacked copy is
+// rebuilt before every use (three row-block copies, cheap next to the GEMM) rather than cached, so
+// it can never go stale when someone writes the parameters; the weight gradient goes through one
+// fused scratch GEMM and is then added to the three gradients.
+#include "model/layer.hpp"
+
+namespace troupe::model {
+namespace {
+
+class llama_layer_ops final : public layer_ops {
+ public:
+  using layer_ops::layer_ops;
+
+ protected:
+  tensor qkv_forward(const layer_tensors& w, const tensor& n1) override {
+    const int heads = cfg_.num_heads, kv = cfg_.kv_heads();
+    tensor qkv = alloc({n1.dim(0), qkv_width_});
+    be_.linear_forward(n1, stacked(w), {}, qkv);
+    be_.rope_forward(qkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(),
+                     static_cast<float>(cfg_.rope_theta), qkv);
+    return qkv;
+  }
+
+  void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
+                          layer_stash& s) override {
+    const int heads = cfg_.num_heads, kv = cfg_.kv_heads();
+    tensor d_proj = zeros(dqkv.shape());
+    be_.rope_backward(dqkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(),
+                      static_cast<float>(cfg_.rope_theta), d_proj);
+    be_.linear_backward_input(d_proj, stacked(w), dn1);
+    s.d_qkv = d_proj;
+  }
+
+  void qkv_backward_weight(const layer_acts& a, const layer_stash& s, layer_tensors& g) override {
+    if (!dstacked_.defined())
+      dstacked_ = alloc({qkv_width_, cfg_.hidden_size}, core::dtype::f32);
+    be_.zero(dstacked_);
+    tensor none;
+    be_.linear_backward_weight(s.d_qkv, a.n1, dstacked_, none);
+    std::int64_t row = 0;
+    for (tensor* gw : {&g.q_w, &g.k_w, &g.v_w}) {
+      be_.accumulate(dstacked_.rows(row, row + gw->dim(0)), *gw);
+      row += gw->dim(0);
+    }
+  }
+
+  tensor mlp_forward(const layer_tensors& w, layer_acts& a) override {
+    const std::int64_t n = a.n2.dim(0);
+    a.fc = alloc({n, ffn_});
+    be_.linear_forward(a.n2, w.fc_w, {}, a.fc);
+    a.up = alloc({n, ffn_});
+    be_.linear_forward(a.n2, w.up_w, {}, a.up);
+    a.act = alloc({n, ffn_});
+    be_.swiglu_forward(a.fc, a.up, a.act);
+    tensor out = alloc({n, cfg_.hidden_size});
+    be_.linear_forward(a.act, w.out_w, {}, out);
+    return out;
+  }
+
+  void mlp_backward_input(const layer_tensors& w, const layer_acts& a, const tensor& dy,
+                          tensor& dn2, layer_stash& s) override {
+    const std::int64_t n = a.n2.dim(0);
+    tensor dact = zeros({n, ffn_});
+    be_.linear_backward_input(dy, w.out_w, dact);
+    tensor dgate = zeros({n, ffn_}), dup = zeros({n, ffn_});
+    be_.swiglu_backward(dact, a.fc, a.up, dgate, dup);
+    be_.linear_backward_input(dgate, w.fc_w, dn2);
+    be_.linear_backward_input(dup, w.up_w, dn2);
+    s.d_out = dy;
+    s.d_fc = dgate;
+    s.d_up = dup;
+  }
+
+  void mlp_backward_weight(const layer_acts& a, const layer_stash& s, layer_tensors& g) override {
+    tensor none;
+    be_.linear_backward_weight(s.d_out, a.act, g.out_w, none);
+    be_.linear_backward_weight(s.d_fc, a.n2, g.fc_w, none);
+    be_.linear_backward_weight(s.d_up, a.n2, g.up_w, none);
+  }
+
+ private:
+  /// The fused [q; k; v] weight of layer w, rebuilt in the shared scratch.
+  const tensor& stacked(const layer_tensors& w) {
+    if (!stacked_.defined()) stacked_ = alloc({qkv_width_, cfg_.hidden_size}, w.q_w.type());
+    std::int64_t row = 0;
+    for (const tensor* part : {&w.q_w, &w.k_w, &w.v_w}) {
+      tensor dst = stacked_.rows(row, row + part->dim(0));
+      be_.copy(*part, dst);
+      row += part->dim(0);
+    }
+    return stacked_;
+  }
+
+  tensor stacked_;   // compute dtype
+  tensor dstacked_;  // fp32
+};
+
+}  // namespace
+
+std::unique_ptr<layer_ops> make_llama_layer_ops(const core::model_config& cfg,
+                                                kernels::backend& be, core::dtype act) {
+  return std::make_unique<llama_layer_ops>(cfg, be, act);
+}
+
+}  // namespace troupe::model

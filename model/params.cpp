@@ -1,0 +1,177 @@
+#include "model/params.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "kernels/backend.hpp"
+
+namespace troupe::model {
+namespace {
+
+using core::arch_kind;
+
+std::string layer_prefix(const core::model_config& cfg, int layer) {
+  return cfg.arch == arch_kind::gpt2 ? "h." + std::to_string(layer) + "."
+                                     : "model.layers." + std::to_string(layer) + ".";
+}
+
+std::string final_norm_prefix(const core::model_config& cfg) {
+  return cfg.arch == arch_kind::gpt2 ? "ln_f." : "model.norm.";
+}
+
+struct def_builder {
+  std::vector<param_def> defs;
+  std::int64_t next = 0;
+
+  void add(std::string name, core::shape_t shape, init_rule rule, bool tied = false,
+           std::string stream = {}) {
+    param_def d;
+    d.info.name = std::move(name);
+    d.info.shape = std::move(shape);
+    d.info.numel = core::numel_of(d.info.shape);
+    d.info.offset = next;
+    d.info.decay = d.info.shape.size() == 2;
+    d.info.tied = tied;
+    d.rule = rule;
+    d.stream_name = stream.empty() ? d.info.name : std::move(stream);
+    next += (d.info.numel + kernels::norm_block - 1) / kernels::norm_block * kernels::norm_block;
+    defs.push_back(std::move(d));
+  }
+};
+
+}  // namespace
+
+int ffn_hidden(const core::model_config& cfg) {
+  if (cfg.ffn_hidden_size > 0) return cfg.ffn_hidden_size;
+  if (cfg.arch == arch_kind::gpt2) return 4 * cfg.hidden_size;
+  const int multiple = 256;
+  const int f = 2 * (4 * cfg.hidden_size) / 3;
+  return (f + multiple - 1) / multiple * multiple;
+}
+
+std::string embedding_name(const core::model_config& cfg) {
+  return cfg.arch == arch_kind::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
+}
+
+std::vector<param_def> define_params(const core::model_config& cfg, const chunk_spec& spec) {
+  const std::int64_t c = cfg.hidden_size, v = cfg.vocab_size, f = ffn_hidden(cfg);
+  const std::int64_t d = cfg.head_dim(), q = cfg.num_heads * d, kv = cfg.kv_heads() * d;
+  const bool gpt2 = cfg.arch == arch_kind::gpt2;
+  def_builder b;
+  if (spec.has_embedding) {
+    b.add(embedding_name(cfg), {v, c}, init_rule::normal);
+    if (gpt2) b.add("wpe.weight", {cfg.seq_length, c}, init_rule::normal);
+  }
+  for (int l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
+    const std::string p = layer_prefix(cfg, l);
+    if (gpt2) {
+      b.add(p + "ln_1.weight", {c}, init_rule::ones);
+      b.add(p + "ln_1.bias", {c}, init_rule::zeros);
+      b.add(p + "attn.c_attn.weight", {q + 2 * kv, c}, init_rule::normal);
+      b.add(p + "attn.c_attn.bias", {q + 2 * kv}, init_rule::zeros);
+      b.add(p + "attn.c_proj.weight", {c, q}, init_rule::residual);
+      b.add(p + "attn.c_proj.bias", {c}, init_rule::zeros);
+      b.add(p + "ln_2.weight", {c}, init_rule::ones);
+      b.add(p + "ln_2.bias", {c}, init_rule::zeros);
+      b.add(p + "mlp.c_fc.weight", {f, c}, init_rule::normal);
+      b.add(p + "mlp.c_fc.bias", {f}, init_rule::zeros);
+      b.add(p + "mlp.c_proj.weight", {c, f}, init_rule::residual);
+      b.add(p + "mlp.c_proj.bias", {c}, init_rule::zeros);
+    } else {
+      b.add(p + "input_layernorm.weight", {c}, init_rule::ones);
+      b.add(p + "self_attn.q_proj.weight", {q, c}, init_rule::normal);
+      b.add(p + "self_attn.k_proj.weight", {kv, c}, init_rule::normal);
+      b.add(p + "self_attn.v_proj.weight", {kv, c}, init_rule::normal);
+      b.add(p + "self_attn.o_proj.weight", {c, q}, init_rule::residual);
+      b.add(p + "post_attention_layernorm.weight", {c}, init_rule::ones);
+      b.add(p + "mlp.gate_proj.weight", {f, c}, init_rule::normal);
+      b.add(p + "mlp.up_proj.weight", {f, c}, init_rule::normal);
+      b.add(p + "mlp.down_proj.weight", {c, f}, init_rule::residual);
+    }
+  }
+  if (spec.has_head) {
+    const std::string n = final_norm_prefix(cfg);
+    b.add(n + "weight", {c}, init_rule::ones);
+    if (gpt2) b.add(n + "bias", {c}, init_rule::zeros);
+    // A tied head starts as a copy of the embedding: same stream, same values.
+    if (cfg.tie_embeddings)
+      b.add("lm_head.weight", {v, c}, init_rule::normal, true, embedding_name(cfg));
+    else
+      b.add("lm_head.weight", {v, c}, init_rule::normal);
+  }
+  return std::move(b.defs);
+}
+
+std::int64_t flat_numel(const std::vector<param_def>& defs) {
+  if (defs.empty()) return 0;
+  const auto& last = defs.back().info;
+  return last.offset +
+         (last.numel + kernels::norm_block - 1) / kernels::norm_block * kernels::norm_block;
+}
+
+void init_param(const param_def& def, const core::model_config& cfg, std::uint64_t seed,
+                float* out) {
+  const std::int64_t n = def.info.numel;
+  if (def.rule == init_rule::ones || def.rule == init_rule::zeros) {
+    const float value = def.rule == init_rule::ones ? 1.0f : 0.0f;
+    for (std::int64_t i = 0; i < n; ++i) out[i] = value;
+    return;
+  }
+  float std = cfg.init_std;
+  if (def.rule == init_rule::residual)
+    std = static_cast<float>(cfg.init_std / std::sqrt(2.0 * cfg.num_layers));
+  core::rng_stream rng(core::stream_key(seed, core::hash_name(def.stream_name)));
+  for (std::int64_t i = 0; i < n; ++i) out[i] = rng.normal() * std;
+}
+
+layer_tensors layer_views(const core::model_config& cfg, int layer,
+                          const std::function<tensor(const std::string&)>& view) {
+  const std::string p = layer_prefix(cfg, layer);
+  layer_tensors t;
+  if (cfg.arch == arch_kind::gpt2) {
+    t.norm1_w = view(p + "ln_1.weight");
+    t.norm1_b = view(p + "ln_1.bias");
+    t.qkv_w = view(p + "attn.c_attn.weight");
+    t.qkv_b = view(p + "attn.c_attn.bias");
+    t.proj_w = view(p + "attn.c_proj.weight");
+    t.proj_b = view(p + "attn.c_proj.bias");
+    t.norm2_w = view(p + "ln_2.weight");
+    t.norm2_b = view(p + "ln_2.bias");
+    t.fc_w = view(p + "mlp.c_fc.weight");
+    t.fc_b = view(p + "mlp.c_fc.bias");
+    t.out_w = view(p + "mlp.c_proj.weight");
+    t.out_b = view(p + "mlp.c_proj.bias");
+  } else {
+    t.norm1_w = view(p + "input_layernorm.weight");
+    t.q_w = view(p + "self_attn.q_proj.weight");
+    t.k_w = view(p + "self_attn.k_proj.weight");
+    t.v_w = view(p + "self_attn.v_proj.weight");
+    t.proj_w = view(p + "self_attn.o_proj.weight");
+    t.norm2_w = view(p + "post_attention_layernorm.weight");
+    t.fc_w = view(p + "mlp.gate_proj.weight");
+    t.up_w = view(p + "mlp.up_proj.weight");
+    t.out_w = view(p + "mlp.down_proj.weight");
+  }
+  return t;
+}
+
+head_tensors head_views(const core::model_config& cfg,
+                        const std::function<tensor(const std::string&)>& view) {
+  const std::string n = final_norm_prefix(cfg);
+  head_tensors t;
+  t.norm_w = view(n + "weight");
+  if (cfg.arch == arch_kind::gpt2) t.norm_b = view(n + "bias");
+  t.head_w = view("lm_head.weight");
+  return t;
+}
+
+embedding_tensors embedding_views(const core::model_config& cfg,
+                                  const std::function<tensor(const std::string&)>& view) {
+  embedding_tensors t;
+  t.wte = view(embedding_name(cfg));
+  if (cfg.arch == arch_kind::gpt2) t.wpe = view("wpe.weight");
+  return t;
+}
+
+}  // namespace troupe::model

@@ -1,0 +1,60 @@
+// Parameter naming, layout and initialisation of a model chunk. Names are the Hugging Face ones
+// (GPT-2: "wte.weight", "h.3.attn.c_attn.weight", ...; LLaMA: "model.embed_tokens.weight",
+// "model.layers.3.self_attn.q_proj.weight", ...), so checkpoints export without a name map.
+// Every tensor starts at a multiple of kernels::norm_block in the flat buffer: a tensor's place in
+// its block grid does not depend on which other tensors share the chunk, which keeps grad-norm
+// partial sums and ZeRO shards split-invariant.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "model/chunk.hpp"
+#include "model/layer.hpp"
+
+namespace troupe::model {
+
+/// MLP width: cfg.ffn_hidden_size, or when 0 the family's rule (GPT-2: 4C; LLaMA: 2/3 of 4C
+/// rounded up to a multiple of 256, as in Meta's reference code).
+int ffn_hidden(const core::model_config& cfg);
+
+/// How a parameter is initialised.
+enum class init_rule {
+  normal,    // N(0, init_std)
+  residual,  // N(0, init_std / sqrt(2 * num_layers)): projections that write into the residual
+  ones,      // norm weights
+  zeros,     // biases
+};
+
+/// A parameter with its place in the flat buffer and its initialisation.
+struct param_def {
+  param_info info;
+  init_rule rule = init_rule::normal;
+  std::string stream_name;  // whose random stream it draws from (the embedding's for a tied head)
+};
+
+/// Every parameter of the chunk, in flat-buffer order, offsets assigned.
+std::vector<param_def> define_params(const core::model_config& cfg, const chunk_spec& spec);
+/// Elements of the flat buffer that holds `defs` (the last tensor padded to a whole block).
+std::int64_t flat_numel(const std::vector<param_def>& defs);
+/// Writes the initial value of `def` (numel floats) into `out`.
+void init_param(const param_def& def, const core::model_config& cfg, std::uint64_t seed,
+                float* out);
+
+/// Name of the embedding table ("wte.weight" or "model.embed_tokens.weight").
+std::string embedding_name(const core::model_config& cfg);
+
+/// The views of global layer `layer` looked up by name through `view`.
+layer_tensors layer_views(const core::model_config& cfg, int layer,
+                          const std::function<tensor(const std::string&)>& view);
+/// The final norm and the LM head looked up by name.
+head_tensors head_views(const core::model_config& cfg,
+                        const std::function<tensor(const std::string&)>& view);
+/// The token (and GPT-2 position) embedding looked up by name.
+embedding_tensors embedding_views(const core::model_config& cfg,
+                                  const std::function<tensor(const std::string&)>& view);
+
+}  // namespace troupe::model
