@@ -1,0 +1,146 @@
+#include "model/metrics.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+namespace troupe::model {
+
+namespace {
+
+// %.9g gives the shortest decimal count that round-trips every fp32 value; JSON has no NaN or
+// infinity, so those are written as null (a diverged step still leaves a parseable line).
+void append_float(std::string& out, const char* key, float v) {
+  out += ",\"";
+  out += key;
+  out += "\":";
+  if (!std::isfinite(v)) {
+    out += "null";
+    return;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  out += buf;
+}
+
+float read_float(const nlohmann::json& j, const char* key) {
+  const auto& v = j.at(key);
+  if (v.is_null()) return std::nanf("");
+  return static_cast<float>(v.get<double>());
+}
+
+}  // namespace
+
+std::string to_json_line(const step_metrics& m) {
+  std::string out = "{\"step\":" + std::to_string(m.step);
+  append_float(out, "loss", m.loss);
+  append_float(out, "lr", m.lr);
+  append_float(out, "grad_norm", m.grad_norm);
+  append_float(out, "tokens_per_s", m.tokens_per_s);
+  append_float(out, "elapsed_s", m.elapsed_s);
+  if (m.val_loss) append_float(out, "val_loss", *m.val_loss);
+  return out + "}";
+}
+
+core::result<step_metrics> parse_json_line(const std::string& line) {
+  try {
+    auto j = nlohmann::json::parse(line);
+    step_metrics m;
+    m.step = j.at("step").get<int>();
+    m.loss = read_float(j, "loss");
+    m.lr = read_float(j, "lr");
+    m.grad_norm = read_float(j, "grad_norm");
+    m.tokens_per_s = read_float(j, "tokens_per_s");
+    m.elapsed_s = read_float(j, "elapsed_s");
+    if (j.contains("val_loss")) m.val_loss = read_float(j, "val_loss");
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    return core::error::make(std::string("not a metrics line: ") + e.what(), "line: " + line);
+  }
+}
+
+std::string format_duration(double seconds) {
+  long s = seconds > 0 ? std::lround(seconds) : 0;
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+std::string progress_line(const step_metrics& m, int total_steps, double remaining_s) {
+  int width = static_cast<int>(std::to_string(total_steps).size());
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %s",
+                width, m.step + 1, total_steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s,
+                format_duration(m.elapsed_s).c_str());
+  std::string out = buf;
+  if (remaining_s >= 0) out += " | ETA " + format_duration(remaining_s);
+  if (m.val_loss) {
+    std::snprintf(buf, sizeof buf, " | val %.4f", *m.val_loss);
+    out += buf;
+  }
+  return out;
+}
+
+core::result<metrics_writer> metrics_writer::open(const std::string& run_dir, int first_step) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) return core::error::at_file(run_dir, "cannot create the run directory: " + ec.message());
+  metrics_writer w;
+  w.path_ = (fs::path(run_dir) / "metrics.jsonl").string();
+
+  // Keep the earlier steps of a resumed run; rewrite through a temporary file and a rename so a
+  // crash here never loses them.
+  std::vector<std::string> keep;
+  if (first_step > 0) {
+    std::ifstream in(w.path_);
+    for (std::string line; std::getline(in, line);) {
+      auto m = parse_json_line(line);
+      if (m && m->step < first_step) keep.push_back(line);
+    }
+  }
+  std::string tmp = w.path_ + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return core::error::at_file(tmp, std::string("cannot create: ") + std::strerror(errno));
+  for (auto& line : keep) std::fprintf(f, "%s\n", line.c_str());
+  std::fclose(f);
+  fs::rename(tmp, w.path_, ec);
+  if (ec) return core::error::at_file(w.path_, "cannot replace: " + ec.message());
+  w.f_ = std::fopen(w.path_.c_str(), "a");
+  if (!w.f_)
+    return core::error::at_file(w.path_, std::string("cannot open: ") + std::strerror(errno));
+  return w;
+}
+
+metrics_writer::metrics_writer(metrics_writer&& o) noexcept
+    : path_(std::move(o.path_)), f_(std::exchange(o.f_, nullptr)) {}
+
+metrics_writer& metrics_writer::operator=(metrics_writer&& o) noexcept {
+  if (this != &o) {
+    if (f_) std::fclose(f_);
+    path_ = std::move(o.path_);
+    f_ = std::exchange(o.f_, nullptr);
+  }
+  return *this;
+}
+
+metrics_writer::~metrics_writer() {
+  if (f_) std::fclose(f_);
+}
+
+core::status metrics_writer::write(const step_metrics& m) {
+  std::string line = to_json_line(m) + "\n";
+  if (std::fputs(line.c_str(), f_) < 0 || std::fflush(f_) != 0)
+    return core::error::at_file(path_, std::string("write failed: ") + std::strerror(errno));
+  return {};
+}
+
+}  // namespace troupe::model

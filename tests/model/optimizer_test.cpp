@@ -1,0 +1,206 @@
+#include "model/optimizer.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using troupe::core::tensor;
+using namespace troupe::model;
+
+std::unique_ptr<troupe::kernels::backend> cpu() { return troupe::kernels::make_backend("cpu"); }
+
+tensor filled(troupe::core::shape_t shape, float start, float step) {
+  tensor t = tensor::zeros(std::move(shape));
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = start + step * static_cast<float>(i % 97);
+  return t;
+}
+
+param_slot make_slot(const std::string& name, troupe::core::shape_t shape, bool decay,
+                     bool tied, float p0, float g0) {
+  param_slot s;
+  s.info.name = name;
+  s.info.shape = shape;
+  s.info.numel = troupe::core::numel_of(shape);
+  s.info.decay = decay;
+  s.info.tied = tied;
+  s.param = filled(shape, p0, 0.01f);
+  s.grad = filled(shape, g0, -0.003f);
+  s.exp_avg = tensor::zeros(shape);
+  s.exp_avg_sq = tensor::zeros(shape);
+  return s;
+}
+
+// AdamW as PyTorch defines it (decoupled decay applied to the old weights), in double.
+struct scalar_adamw {
+  double p, m = 0, v = 0;
+  void step(double g, double lr, double b1, double b2, double eps, double wd, int t) {
+    p -= lr * wd * p;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    double mhat = m / (1 - std::pow(b1, t));
+    double vhat = v / (1 - std::pow(b2, t));
+    p -= lr * mhat / (std::sqrt(vhat) + eps);
+  }
+};
+
+troupe::core::optimizer_config opt_config() {
+  troupe::core::optimizer_config o;
+  o.lr = 1e-2;
+  o.min_lr = 1e-3;
+  o.weight_decay = 0.1;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.eps = 1e-8;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("learning rate warms up linearly, then follows a cosine down to min_lr") {
+  troupe::core::optimizer_config o;
+  o.lr = 1e-3;
+  o.min_lr = 1e-4;
+  troupe::core::train_config t;
+  t.steps = 100;
+  t.warmup_steps = 10;
+  CHECK(learning_rate(o, t, 0) == doctest::Approx(1e-4).epsilon(1e-12));
+  CHECK(learning_rate(o, t, 4) == doctest::Approx(5e-4).epsilon(1e-12));
+  CHECK(learning_rate(o, t, 9) == doctest::Approx(1e-3).epsilon(1e-12));
+  CHECK(learning_rate(o, t, 10) == doctest::Approx(1e-3).epsilon(1e-12));  // progress 0
+  CHECK(learning_rate(o, t, 55) == doctest::Approx(5.5e-4).epsilon(1e-12));  // half way: mean
+  const double last = 1e-4 + 0.45e-3 * (1 + std::cos(M_PI * 89.0 / 90.0));
+  CHECK(learning_rate(o, t, 99) == doctest::Approx(last).epsilon(1e-12));
+  CHECK(learning_rate(o, t, 150) == doctest::Approx(1e-4).epsilon(1e-12));  // past the schedule
+
+  t.warmup_steps = 0;
+  CHECK(learning_rate(o, t, 0) == doctest::Approx(1e-3).epsilon(1e-12));
+  t.steps = 1;  // a one-step run does not divide by zero
+  CHECK(learning_rate(o, t, 0) == doctest::Approx(1e-3).epsilon(1e-12));
+}
+
+TEST_CASE("clip scale is grad_clip / (norm + 1e-6) above the threshold and 1 otherwise") {
+  CHECK(clip_scale(2.0, 1.0) == static_cast<float>(1.0 / (2.0 + 1e-6)));
+  CHECK(clip_scale(0.5, 1.0) == 1.0f);
+  CHECK(clip_scale(1.0, 1.0) == 1.0f);
+  CHECK(clip_scale(1e6, 0.0) == 1.0f);  // 0 disables clipping
+}
+
+TEST_CASE("global norm sums fp64 blocks of every gradient in order, skipping the tied copy") {
+  auto be = cpu();
+  std::vector<param_slot> slots = {make_slot("a", {3, 1000}, true, false, 0.1f, 0.5f),
+                                   make_slot("b", {5}, false, false, 0.0f, -2.0f),
+                                   make_slot("lm_head", {3, 1000}, true, true, 0.1f, 9.0f)};
+  std::vector<double> blocks;
+  append_sumsq_blocks(*be, slots, blocks);
+  REQUIRE(blocks.size() == 3 + 1);  // ceil(3000 / 1024) blocks of a, one of b, none of the copy
+
+  double want = 0;
+  for (int s = 0; s < 2; ++s)
+    for (std::int64_t i = 0; i < slots[s].grad.numel(); ++i) {
+      double g = slots[s].grad.data<float>()[i];
+      want += g * g;
+    }
+  CHECK(global_norm(blocks) == doctest::Approx(std::sqrt(want)).epsilon(1e-12));
+  double first_block = 0;
+  for (int i = 0; i < 1024; ++i) {
+    double g = slots[0].grad.data<float>()[i];
+    first_block += g * g;
+  }
+  CHECK(blocks[0] == doctest::Approx(first_block).epsilon(1e-14));
+}
+
+TEST_CASE("tie_gradients adds the head gradient to the embedding's and copies the sum back") {
+  auto be = cpu();
+  tensor wte = filled({4, 3}, 1.0f, 0.5f);
+  tensor head = filled({4, 3}, -2.0f, 0.25f);
+  tensor want = wte.clone();
+  for (int i = 0; i < 12; ++i) want.data<float>()[i] += head.data<float>()[i];
+  tie_gradients(*be, wte, head);
+  CHECK(std::memcmp(wte.raw(), want.raw(), want.bytes()) == 0);
+  CHECK(std::memcmp(head.raw(), want.raw(), want.bytes()) == 0);
+}
+
+TEST_CASE("adamw_update follows scalar AdamW for three steps, decaying only flagged tensors") {
+  auto be = cpu();
+  auto o = opt_config();
+  std::vector<param_slot> slots = {make_slot("w", {2, 700}, true, false, -0.3f, 0.2f),
+                                   make_slot("bias", {700}, false, false, 0.4f, -0.1f)};
+  std::vector<std::vector<scalar_adamw>> ref(2);
+  for (int s = 0; s < 2; ++s)
+    for (std::int64_t i = 0; i < slots[s].param.numel(); ++i)
+      ref[s].push_back({slots[s].param.data<float>()[i]});
+
+  const float scales[] = {1.0f, 0.5f, 0.25f};
+  const double lrs[] = {1e-2, 5e-3, 2e-3};
+  for (int step = 0; step < 3; ++step) {
+    adamw_update(*be, slots, o, lrs[step], scales[step], step);
+    for (int s = 0; s < 2; ++s) {
+      const double wd = slots[s].info.decay ? o.weight_decay : 0.0;
+      for (std::int64_t i = 0; i < slots[s].param.numel(); ++i) {
+        double g = static_cast<double>(slots[s].grad.data<float>()[i]) * scales[step];
+        ref[s][i].step(g, static_cast<float>(lrs[step]), static_cast<float>(o.beta1),
+                       static_cast<float>(o.beta2), static_cast<float>(o.eps), static_cast<float>(wd),
+                       step + 1);
+      }
+    }
+  }
+  for (int s = 0; s < 2; ++s) {
+    INFO("tensor ", slots[s].info.name);
+    double worst = 0;
+    for (std::int64_t i = 0; i < slots[s].param.numel(); ++i) {
+      double got = slots[s].param.data<float>()[i];
+      worst = std::max(worst, std::abs(got - ref[s][i].p) / std::max(1e-3, std::abs(ref[s][i].p)));
+      double m = slots[s].exp_avg.data<float>()[i], v = slots[s].exp_avg_sq.data<float>()[i];
+      REQUIRE(m == doctest::Approx(ref[s][i].m).epsilon(1e-5));
+      REQUIRE(v == doctest::Approx(ref[s][i].v).epsilon(1e-5));
+    }
+    CHECK(worst < 2e-6);
+  }
+}
+
+TEST_CASE("decoupled weight decay moves a zero-gradient weight only when it decays") {
+  auto be = cpu();
+  auto o = opt_config();
+  param_slot w = make_slot("w", {8, 8}, true, false, 0.5f, 0.0f);
+  param_slot b = make_slot("b", {8}, false, false, 0.5f, 0.0f);
+  be->zero(w.grad);
+  be->zero(b.grad);
+  tensor w0 = w.param.clone(), b0 = b.param.clone();
+  std::vector<param_slot> slots = {w, b};
+  adamw_update(*be, slots, o, 1e-2, 1.0f, 0);
+  CHECK(std::memcmp(b.param.raw(), b0.raw(), b0.bytes()) == 0);
+  for (int i = 0; i < 64; ++i)
+    CHECK(w.param.data<float>()[i] ==
+          doctest::Approx(w0.data<float>()[i] * (1 - 1e-2 * 0.1)).epsilon(1e-6));
+}
+
+TEST_CASE("optimizer_step equals norm, clip, schedule and AdamW applied one by one") {
+  auto be = cpu();
+  auto o = opt_config();
+  troupe::core::train_config t;
+  t.steps = 20;
+  t.warmup_steps = 4;
+  t.grad_clip = 1.0;
+  auto make = [] {
+    return std::vector<param_slot>{make_slot("w", {3, 500}, true, false, 0.2f, 0.3f),
+                                   make_slot("b", {500}, false, false, 0.0f, -0.2f)};
+  };
+  auto a = make();
+  auto b = make();
+  optimizer_step_stats st = optimizer_step(*be, a, o, t, 6);
+
+  std::vector<double> blocks;
+  append_sumsq_blocks(*be, b, blocks);
+  const double norm = global_norm(blocks);
+  REQUIRE(norm > t.grad_clip);  // the case exercises clipping
+  CHECK(st.grad_norm == norm);
+  CHECK(st.clip == clip_scale(norm, t.grad_clip));
+  CHECK(st.lr == learning_rate(o, t, 6));
+  adamw_update(*be, b, o, st.lr, st.clip, 6);
+  for (int s = 0; s < 2; ++s)
+    CHECK(std::memcmp(a[s].param.raw(), b[s].param.raw(), a[s].param.bytes()) == 0);
+}
