@@ -1,0 +1,231 @@
+// `troupe data prepare`: tokenizes text files with GPT-2's BPE into llm.c token shards,
+// DIR/train.bin and DIR/val.bin. Every document (one file) is preceded by <|endoftext|>; the token
+// stream is cut into chunks of --chunk-tokens and a --val-fraction share of the chunks, spread
+// evenly through the stream, forms the validation split. Validation text is therefore drawn from
+// the same mix of documents as training text: a split taken from a different text measures
+// something else (ENV.md: such a split stays near loss 7.2 while training loss falls).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/command.hpp"
+#include "core/error.hpp"
+#include "model/shards.hpp"
+#include "model/tokenizer.hpp"
+
+namespace troupe::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct prepare_args {
+  std::vector<std::string> inputs;
+  std::string out;
+  double val_fraction = 0.05;
+  std::string tokenizer_dir = model::tokenizer::default_dir;
+  int chunk_tokens = 1024;
+};
+
+// Files named by the inputs, in a deterministic order: arguments as given, each folder's *.txt
+// files (recursively) sorted by path.
+core::result<std::vector<fs::path>> collect_inputs(const std::vector<std::string>& inputs) {
+  std::vector<fs::path> files;
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    if (fs::is_directory(in, ec)) {
+      std::vector<fs::path> found;
+      for (auto it = fs::recursive_directory_iterator(in, ec); !ec && it != fs::end(it);
+           it.increment(ec))
+        if (it->is_regular_file() && it->path().extension() == ".txt") found.push_back(it->path());
+      if (ec) return core::error::at_file(in, "cannot list folder: " + ec.message());
+      if (found.empty())
+        return core::error::at_file(in, "folder holds no *.txt files",
+                                    "pass text files or folders of *.txt files to --input");
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(in, ec)) {
+      files.emplace_back(in);
+    } else {
+      return core::error::at_file(in, "input not found",
+                                  "--input takes text files or folders of *.txt files (run "
+                                  "scripts/setup.sh for the corpus in data/raw)");
+    }
+  }
+  return files;
+}
+
+core::result<std::string> read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return core::error::at_file(p.string(), "cannot read input file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A progress bar on stderr: redrawn in place on a terminal, one line per tenth otherwise (logs).
+class progress {
+ public:
+  explicit progress(std::uint64_t total) : total_(total), tty_(::isatty(2) == 1) {}
+
+  void update(std::uint64_t done, std::uint64_t tokens) {
+    const double frac = total_ ? static_cast<double>(done) / static_cast<double>(total_) : 1.0;
+    if (tty_) {
+      constexpr int width = 30;
+      int filled = static_cast<int>(frac * width);
+      std::fprintf(stderr, "\rprepare [%s%s] %3d%%  %.1f/%.1f MB  %llu tokens",
+                   std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                   std::string(static_cast<std::size_t>(width - filled), '.').c_str(),
+                   static_cast<int>(frac * 100), static_cast<double>(done) / 1e6,
+                   static_cast<double>(total_) / 1e6, static_cast<unsigned long long>(tokens));
+      std::fflush(stderr);
+    } else {
+      int tenth = static_cast<int>(frac * 10);
+      while (printed_ < tenth) {
+        ++printed_;
+        std::fprintf(stderr, "prepare: %3d%%  %.1f/%.1f MB  %llu tokens\n", printed_ * 10,
+                     static_cast<double>(done) / 1e6, static_cast<double>(total_) / 1e6,
+                     static_cast<unsigned long long>(tokens));
+      }
+    }
+  }
+  void finish() {
+    if (tty_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  std::uint64_t total_;
+  bool tty_;
+  int printed_ = 0;
+};
+
+int run_prepare(const prepare_args& a) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!(a.val_fraction >= 0.0 && a.val_fraction < 1.0)) {
+    print_error(core::error::make("--val-fraction must be in [0, 1), got " +
+                                  std::to_string(a.val_fraction),
+                                  "0.05 keeps every twentieth chunk for validation")
+                    .to_string());
+    return 2;
+  }
+  auto tok = model::tokenizer::load(a.tokenizer_dir);
+  if (!tok) {
+    print_error(tok.err().to_string());
+    return 1;
+  }
+  auto files = collect_inputs(a.inputs);
+  if (!files) {
+    print_error(files.err().to_string());
+    return 1;
+  }
+  std::error_code ec;
+  fs::create_directories(a.out, ec);
+  if (ec) {
+    print_error(core::error::at_file(a.out, "cannot create output folder: " + ec.message())
+                    .to_string());
+    return 1;
+  }
+
+  std::uint64_t total_bytes = 0;
+  for (const auto& f : files.value()) total_bytes += fs::file_size(f, ec);
+  progress bar(total_bytes);
+  std::vector<int> stream;
+  std::uint64_t done_bytes = 0;
+  for (const auto& f : files.value()) {
+    auto text = read_text(f);
+    if (!text) {
+      bar.finish();
+      print_error(text.err().to_string());
+      return 1;
+    }
+    std::size_t replaced = 0;
+    model::tokenizer::valid_utf8(text.value(), &replaced);
+    if (replaced > 0)
+      std::fprintf(stderr, "\ntroupe: warning: %s: %zu invalid UTF-8 sequences read as U+FFFD\n",
+                   f.string().c_str(), replaced);
+    stream.push_back(model::tokenizer::eot_id);
+    auto ids = tok->encode(text.value());
+    stream.insert(stream.end(), ids.begin(), ids.end());
+    done_bytes += text->size();
+    bar.update(done_bytes, stream.size());
+  }
+  bar.finish();
+
+  auto all = model::to_u16(stream);
+  if (!all) {
+    print_error(all.err().to_string());
+    return 1;
+  }
+  // Chunk c goes to validation when floor((c+1)·f) > floor(c·f): exactly the fraction f of the
+  // chunks, one every 1/f, wherever f does not divide evenly.
+  std::vector<std::uint16_t> train, val;
+  const auto chunk = static_cast<std::size_t>(a.chunk_tokens);
+  const auto& tokens = all.value();
+  for (std::size_t begin = 0, c = 0; begin < tokens.size(); begin += chunk, ++c) {
+    std::size_t end = std::min(tokens.size(), begin + chunk);
+    bool to_val = std::floor(static_cast<double>(c + 1) * a.val_fraction) >
+                  std::floor(static_cast<double>(c) * a.val_fraction);
+    auto& dst = to_val ? val : train;
+    dst.insert(dst.end(), tokens.begin() + static_cast<std::ptrdiff_t>(begin),
+               tokens.begin() + static_cast<std::ptrdiff_t>(end));
+  }
+
+  const std::string train_path = (fs::path(a.out) / "train.bin").string();
+  const std::string val_path = (fs::path(a.out) / "val.bin").string();
+  for (auto [path, data] : {std::pair{&train_path, &train}, std::pair{&val_path, &val}}) {
+    if (auto s = model::write_shard(*path, *data); !s) {
+      print_error(s.err().to_string());
+      return 1;
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("prepared %zu documents (%.1f MB): %zu tokens in %.2f s (%.0f tokens/s)\n",
+              files->size(), static_cast<double>(total_bytes) / 1e6, tokens.size(), seconds,
+              static_cast<double>(tokens.size()) / std::max(seconds, 1e-9));
+  std::printf("  train: %s  %zu tokens\n", train_path.c_str(), train.size());
+  std::printf("  val:   %s  %zu tokens (%.1f%%, every %d-token chunk in %.0f)\n", val_path.c_str(),
+              val.size(), tokens.empty() ? 0.0 : 100.0 * val.size() / tokens.size(),
+              a.chunk_tokens, a.val_fraction > 0 ? 1.0 / a.val_fraction : 0.0);
+  if (a.val_fraction > 0 && val.empty())
+    std::fprintf(stderr,
+                 "troupe: warning: %s is empty: %zu tokens make fewer than 1/%.3g chunks of %d\n"
+                 "  hint: add text or pass a smaller --chunk-tokens\n",
+                 val_path.c_str(), tokens.size(), a.val_fraction, a.chunk_tokens);
+  return 0;
+}
+
+const command_registrar registrar{command{
+    "data", "Prepare token shards from text (see docs/data.md)", [](CLI::App& app) {
+      app.require_subcommand(1);
+      auto args = std::make_shared<prepare_args>();
+      CLI::App* prep = app.add_subcommand(
+          "prepare", "Tokenize text files with GPT-2 BPE into llm.c shards DIR/train.bin and "
+                     "DIR/val.bin");
+      prep->add_option("--input", args->inputs,
+                       "Text files, or folders searched recursively for *.txt (sorted)")
+          ->required();
+      prep->add_option("--out", args->out, "Output folder for train.bin and val.bin")->required();
+      prep->add_option("--val-fraction", args->val_fraction,
+                       "Share of the token chunks kept for validation, drawn evenly from the "
+                       "whole stream")
+          ->capture_default_str();
+      prep->add_option("--tokenizer", args->tokenizer_dir,
+                       "Folder with GPT-2's encoder.json and vocab.bpe")
+          ->capture_default_str();
+      prep->add_option("--chunk-tokens", args->chunk_tokens,
+                       "Size of the chunks the train/validation split is made of")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
+      return std::function<int()>([args, prep] { return prep->parsed() ? run_prepare(*args) : 1; });
+    }}};
+
+}  // namespace
+}  // namespace troupe::cli

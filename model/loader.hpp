@@ -1,0 +1,86 @@
+// Cuts micro-batches out of memory-mapped token shards as a pure function of
+// (seed, step, data-parallel rank, micro-batch), so that every schedule, pipeline split and rank
+// count sees the same sequences (DESIGN.md, Determinism).
+//
+// Contract. With B = micro_batch_size and M = micro-batches per replica per step
+// (micro_batch_num × gradient_accumulation_steps), sequence i of micro-batch `mb` on replica
+// `dp_rank` has the global index k = (dp_rank·M + mb)·B + i within its step, and starts at
+//   start(k) = core::rng_stream(core::stream_key(seed, 0xda7a, step, k)).below(windows)
+// where `windows` counts the T+1-token windows of the shards (a shard of n tokens has n − T; the
+// shards' windows are numbered in the order given, so no sequence straddles two shards). Replica r
+// of DP=d and M micro-batches therefore holds the same sequences as micro-batches r·M … r·M+M−1 of
+// one replica with d·M micro-batches: changing data_parallel at a fixed global batch changes who
+// computes a sequence, never which sequences there are.
+//
+// Evaluation batches do not depend on the seed or the step: sequence j = index·B + i of
+// eval_cut(index) starts at rng_stream(stream_key(0, 0xe7a1, j)).below(windows), so validation
+// losses of different runs and steps are measured on the same text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+#include "model/shards.hpp"
+
+namespace troupe::model {
+
+/// Inputs and next-token targets of one micro-batch: host int32 tensors of shape [B*T], row-major
+/// by sequence; targets[j] is the token that follows tokens[j].
+struct batch {
+  core::tensor tokens;
+  core::tensor targets;
+  int batch_size = 0;  // B
+  int seq_length = 0;  // T
+};
+
+struct loader_options {
+  int seq_length = 64;            // T
+  int micro_batch_size = 1;       // B
+  int micro_batches = 1;          // M: micro_batch_num × gradient_accumulation_steps
+  std::uint64_t seed = 1234;
+
+  /// The options a config implies (model.seq_length, parallel.micro_batch_size, ...).
+  static loader_options from(const core::config& c);
+};
+
+/// Shard paths named by `spec`: a file, a folder (its *.bin files, sorted), or a glob pattern
+/// (matches sorted). An error when nothing matches.
+core::result<std::vector<std::string>> resolve_shards(const std::string& spec);
+
+class loader {
+ public:
+  /// Maps every shard of `spec` (see resolve_shards) and checks each holds at least T+1 tokens.
+  static core::result<loader> open(const std::string& spec, const loader_options& opt);
+  /// Same, for an explicit list of shard files.
+  static core::result<loader> open(const std::vector<std::string>& paths,
+                                   const loader_options& opt);
+
+  /// Micro-batch `mb` of replica `dp_rank` at `step`. REQUIRES: dp_rank >= 0, 0 <= mb < M.
+  batch cut(std::uint64_t step, int dp_rank, int mb) const;
+  /// Evaluation micro-batch `index` (B sequences), the same for every seed and step.
+  batch eval_cut(int index) const;
+  /// Start offset of global sequence k at `step`, as a position in the shards' windows.
+  std::uint64_t window_of(std::uint64_t step, std::uint64_t k) const;
+
+  /// Tokens over all shards.
+  std::uint64_t tokens() const { return total_tokens_; }
+  /// Number of distinct T+1-token windows sequences are drawn from.
+  std::uint64_t windows() const { return total_windows_; }
+  const loader_options& options() const { return opt_; }
+
+ private:
+  explicit loader(loader_options opt) : opt_(opt) {}
+  batch gather(const std::vector<std::uint64_t>& windows) const;
+
+  loader_options opt_;
+  std::vector<shard> shards_;
+  std::vector<std::uint64_t> first_window_;  // window number where each shard's windows begin
+  std::uint64_t total_tokens_ = 0;
+  std::uint64_t total_windows_ = 0;
+};
+
+}  // namespace troupe::model

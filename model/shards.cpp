@@ -1,0 +1,239 @@
+#include "model/shards.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+namespace troupe::model {
+
+namespace {
+
+constexpr const char* kPrepareHint =
+    "make token shards with `troupe data prepare --input TEXT... --out DIR`";
+
+std::string errno_text() { return std::strerror(errno); }
+
+core::status write_all(int fd, const void* data, std::size_t bytes, const std::string& path) {
+  auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::write(fd, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return core::error::at_file(path, "write failed: " + errno_text(),
+                                  "check free disk space and permissions");
+    }
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+  return core::status::success();
+}
+
+// The files llm.c writes that a user may point us at by mistake, by their magic number.
+const char* llmc_kind(std::int32_t magic) {
+  switch (magic) {
+    case 20240326: return "an llm.c GPT-2 model checkpoint";
+    case 20240327: return "an llm.c debug state file";
+    case 20240328: return "an llm.c tokenizer file";
+    default: return nullptr;
+  }
+}
+
+// First bytes of a file in readable form, to show what a foreign file looks like.
+std::string preview(const unsigned char* p, std::size_t n) {
+  std::string out;
+  bool text = true;
+  for (std::size_t i = 0; i < n && i < 16; ++i) {
+    unsigned char c = p[i];
+    if (c == '\n' || c == '\t' || c == '\r' || (c >= 0x20 && c < 0x7F)) {
+      out += c == '\n' ? ' ' : static_cast<char>(c);
+    } else if (c < 0x80) {
+      text = false;
+    }
+  }
+  if (!text || out.empty()) {
+    static const char* hex = "0123456789abcdef";
+    out.clear();
+    for (std::size_t i = 0; i < n && i < 8; ++i) {
+      if (i) out += ' ';
+      out += hex[p[i] >> 4];
+      out += hex[p[i] & 15];
+    }
+    return "bytes " + out;
+  }
+  return "text '" + out + "'";
+}
+
+}  // namespace
+
+core::status write_shard(const std::string& path, std::span<const std::uint16_t> tokens) {
+  if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
+    return core::error::at_file(path,
+                                "cannot hold " + std::to_string(tokens.size()) +
+                                    " tokens: the llm.c header stores the count as int32",
+                                "split the text into several shards");
+  std::int32_t header[shard_header_ints] = {};
+  header[0] = shard_magic;
+  header[1] = shard_version;
+  header[2] = static_cast<std::int32_t>(tokens.size());
+
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return core::error::at_file(tmp, "cannot create: " + errno_text(),
+                                "check that the output folder exists and is writable");
+  auto fail = [&](core::status s) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  };
+  if (auto s = write_all(fd, header, sizeof header, tmp); !s) return fail(s);
+  if (auto s = write_all(fd, tokens.data(), tokens.size_bytes(), tmp); !s) return fail(s);
+  if (::fsync(fd) != 0)
+    return fail(core::error::at_file(tmp, "fsync failed: " + errno_text(),
+                                     "check the file system"));
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return core::error::at_file(tmp, "close failed: " + errno_text(), "check the file system");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    return core::error::at_file(path, "cannot rename " + tmp + " into place: " + why,
+                                "check that the output folder is writable");
+  }
+  // Make the rename itself durable: fsync the folder that holds the new name.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return core::status::success();
+}
+
+core::result<std::vector<std::uint16_t>> to_u16(std::span<const int> ids) {
+  std::vector<std::uint16_t> out(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] > 0xFFFF)
+      return core::error::make("token id " + std::to_string(ids[i]) + " at position " +
+                                   std::to_string(i) + " does not fit a uint16 shard",
+                               "llm.c version-1 shards hold vocabularies of at most 65536 tokens");
+    out[i] = static_cast<std::uint16_t>(ids[i]);
+  }
+  return out;
+}
+
+core::result<shard> shard::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return core::error::at_file(path, "cannot open token shard: " + errno_text(), kPrepareHint);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return core::error::at_file(path, "not a regular file", kPrepareHint);
+  }
+  const auto file_bytes = static_cast<std::size_t>(st.st_size);
+  if (file_bytes < shard_header_bytes) {
+    // Read what is there, to say whether it is a cut-off shard or something else entirely.
+    unsigned char head[16] = {};
+    ssize_t got = ::pread(fd, head, sizeof head, 0);
+    ::close(fd);
+    std::int32_t magic = 0;
+    if (got >= 4) std::memcpy(&magic, head, 4);
+    std::string what = got >= 4 && magic == shard_magic
+                           ? "a token shard cut off inside its header"
+                           : "not a token shard (starts with " +
+                                 preview(head, got > 0 ? static_cast<std::size_t>(got) : 0) + ")";
+    return core::error::at_file(
+        path,
+        "expected at least the " + std::to_string(shard_header_bytes) +
+            "-byte llm.c shard header, found a file of " + std::to_string(file_bytes) +
+            " bytes: " + what,
+        kPrepareHint);
+  }
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  int map_errno = errno;
+  ::close(fd);
+  if (map == MAP_FAILED)
+    return core::error::at_file(path, std::string("cannot memory-map: ") + std::strerror(map_errno),
+                                "check that the file is readable and the address space not full");
+
+  shard s;
+  s.path_ = path;
+  s.map_ = map;
+  s.map_bytes_ = file_bytes;
+  std::int32_t header[3];
+  std::memcpy(header, map, sizeof header);
+  if (header[0] != shard_magic) {
+    const char* kind = llmc_kind(header[0]);
+    std::string found = kind ? std::string(kind) + " (magic " + std::to_string(header[0]) + ")"
+                             : "magic " + std::to_string(header[0]) + ", " +
+                                   preview(static_cast<const unsigned char*>(map), 16);
+    return core::error::at_file(path,
+                                "not an llm.c token shard: expected magic " +
+                                    std::to_string(shard_magic) + " in the first 4 bytes, found " +
+                                    found,
+                                kPrepareHint);
+  }
+  if (header[1] != shard_version)
+    return core::error::at_file(path,
+                                "unsupported shard version: expected " +
+                                    std::to_string(shard_version) + " (uint16 tokens), found " +
+                                    std::to_string(header[1]),
+                                "re-create the shard with `troupe data prepare`");
+  if (header[2] < 0)
+    return core::error::at_file(path,
+                                "corrupt header: token count " + std::to_string(header[2]) +
+                                    " is negative",
+                                "re-create the shard with `troupe data prepare`");
+  const auto count = static_cast<std::size_t>(header[2]);
+  const std::size_t expected = shard_header_bytes + count * sizeof(std::uint16_t);
+  if (file_bytes != expected) {
+    bool truncated = file_bytes < expected;
+    return core::error::at_file(
+        path,
+        std::string(truncated ? "truncated" : "has trailing bytes") + ": the header promises " +
+            std::to_string(count) + " tokens, so expected " + std::to_string(expected) +
+            " bytes, found " + std::to_string(file_bytes),
+        truncated ? "the copy or write was cut short; re-create the shard with `troupe data prepare`"
+                  : "the file was appended to or is not a single shard; re-create it with "
+                    "`troupe data prepare`");
+  }
+  s.tokens_ = reinterpret_cast<const std::uint16_t*>(static_cast<const char*>(map) +
+                                                     shard_header_bytes);
+  s.count_ = count;
+  return s;
+}
+
+shard::shard(shard&& o) noexcept { *this = std::move(o); }
+
+shard& shard::operator=(shard&& o) noexcept {
+  if (this != &o) {
+    unmap();
+    path_ = std::move(o.path_);
+    map_ = o.map_;
+    map_bytes_ = o.map_bytes_;
+    tokens_ = o.tokens_;
+    count_ = o.count_;
+    o.map_ = nullptr;
+    o.map_bytes_ = 0;
+    o.tokens_ = nullptr;
+    o.count_ = 0;
+  }
+  return *this;
+}
+
+shard::~shard() { unmap(); }
+
+void shard::unmap() {
+  if (map_) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+}
+
+}  // namespace troupe::model
