@@ -1,0 +1,104 @@
+// The schedule IR. A schedule is data: for each pipeline rank, the ordered list of instructions it
+// executes in one training step. Gaps between instructions are bubbles; they appear only when the
+// list is run against costs (simulate.hpp). Generators produce compute-only lists (F, B, I, W);
+// lowering (lower.hpp) inserts the transfers, gradient reduction and the optimizer step.
+//
+// Chunks are GLOBAL virtual stages in [0, p*v): chunk c lives on rank c % p, so rank r holds
+// chunks r, r+p, r+2p, ... and the forward pass runs chunk 0 -> p*v-1 (Megatron's interleaving).
+//
+// Text form, compatible with PyTorch's pipelining actions: "<chunk><KIND><micro-batch>", e.g.
+// "1F3" (chunk 1, forward, micro-batch 3), "0B7", "2I0", "2W0", "0REDUCE_GRAD", and for transfers
+// the peer rank after an arrow: "1SEND_F3->2" (send chunk 1's output of micro-batch 3 to rank 2),
+// "2RECV_F3<-1" (chunk 2 receives its input of micro-batch 3 from rank 1). The step is "STEP".
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace troupe::schedules {
+
+/// What an instruction does; each kind's meaning in one line.
+enum class op_kind {
+  F,            // forward of one micro-batch through one chunk; keeps its activations
+  B,            // full backward: input gradient and weight gradient together; frees activations
+  I,            // backward for inputs only (zero-bubble): the gradient the previous chunk needs
+  W,            // backward for weights only (zero-bubble): accumulates weight gradients; frees
+  SEND_F,       // send chunk's forward output to the rank of chunk + 1
+  RECV_F,       // receive chunk's forward input from the rank of chunk - 1
+  SEND_B,       // send the gradient of chunk's input to the rank of chunk - 1
+  RECV_B,       // receive the gradient of chunk's output from the rank of chunk + 1
+  REDUCE_GRAD,  // reduce chunk's accumulated weight gradients across data-parallel replicas
+  STEP,         // optimizer step: the rank's last instruction
+};
+
+/// One instruction of a rank's list. REQUIRES: chunk in [0, p*v) except for STEP (-1); mb in
+/// [0, m) except for REDUCE_GRAD and STEP (-1); peer set for SEND/RECV, -1 otherwise.
+struct instruction {
+  int chunk = 0;
+  op_kind kind = op_kind::F;
+  int mb = 0;
+  int peer = -1;
+  bool operator==(const instruction&) const = default;
+};
+
+/// Per-instruction costs in abstract time units, used by the simulator (and to order transfers).
+struct cost_model {
+  double f = 1;       // forward
+  double b = 2;       // full backward (= i + w when both are measured)
+  double i = 1;       // backward for inputs
+  double w = 1;       // backward for weights
+  double comm = 0;    // one point-to-point transfer
+  double reduce = 0;  // REDUCE_GRAD
+  double step = 0;    // STEP
+  /// The cost of one instruction of kind `k`.
+  double of(op_kind k) const;
+};
+
+/// Options every generator receives.
+struct schedule_options {
+  int virtual_stages = 1;                 // chunks per rank (interleaved schedules)
+  cost_model costs;                       // generators may adapt to costs; built-ins do not
+  bool allow_any_backward_order = false;  // custom schedules only: skip the micro-batch order rule
+};
+
+/// Per rank, the ordered instruction list of one training step.
+struct schedule {
+  int stages = 1;          // p: pipeline ranks
+  int microbatches = 1;    // m
+  int virtual_stages = 1;  // v: chunks per rank
+  std::vector<std::vector<instruction>> ranks;
+  std::string name;
+
+  /// p * v, the number of global chunks.
+  int chunks() const { return stages * virtual_stages; }
+  /// The rank that holds chunk `c`.
+  int rank_of(int c) const { return c % stages; }
+};
+
+/// True for F, B, I and W.
+bool is_compute(op_kind k);
+/// True for SEND_F, RECV_F, SEND_B and RECV_B.
+bool is_transfer(op_kind k);
+/// True for SEND_F and SEND_B.
+bool is_send(op_kind k);
+/// "F", "SEND_F", "REDUCE_GRAD", ...
+std::string_view kind_name(op_kind k);
+/// The text form ("1F3", "1SEND_F3->2", "2RECV_F3<-1", "0REDUCE_GRAD", "STEP").
+std::string to_string(const instruction& op);
+/// Parses the text form; the peer suffix of transfers is optional (then peer = -1).
+core::result<instruction> parse_instruction(std::string_view text);
+
+/// The rank a transfer of chunk `c` talks to, derived from the chunk layout: SEND_F goes to the
+/// rank of c + 1, RECV_F comes from the rank of c - 1, SEND_B goes to c - 1, RECV_B comes from c + 1.
+int transfer_peer(const schedule& s, op_kind k, int c);
+/// True when any rank's list holds a SEND or RECV (the schedule has been lowered or was written
+/// with its transfers).
+bool has_transfers(const schedule& s);
+/// Number of instructions over all ranks.
+std::size_t size(const schedule& s);
+
+}  // namespace troupe::schedules
