@@ -1,0 +1,91 @@
+// Argument checks shared by the CPU ops. A failed check throws core::failure with the op's name,
+// what was expected, and every argument's dtype and shape, e.g.
+//   "layernorm_forward: w must be [C] = [8] (C = last dim of x); got x fp32 [4, 8], w fp32 [7], ..."
+// so that a wrong call is diagnosed from the message alone.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+
+namespace troupe::kernels::cpu {
+
+class op_check {
+ public:
+  using arg = std::pair<const char*, const core::tensor*>;
+
+  op_check(const char* op, std::initializer_list<arg> args) : op_(op), args_(args) {}
+
+  /// Throws unless `cond`, with `expectation` and the argument list.
+  void require(bool cond, const std::string& expectation) const {
+    if (!cond) fail(expectation);
+  }
+
+  [[noreturn]] void fail(const std::string& expectation) const {
+    std::string msg = std::string(op_) + ": " + expectation + "; got";
+    for (std::size_t i = 0; i < args_.size(); ++i) {
+      const auto& [name, t] = args_[i];
+      msg += (i ? ", " : " ") + std::string(name) + " ";
+      if (!t->defined()) {
+        msg += "undefined";
+        continue;
+      }
+      msg += std::string(core::dtype_name(t->type())) + " " + core::shape_string(t->shape());
+      if (!t->dev().is_cpu()) msg += " on " + t->dev().to_string();
+    }
+    throw core::failure(msg + " (the cpu backend takes contiguous host tensors; see "
+                              "kernels/backend.hpp for each op's shapes)");
+  }
+
+  /// `t` is defined, on the host and of type `type`.
+  void host(const core::tensor& t, const char* name, core::dtype type) const {
+    require(t.defined(), std::string(name) + " must be defined");
+    require(t.dev().is_cpu(), std::string(name) + " must be a host tensor");
+    require(t.type() == type,
+            std::string(name) + " must be " + core::dtype_name(type));
+  }
+
+  /// Like host(), but an undefined tensor is allowed (optional argument).
+  void optional(const core::tensor& t, const char* name, core::dtype type) const {
+    if (t.defined()) host(t, name, type);
+  }
+
+  /// `t` has exactly `shape`.
+  void shape(const core::tensor& t, const char* name, const core::shape_t& shape,
+             const std::string& meaning) const {
+    require(t.shape() == shape,
+            std::string(name) + " must be " + core::shape_string(shape) + " (" + meaning + ")");
+  }
+
+  /// `t` has `numel` elements, whatever its rank.
+  void numel(const core::tensor& t, const char* name, std::int64_t numel,
+             const std::string& meaning) const {
+    require(t.numel() == numel, std::string(name) + " must have " + std::to_string(numel) +
+                                    " elements (" + meaning + ")");
+  }
+
+  /// `t` is [rows, cols] seen as rows of its last dimension: rank >= 1, last dim `cols`, and
+  /// `rows` rows in all. Returns nothing; use rows_of() to read the row count.
+  void matrix(const core::tensor& t, const char* name, std::int64_t rows, std::int64_t cols,
+              const std::string& meaning) const {
+    require(t.rank() >= 1 && t.dim(-1) == cols && t.numel() == rows * cols,
+            std::string(name) + " must be [" + std::to_string(rows) + ", " +
+                std::to_string(cols) + "] (" + meaning + ")");
+  }
+
+ private:
+  const char* op_;
+  std::vector<arg> args_;
+};
+
+/// Rows of `t` seen as a matrix over its last dimension (0 for an empty tensor).
+inline std::int64_t rows_of(const core::tensor& t) {
+  return t.rank() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1);
+}
+
+}  // namespace troupe::kernels::cpu

@@ -1,0 +1,32 @@
+// Threads for the CPU ops: a small pool that the calling thread joins.
+//
+// The actor runtime calls ops from several threads at once, so a call never waits for the pool:
+// the caller runs tasks itself and idle workers help it; with every worker busy the caller simply
+// does all of its tasks. Workers sleep on a condition variable (no spinning), so the pool does not
+// steal the cores of the two-core build machine from the BLAS or from other actors.
+//
+// Determinism is the caller's contract: each task (or each item of a range) must write outputs no
+// other task writes and compute them the same way whatever the split, so results do not depend on
+// how many threads ran or which thread ran what.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace troupe::kernels::cpu {
+
+/// Threads CPU ops may use, the caller included (>= 1).
+int threads();
+/// Sets threads(); n <= 0 means all cores.
+void set_threads(int n);
+
+/// Calls fn(i) for every i in [0, tasks) on up to threads() threads, the caller included, and
+/// returns when all are done. Rethrows the first exception a task threw.
+void parallel_tasks(std::int64_t tasks, const std::function<void(std::int64_t)>& fn);
+
+/// Splits [0, n) into at most threads() contiguous ranges of at least `grain` items and calls
+/// fn(begin, end) for each (on the calling thread alone when n < 2 * grain).
+void parallel_for(std::int64_t n, std::int64_t grain,
+                  const std::function<void(std::int64_t, std::int64_t)>& fn);
+
+}  // namespace troupe::kernels::cpu

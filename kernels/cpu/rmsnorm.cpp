@@ -1,0 +1,95 @@
+// RMSNorm over the last dimension (LLaMA): y = x * rstd * w, rstd = 1/sqrt(mean(x²) + eps);
+// rstd is saved for the backward.
+//
+// Backward, with xhat = x * rstd and g = dy * w:
+//   dx += rstd * (g - xhat * mean(g * xhat)),  dw += Σ_rows dy * xhat
+// dx per row (threads take rows); dw as column sums in row order (threads take column ranges).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/check.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/fast_math.hpp"
+#include "kernels/cpu/parallel.hpp"
+
+namespace troupe::kernels::cpu {
+
+void cpu_backend::rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y,
+                                  tensor& rstd) {
+  op_check c("rmsnorm_forward", {{"x", &x}, {"w", &w}, {"y", &y}, {"rstd", &rstd}});
+  c.host(x, "x", core::dtype::f32);
+  c.host(w, "w", core::dtype::f32);
+  c.host(y, "y", core::dtype::f32);
+  c.host(rstd, "rstd", core::dtype::f32);
+  c.require(x.rank() >= 1 && x.dim(-1) > 0, "x must be [N, C] with C > 0");
+  const std::int64_t ch = x.dim(-1), n = rows_of(x);
+  c.shape(w, "w", {ch}, "C = last dim of x");
+  c.matrix(y, "y", n, ch, "the shape of x");
+  c.numel(rstd, "rstd", n, "one per row of x");
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  float* yp = y.data<float>();
+  float* rp = rstd.data<float>();
+  const float inv_c = 1.0f / static_cast<float>(ch);
+  parallel_for(n, std::max<std::int64_t>(1, (1 << 15) / ch), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * ch;
+      float* yr = yp + r * ch;
+      const float s = 1.0f / std::sqrt(dot(xr, xr, ch) * inv_c + eps);
+      for (std::int64_t j = 0; j < ch; ++j) yr[j] = (xr[j] * s) * wp[j];
+      rp[r] = s;
+    }
+  });
+}
+
+void cpu_backend::rmsnorm_backward(const tensor& dy, const tensor& x, const tensor& w,
+                                   const tensor& rstd, tensor& dx, tensor& dw) {
+  op_check c("rmsnorm_backward",
+             {{"dy", &dy}, {"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dx", &dx}, {"dw", &dw}});
+  c.host(dy, "dy", core::dtype::f32);
+  c.host(x, "x", core::dtype::f32);
+  c.host(w, "w", core::dtype::f32);
+  c.host(rstd, "rstd", core::dtype::f32);
+  c.host(dx, "dx", core::dtype::f32);
+  c.host(dw, "dw", core::dtype::f32);
+  c.require(x.rank() >= 1 && x.dim(-1) > 0, "x must be [N, C] with C > 0");
+  const std::int64_t ch = x.dim(-1), n = rows_of(x);
+  c.matrix(dy, "dy", n, ch, "the shape of x");
+  c.matrix(dx, "dx", n, ch, "the shape of x");
+  c.shape(w, "w", {ch}, "C = last dim of x");
+  c.shape(dw, "dw", {ch}, "C = last dim of x");
+  c.numel(rstd, "rstd", n, "one per row of x");
+  const float* dyp = dy.data<float>();
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  const float* rp = rstd.data<float>();
+  float* dxp = dx.data<float>();
+  const float inv_c = 1.0f / static_cast<float>(ch);
+  parallel_for(n, std::max<std::int64_t>(1, (1 << 14) / ch), [&](std::int64_t r0, std::int64_t r1) {
+    std::vector<float> g(static_cast<std::size_t>(ch)), xhat(static_cast<std::size_t>(ch));
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* dyr = dyp + r * ch;
+      const float* xr = xp + r * ch;
+      float* dxr = dxp + r * ch;
+      const float s = rp[r];
+      for (std::int64_t j = 0; j < ch; ++j) {
+        g[j] = dyr[j] * wp[j];
+        xhat[j] = xr[j] * s;
+      }
+      const float gx_mean = dot(g.data(), xhat.data(), ch) * inv_c;
+      for (std::int64_t j = 0; j < ch; ++j) dxr[j] += s * (g[j] - xhat[j] * gx_mean);
+    }
+  });
+  float* dwp = dw.data<float>();
+  parallel_for(ch, std::max<std::int64_t>(16, (1 << 15) / std::max<std::int64_t>(n, 1)),
+               [&](std::int64_t c0, std::int64_t c1) {
+                 for (std::int64_t r = 0; r < n; ++r) {
+                   const float* dyr = dyp + r * ch;
+                   const float* xr = xp + r * ch;
+                   const float s = rp[r];
+                   for (std::int64_t j = c0; j < c1; ++j) dwp[j] += dyr[j] * (xr[j] * s);
+                 }
+               });
+}
+
+}  // namespace troupe::kernels::cpu
