@@ -191,7 +191,7 @@ int run_prepare(const prepare_args& a) {
               files->size(), static_cast<double>(total_bytes) / 1e6, tokens.size(), seconds,
               static_cast<double>(tokens.size()) / std::max(seconds, 1e-9));
   std::printf("  train: %s  %zu tokens\n", train_path.c_str(), train.size());
-  std::printf("  val:   %s  %zu tokens (%.1f%%, every %d-token chunk in %.0f)\n", val_path.c_str(),
+  std::printf("  val:   %s  %zu tokens (%.1f%%: one %d-token chunk in %.0f)\n", val_path.c_str(),
               val.size(), tokens.empty() ? 0.0 : 100.0 * val.size() / tokens.size(),
               a.chunk_tokens, a.val_fraction > 0 ? 1.0 / a.val_fraction : 0.0);
   if (a.val_fraction > 0 && val.empty())
