@@ -1,0 +1,66 @@
+// Deterministic column sums out[c] += Σ_r f(r, c), used for the gradients of norm weights and
+// biases. Atomics would make the order of additions depend on scheduling; instead the rows are cut
+// into fixed chunks (the cut depends only on the row count), one thread per (column, chunk) adds its
+// chunk's rows in order into fp32 partials, and a second kernel adds the partials of each column in
+// chunk order. Threads of a warp own adjacent columns, so every row read is coalesced.
+#pragma once
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_context.hpp"
+
+namespace troupe::kernels::cuda {
+
+/// F: `__device__ void operator()(std::int64_t r, int c, float (&acc)[NOUT]) const` adds row r's
+/// terms of column c into acc.
+template <int NOUT, class F>
+__global__ void column_partial_kernel(F f, std::int64_t rows, int cols, std::int64_t chunk_rows,
+                                      float* partial) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int chunk = blockIdx.y, chunks = gridDim.y;
+  const std::int64_t r0 = chunk * chunk_rows;
+  const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  float acc[NOUT];
+#pragma unroll
+  for (int o = 0; o < NOUT; ++o) acc[o] = 0.0f;
+  for (std::int64_t r = r0; r < r1; ++r) f(r, c, acc);
+#pragma unroll
+  for (int o = 0; o < NOUT; ++o)
+    partial[(static_cast<std::int64_t>(o) * chunks + chunk) * cols + c] = acc[o];
+}
+
+__global__ inline void column_finish_kernel(const float* partial, int chunks, int cols, void* out,
+                                            int code) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.0f;
+  for (int k = 0; k < chunks; ++k) s += partial[static_cast<std::int64_t>(k) * cols + c];
+  store_f(out, code, c, load_f(out, code, c) + s);
+}
+
+/// Launches the two passes on ctx's stream; out[o] (dtype codes[o], `cols` elements) may be null to
+/// skip that output.
+template <int NOUT, class F>
+void column_sums(context& ctx, const F& f, std::int64_t rows, int cols, void* const (&out)[NOUT],
+                 const int (&codes)[NOUT]) {
+  if (rows == 0 || cols == 0) return;
+  // Enough chunks to fill the GPU for narrow matrices, few enough that the finishing pass is short.
+  constexpr std::int64_t max_chunks = 512;
+  std::int64_t chunk_rows = std::max<std::int64_t>(32, (rows + max_chunks - 1) / max_chunks);
+  const int chunks = static_cast<int>((rows + chunk_rows - 1) / chunk_rows);
+  scratch partial(ctx, sizeof(float) * NOUT * static_cast<std::size_t>(chunks) * cols);
+  const int threads = 128;
+  dim3 grid((cols + threads - 1) / threads, chunks);
+  column_partial_kernel<NOUT><<<grid, threads, 0, ctx.stream>>>(f, rows, cols, chunk_rows,
+                                                                partial.as<float>());
+  TROUPE_CUDA_CHECK_LAUNCH();
+  for (int o = 0; o < NOUT; ++o) {
+    if (!out[o]) continue;
+    column_finish_kernel<<<(cols + 255) / 256, 256, 0, ctx.stream>>>(
+        partial.as<float>() + static_cast<std::int64_t>(o) * chunks * cols, chunks, cols, out[o],
+        codes[o]);
+    TROUPE_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace troupe::kernels::cuda

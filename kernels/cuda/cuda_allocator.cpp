@@ -1,0 +1,122 @@
+#include "kernels/cuda/cuda_allocator.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace troupe::kernels::cuda {
+
+namespace {
+constexpr std::size_t small_granule = 512;
+constexpr std::size_t small_limit = std::size_t{1} << 20;
+constexpr std::size_t large_granule = std::size_t{2} << 20;
+
+// Makes `device` current for the scope: allocations and frees must happen on the owning device even
+// when a stage on another GPU shares the calling thread.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    TROUPE_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) TROUPE_CUDA_CHECK(cudaSetDevice(device));
+    device_ = device;
+  }
+  ~device_guard() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  int device_ = 0;
+};
+}  // namespace
+
+device_allocator::device_allocator(int device) : device_(device) {}
+
+device_allocator::~device_allocator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    free_cached_locked();
+  } catch (...) {
+    // Destructors must not throw; a failing cudaFree at shutdown (driver torn down) loses nothing.
+  }
+}
+
+std::size_t device_allocator::round_size(std::size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  const std::size_t g = bytes <= small_limit ? small_granule : large_granule;
+  return (bytes + g - 1) / g * g;
+}
+
+void* device_allocator::allocate(std::size_t bytes) {
+  const std::size_t size = round_size(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  void* p = nullptr;
+  auto it = free_.find(size);
+  if (it != free_.end()) {
+    p = it->second;
+    free_.erase(it);
+  } else {
+    device_guard guard(device_);
+    cudaError_t e = cudaMalloc(&p, size);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear the sticky-free error before retrying
+      free_cached_locked();
+      e = cudaMalloc(&p, size);
+    }
+    if (e != cudaSuccess)
+      throw core::failure("cuda_allocator: cudaMalloc of " + std::to_string(size) +
+                          " bytes on cuda:" + std::to_string(device_) + " failed (" +
+                          cudaGetErrorString(e) + "); " + std::to_string(stats_.in_use) +
+                          " bytes in use (hint: lower micro_batch_size or turn recompute on)");
+    ++stats_.device_mallocs;
+    stats_.reserved += size;
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  }
+  live_.emplace(p, size);
+  stats_.in_use += size;
+  stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+  return p;
+}
+
+void device_allocator::release(void* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end()) return;
+  stats_.in_use -= it->second;
+  free_.emplace(it->second, p);
+  live_.erase(it);
+}
+
+void device_allocator::free_cached_locked() {
+  if (free_.empty()) return;
+  device_guard guard(device_);
+  // A cached block may still be read by queued kernels of this allocator's stream.
+  TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto& [size, p] : free_) {
+    TROUPE_CUDA_CHECK(cudaFree(p));
+    stats_.reserved -= size;
+    ++stats_.device_frees;
+  }
+  free_.clear();
+}
+
+void device_allocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_cached_locked();
+}
+
+memory_stats device_allocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void device_allocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_in_use = stats_.in_use;
+  stats_.peak_reserved = stats_.reserved;
+}
+
+}  // namespace troupe::kernels::cuda

@@ -1,0 +1,64 @@
+// What every launcher needs besides its tensors: the backend's stream, its cuBLASLt handle and
+// workspace, the caching allocator for scratch buffers, and a cache of chosen GEMM algorithms
+// (asking cuBLASLt's heuristic costs microseconds per call; a training step repeats the same
+// dozen shapes). One context per backend instance; several may share a GPU.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "kernels/cuda/cuda_allocator.hpp"
+
+namespace troupe::kernels::cuda {
+
+/// Everything that identifies a GEMM plan (dims, layouts, dtypes, epilogue, beta != 0).
+struct gemm_key {
+  std::array<std::int64_t, 12> v{};
+  bool operator<(const gemm_key& o) const { return v < o.v; }
+};
+
+/// Descriptors and the heuristic's algorithm for one gemm_key (linear.cu builds them).
+struct gemm_plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct context {
+  explicit context(int device);
+  ~context();
+  context(const context&) = delete;
+  context& operator=(const context&) = delete;
+
+  int device = 0;
+  int sm_count = 0;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  std::shared_ptr<device_allocator> alloc;
+  std::map<gemm_key, gemm_plan> gemm_plans;
+};
+
+/// A scratch buffer from the context's allocator, returned to the cache when it goes out of scope.
+/// Safe without synchronising: the block is reused only by later work on the same stream.
+class scratch {
+ public:
+  scratch(context& ctx, std::size_t bytes) : alloc_(ctx.alloc.get()), p_(alloc_->allocate(bytes)) {}
+  ~scratch() { alloc_->release(p_); }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  device_allocator* alloc_;
+  void* p_;
+};
+
+}  // namespace troupe::kernels::cuda

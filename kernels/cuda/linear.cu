@@ -1,0 +1,291 @@
+// Linear layers through cuBLASLt: y = x·wᵀ (+ b), dx += dy·w, dw += dyᵀ·x, db += Σ_rows dy.
+// Row-major tensors are seen by cuBLASLt (column-major) as their transposes, so y = x·wᵀ becomes
+// yᵀ[OC,N] = w[IC,OC]ᵀ·xᵀ[IC,N] with no copies. Compute is always fp32 (CUBLAS_COMPUTE_32F: true fp32
+// for fp32 inputs, no TF32, so fp32 results match the CPU reference; fp32 accumulation for bf16/fp16).
+// The bias rides on the GEMM epilogue when it has the output's dtype (one pass over y instead of
+// two); db is a deterministic column sum (column_sum.cuh). dw may be fp32 while dy and x are bf16:
+// cuBLASLt writes fp32 C from bf16 A/B, which is how fp32 weight gradients of a bf16 model are kept.
+// Backward GEMMs use beta = 1 to accumulate in place, as the backend contract requires.
+//
+// A plan (descriptors + the heuristic's algorithm) is cached per shape, layout, dtype and pointer
+// alignment: a training step repeats a dozen shapes, and the heuristic costs microseconds. Without
+// atomics in any chosen algorithm (cuBLASLt uses none unless asked), results are run-to-run identical.
+#include <cstring>
+
+#include "kernels/cuda/column_sum.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.hpp"
+
+namespace troupe::kernels::cuda {
+
+// ------------------------------------------------------------------------------------------------
+// CUDA kernels
+
+/// y[r, c] += b[c], for a bias whose dtype differs from y's (no epilogue for that pair).
+__global__ void add_bias_kernel(void* y, int yc, const void* b, int bc, std::int64_t rows,
+                                int cols) {
+  const std::int64_t n = rows * cols;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    store_f(y, yc, i, load_f(y, yc, i) + load_f(b, bc, i % cols));
+}
+
+struct bias_terms {
+  const void* dy;
+  int code;
+  int cols;
+  __device__ void operator()(std::int64_t r, int c, float (&acc)[1]) const {
+    acc[0] += load_f(dy, code, r * cols + c);
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// launchers
+
+namespace {
+
+cudaDataType_t cuda_type(dtype t) {
+  switch (t) {
+    case dtype::f32: return CUDA_R_32F;
+    case dtype::bf16: return CUDA_R_16BF;
+    case dtype::f16: return CUDA_R_16F;
+    default: break;
+  }
+  throw core::failure(std::string("cuda linear: unsupported dtype ") + core::dtype_name(t));
+}
+
+std::int64_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::int64_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
+/// One column-major GEMM D = alpha·op(A)·op(B) + beta·C (+ bias over the m rows), C = D.
+struct gemm_call {
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  dtype a_type = dtype::f32;
+  std::int64_t lda = 0;
+  const void* b = nullptr;
+  dtype b_type = dtype::f32;
+  std::int64_t ldb = 0;
+  void* c = nullptr;
+  dtype c_type = dtype::f32;
+  std::int64_t ldc = 0;
+  float beta = 0;
+  const void* bias = nullptr;  // length m, dtype c_type
+};
+
+gemm_plan& plan_for(context& ctx, const gemm_call& g) {
+  gemm_key key;
+  key.v = {g.m,
+           g.n,
+           g.k,
+           (g.trans_a ? 1 : 0) | (g.trans_b ? 2 : 0) | (g.bias ? 4 : 0) | (g.beta != 0 ? 8 : 0),
+           static_cast<std::int64_t>(g.a_type) | static_cast<std::int64_t>(g.b_type) << 8 |
+               static_cast<std::int64_t>(g.c_type) << 16,
+           g.lda,
+           g.ldb,
+           g.ldc,
+           alignment_of(g.a),
+           alignment_of(g.b),
+           alignment_of(g.c),
+           g.bias ? alignment_of(g.bias) : 0};
+  auto found = ctx.gemm_plans.find(key);
+  if (found != ctx.gemm_plans.end()) return found->second;
+
+  gemm_plan p;
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TROUPE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  TROUPE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (g.bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    TROUPE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    TROUPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &g.bias, sizeof(g.bias)));
+  }
+  // Stored shapes: op(A) is m×k, so A is k×m when transposed.
+  TROUPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, cuda_type(g.a_type), g.trans_a ? g.k : g.m,
+                                                 g.trans_a ? g.m : g.k, g.lda));
+  TROUPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, cuda_type(g.b_type), g.trans_b ? g.n : g.k,
+                                                 g.trans_b ? g.k : g.n, g.ldb));
+  TROUPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, cuda_type(g.c_type), g.m, g.n, g.ldc));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx.workspace_bytes,
+      sizeof(ctx.workspace_bytes)));
+  // The heuristic assumes 256-byte aligned buffers unless told otherwise; views into flat buffers
+  // (a slice of qkv, a parameter at an offset) can be less aligned.
+  const std::uint32_t al_a = static_cast<std::uint32_t>(alignment_of(g.a));
+  const std::uint32_t al_b = static_cast<std::uint32_t>(alignment_of(g.b));
+  const std::uint32_t al_c = static_cast<std::uint32_t>(alignment_of(g.c));
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found_count = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.la, p.lb, p.lc, p.lc,
+                                                           pref, 1, &result, &found_count);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found_count == 0)
+    throw core::failure("cuda linear: cuBLASLt has no algorithm for m=" + std::to_string(g.m) +
+                        " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + " A " +
+                        core::dtype_name(g.a_type) + " B " + core::dtype_name(g.b_type) + " C " +
+                        core::dtype_name(g.c_type) + " (status " + cublasGetStatusName(st) +
+                        "; hint: dtypes of x and w must match)");
+  p.algo = result.algo;
+  return ctx.gemm_plans.emplace(key, p).first->second;
+}
+
+void gemm(context& ctx, const gemm_call& g) {
+  if (g.m == 0 || g.n == 0) return;
+  gemm_plan& p = plan_for(ctx, g);
+  if (g.bias)
+    TROUPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &g.bias, sizeof(g.bias)));
+  const float alpha = 1.0f;
+  TROUPE_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, p.desc, &alpha, g.a, p.la, g.b, p.lb, &g.beta, g.c,
+                                     p.lc, g.c, p.lc, &p.algo, ctx.workspace, ctx.workspace_bytes,
+                                     ctx.stream));
+}
+
+/// Rows N and the inner width of a [.., W] activation.
+std::int64_t rows_of(const tensor& t, std::int64_t width) { return width ? t.numel() / width : 0; }
+
+void check_matrix(const tensor& w, const char* op) {
+  require_float(w, op, "w");
+  require(w.rank() == 2, op, "w must be [out, in], got " + core::shape_string(w.shape()));
+}
+
+}  // namespace
+
+void launch_linear_forward(context& ctx, const tensor& x, const tensor& w, const tensor& b,
+                           tensor& y) {
+  const char* op = "linear_forward";
+  check_matrix(w, op);
+  const std::int64_t OC = w.dim(0), IC = w.dim(1);
+  require_float(x, op, "x");
+  require_type(x, w.type(), op, "x (must match w)");
+  require(x.dim(-1) == IC, op,
+          "x " + core::shape_string(x.shape()) + " does not match w " +
+              core::shape_string(w.shape()));
+  const std::int64_t N = rows_of(x, IC);
+  require_float(y, op, "y");
+  require_numel(y, N * OC, op, "y");
+  if (b.defined()) {
+    require_float(b, op, "b");
+    require_numel(b, OC, op, "b");
+  }
+  if (N == 0) return;
+  const bool fused_bias = b.defined() && b.type() == y.type();
+  gemm_call g;
+  g.trans_a = true;
+  g.m = OC;
+  g.n = N;
+  g.k = IC;
+  g.a = w.raw();
+  g.a_type = w.type();
+  g.lda = IC;
+  g.b = x.raw();
+  g.b_type = x.type();
+  g.ldb = IC;
+  g.c = y.raw();
+  g.c_type = y.type();
+  g.ldc = OC;
+  g.beta = 0;
+  g.bias = fused_bias ? b.raw() : nullptr;
+  gemm(ctx, g);
+  if (b.defined() && !fused_bias) {
+    add_bias_kernel<<<grid_for(N * OC, 256), 256, 0, ctx.stream>>>(
+        y.raw(), code_of(y.type()), b.raw(), code_of(b.type()), N, static_cast<int>(OC));
+    TROUPE_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void launch_linear_backward_input(context& ctx, const tensor& dy, const tensor& w, tensor& dx) {
+  const char* op = "linear_backward_input";
+  check_matrix(w, op);
+  const std::int64_t OC = w.dim(0), IC = w.dim(1);
+  require_type(dy, w.type(), op, "dy (must match w)");
+  require(dy.dim(-1) == OC, op,
+          "dy " + core::shape_string(dy.shape()) + " does not match w " +
+              core::shape_string(w.shape()));
+  const std::int64_t N = rows_of(dy, OC);
+  require_float(dx, op, "dx");
+  require_numel(dx, N * IC, op, "dx");
+  if (N == 0) return;
+  gemm_call g;
+  g.m = IC;
+  g.n = N;
+  g.k = OC;
+  g.a = w.raw();
+  g.a_type = w.type();
+  g.lda = IC;
+  g.b = dy.raw();
+  g.b_type = dy.type();
+  g.ldb = OC;
+  g.c = dx.raw();
+  g.c_type = dx.type();
+  g.ldc = IC;
+  g.beta = 1;
+  gemm(ctx, g);
+}
+
+void launch_linear_backward_weight(context& ctx, const tensor& dy, const tensor& x, tensor& dw,
+                                   tensor& db) {
+  const char* op = "linear_backward_weight";
+  require_float(dw, op, "dw");
+  require(dw.rank() == 2, op, "dw must be [out, in], got " + core::shape_string(dw.shape()));
+  const std::int64_t OC = dw.dim(0), IC = dw.dim(1);
+  require_float(dy, op, "dy");
+  require_type(x, dy.type(), op, "x (must match dy)");
+  require(dy.dim(-1) == OC && x.dim(-1) == IC, op,
+          "dy " + core::shape_string(dy.shape()) + " and x " + core::shape_string(x.shape()) +
+              " do not match dw " + core::shape_string(dw.shape()));
+  const std::int64_t N = rows_of(dy, OC);
+  require(rows_of(x, IC) == N, op, "dy and x have different row counts");
+  if (db.defined()) {
+    require_float(db, op, "db");
+    require_numel(db, OC, op, "db");
+  }
+  if (N == 0) return;
+  gemm_call g;
+  g.trans_b = true;
+  g.m = IC;
+  g.n = OC;
+  g.k = N;
+  g.a = x.raw();
+  g.a_type = x.type();
+  g.lda = IC;
+  g.b = dy.raw();
+  g.b_type = dy.type();
+  g.ldb = OC;
+  g.c = dw.raw();
+  g.c_type = dw.type();
+  g.ldc = IC;
+  g.beta = 1;
+  gemm(ctx, g);
+  if (db.defined()) {
+    bias_terms f{dy.raw(), code_of(dy.type()), static_cast<int>(OC)};
+    void* const outs[1] = {db.raw()};
+    const int codes[1] = {code_of(db.type())};
+    column_sums<1>(ctx, f, N, static_cast<int>(OC), outs, codes);
+  }
+}
+
+}  // namespace troupe::kernels::cuda

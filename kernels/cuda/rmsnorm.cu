@@ -1,0 +1,150 @@
+// RMSNorm (LLaMA): y = x·rstd·w with rstd = 1/√(mean(x²) + eps) saved in fp32, and the backward
+// dx += rstd·(w·dy − x̂·mean(w·dy·x̂)) with x̂ = x·rstd, dw += Σ dy·x̂. Same shape as layernorm.cu:
+// one warp per row with 16-byte accesses, and the weight gradient as a deterministic column sum.
+#include "kernels/cuda/column_sum.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.hpp"
+
+namespace troupe::kernels::cuda {
+
+// ------------------------------------------------------------------------------------------------
+// CUDA kernels
+
+template <class T, int V>
+__global__ void rmsnorm_forward_kernel(const T* x, const void* w, int wc, float eps, T* y,
+                                       float* rstd_out, std::int64_t rows, int C) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) +
+                           threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const T* xr = x + row * C;
+  float ss = 0.0f;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    pack<T, V> p = *reinterpret_cast<const pack<T, V>*>(xr + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) ss += to_f(p.v[k]) * to_f(p.v[k]);
+  }
+  const float rstd = 1.0f / sqrtf(warp_sum(ss) / C + eps);
+  T* yr = y + row * C;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    pack<T, V> p = *reinterpret_cast<const pack<T, V>*>(xr + c);
+    pack<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = from_f<T>(to_f(p.v[k]) * rstd * load_f(w, wc, c + k));
+    *reinterpret_cast<pack<T, V>*>(yr + c) = o;
+  }
+  if (lane == 0) rstd_out[row] = rstd;
+}
+
+template <class T, int V>
+__global__ void rmsnorm_backward_dx_kernel(const T* dy, const T* x, const void* w, int wc,
+                                           const float* rstd, T* dx, std::int64_t rows, int C) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) +
+                           threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const T* xr = x + row * C;
+  const T* dyr = dy + row * C;
+  const float rs = rstd[row];
+  float s = 0.0f;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    pack<T, V> px = *reinterpret_cast<const pack<T, V>*>(xr + c);
+    pack<T, V> pd = *reinterpret_cast<const pack<T, V>*>(dyr + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) s += load_f(w, wc, c + k) * to_f(pd.v[k]) * to_f(px.v[k]) * rs;
+  }
+  const float m = warp_sum(s) / C;
+  T* dxr = dx + row * C;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    pack<T, V> px = *reinterpret_cast<const pack<T, V>*>(xr + c);
+    pack<T, V> pd = *reinterpret_cast<const pack<T, V>*>(dyr + c);
+    pack<T, V> po = *reinterpret_cast<const pack<T, V>*>(dxr + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float wdy = load_f(w, wc, c + k) * to_f(pd.v[k]);
+      po.v[k] = from_f<T>(to_f(po.v[k]) + rs * (wdy - to_f(px.v[k]) * rs * m));
+    }
+    *reinterpret_cast<pack<T, V>*>(dxr + c) = po;
+  }
+}
+
+template <class T>
+struct rmsnorm_weight_terms {
+  const T* dy;
+  const T* x;
+  const float* rstd;
+  int C;
+  __device__ void operator()(std::int64_t r, int c, float (&acc)[1]) const {
+    acc[0] += to_f(dy[r * C + c]) * to_f(x[r * C + c]) * rstd[r];
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// launchers
+
+namespace {
+constexpr int rows_per_block = 8;
+
+}  // namespace
+
+void launch_rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y, tensor& rstd,
+                            cudaStream_t s) {
+  const char* op = "rmsnorm_forward";
+  require_float(x, op, "x");
+  require(x.rank() >= 1, op, "x must have a channel dimension");
+  const int C = static_cast<int>(x.dim(-1));
+  const std::int64_t rows = C ? x.numel() / C : 0;
+  require_float(w, op, "w");
+  require_numel(w, C, op, "w");
+  require_type(y, x.type(), op, "y");
+  require_numel(y, x.numel(), op, "y");
+  require_type(rstd, dtype::f32, op, "rstd");
+  require_numel(rstd, rows, op, "rstd");
+  if (rows == 0) return;
+  const unsigned grid = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
+  dispatch_float(x.type(), op, [&](auto tag) {
+    using T = decltype(tag);
+    with_row_vector<T>({&x, &y}, C, [&](auto v) {
+      rmsnorm_forward_kernel<T, decltype(v)::value><<<grid, rows_per_block * 32, 0, s>>>(
+          x.data<T>(), w.raw(), code_of(w.type()), eps, y.data<T>(), rstd.data<float>(), rows, C);
+    });
+  });
+  TROUPE_CUDA_CHECK_LAUNCH();
+}
+
+void launch_rmsnorm_backward(context& ctx, const tensor& dy, const tensor& x, const tensor& w,
+                             const tensor& rstd, tensor& dx, tensor& dw) {
+  const char* op = "rmsnorm_backward";
+  require_float(x, op, "x");
+  require(x.rank() >= 1, op, "x must have a channel dimension");
+  const int C = static_cast<int>(x.dim(-1));
+  const std::int64_t rows = C ? x.numel() / C : 0;
+  require_type(dy, x.type(), op, "dy");
+  require_type(dx, x.type(), op, "dx");
+  require_numel(dy, x.numel(), op, "dy");
+  require_numel(dx, x.numel(), op, "dx");
+  require_float(w, op, "w");
+  require_numel(w, C, op, "w");
+  require_float(dw, op, "dw");
+  require_numel(dw, C, op, "dw");
+  require_type(rstd, dtype::f32, op, "rstd");
+  require_numel(rstd, rows, op, "rstd");
+  if (rows == 0) return;
+  const unsigned grid = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
+  dispatch_float(x.type(), op, [&](auto tag) {
+    using T = decltype(tag);
+    with_row_vector<T>({&x, &dy, &dx}, C, [&](auto v) {
+      rmsnorm_backward_dx_kernel<T, decltype(v)::value>
+          <<<grid, rows_per_block * 32, 0, ctx.stream>>>(dy.data<T>(), x.data<T>(), w.raw(),
+                                                         code_of(w.type()), rstd.data<float>(),
+                                                         dx.data<T>(), rows, C);
+    });
+    TROUPE_CUDA_CHECK_LAUNCH();
+    rmsnorm_weight_terms<T> f{dy.data<T>(), x.data<T>(), rstd.data<float>(), C};
+    void* const outs[1] = {dw.raw()};
+    const int codes[1] = {code_of(dw.type())};
+    column_sums<1>(ctx, f, rows, C, outs, codes);
+  });
+}
+
+}  // namespace troupe::kernels::cuda

@@ -1,0 +1,418 @@
+// Every op of the CUDA backend against the CPU reference (fp32 and bf16), plus run-to-run
+// determinism. All cases skip with a message where no GPU is visible (CI, the build machine).
+#include <doctest/doctest.h>
+
+#include "tests/kernels/cuda_test_util.hpp"
+#ifdef TROUPE_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
+#endif
+
+namespace troupe::kernels::cuda_test {
+namespace {
+
+struct backends {
+  std::unique_ptr<backend> cpu = make_backend("cpu");
+  std::unique_ptr<backend> gpu = make_backend("cuda");
+};
+
+const dtype float_types[] = {dtype::f32, dtype::bf16};
+
+// Runs `op(out)` twice on the GPU, each time into a fresh poisoned copy of `init` (the initial
+// value of an accumulated output), and checks both results have the same bits; returns the first.
+template <class Op>
+tensor run_twice(backend& gpu, const tensor& init_host, dtype t, Op&& op, const std::string& what) {
+  tensor a = upload(gpu, init_host, t);
+  op(a);
+  tensor b = upload(gpu, init_host, t);
+  op(b);
+  tensor ha = gpu.to_host(a), hb = gpu.to_host(b);
+  INFO(what);
+  CHECK(same_bits(ha, hb));
+  return host_f32(ha);
+}
+
+}  // namespace
+
+TEST_CASE("cuda allocator reuses freed blocks instead of calling cudaMalloc again") {
+  if (!gpu_or_skip()) return;
+#ifdef TROUPE_HAVE_CUDA
+  auto gpu = make_backend("cuda");
+  auto* be = dynamic_cast<cuda::cuda_backend*>(gpu.get());
+  REQUIRE(be != nullptr);
+  { tensor warm = gpu->empty({1024, 1024}, dtype::f32); }
+  const auto before = be->memory();
+  for (int step = 0; step < 5; ++step) {
+    tensor a = gpu->empty({1024, 1024}, dtype::f32);
+    tensor b = gpu->empty({1000, 3}, dtype::bf16);
+  }
+  tensor b0 = gpu->empty({1000, 3}, dtype::bf16);
+  const auto after = be->memory();
+  CHECK(after.device_mallocs == before.device_mallocs + 1);  // only the first small block
+  CHECK(after.peak_in_use >= before.in_use + (std::size_t{4} << 20));
+  CHECK(after.device_frees == before.device_frees);
+#endif
+}
+
+TEST_CASE("cuda copy round-trips host data and convert rounds like the host conversion") {
+  if (!gpu_or_skip()) return;
+  auto gpu = make_backend("cuda");
+  tensor h = random_host({257, 33}, 1, 3.0f);
+  tensor d = gpu->from_host(h);
+  tensor d2 = gpu->empty(h.shape(), dtype::f32);
+  gpu->copy(d, d2);
+  CHECK(same_bits(gpu->to_host(d2), h));
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    tensor low = poisoned(*gpu, h.shape(), t);
+    gpu->convert(d, low);
+    CHECK(same_bits(gpu->to_host(low), host_as(h, t)));
+    tensor back = poisoned(*gpu, h.shape(), dtype::f32);
+    gpu->convert(low, back);
+    CHECK(same_bits(gpu->to_host(back), rounded(h, t)));
+  }
+}
+
+TEST_CASE("cuda linear forward and backward match the CPU in fp32 and bf16") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  const std::int64_t N = 200, IC = 96, OC = 136;
+  for (dtype t : float_types) {
+    INFO("dtype " << core::dtype_name(t));
+    const double rtol = rtol_for(t);
+    tensor x = rounded(random_host({N, IC}, 2), t), w = rounded(random_host({OC, IC}, 3, 0.1f), t);
+    tensor b = rounded(random_host({OC}, 4), t);
+    tensor dy = rounded(random_host({N, OC}, 5), t);
+    tensor dx0 = rounded(random_host({N, IC}, 6), t);
+    tensor dw0 = random_host({OC, IC}, 7), db0 = random_host({OC}, 8);  // fp32 gradient buffers
+
+    tensor y_ref = tensor::zeros({N, OC});
+    be.cpu->linear_forward(x, w, b, y_ref);
+    tensor gx = upload(*be.gpu, x, t), gw = upload(*be.gpu, w, t), gb = upload(*be.gpu, b, t);
+    tensor gy = poisoned(*be.gpu, {N, OC}, t);
+    be.gpu->linear_forward(gx, gw, gb, gy);
+    check_close(download(*be.gpu, gy), y_ref, rtol, "y = x·wᵀ + b");
+
+    tensor y2_ref = tensor::zeros({N, OC});
+    be.cpu->linear_forward(x, w, tensor{}, y2_ref);
+    tensor gy2 = poisoned(*be.gpu, {N, OC}, t);
+    be.gpu->linear_forward(gx, gw, tensor{}, gy2);
+    check_close(download(*be.gpu, gy2), y2_ref, rtol, "y = x·wᵀ");
+
+    // A bias whose dtype differs from y's takes the separate bias kernel.
+    tensor gy3 = poisoned(*be.gpu, {N, OC}, t);
+    tensor gb32 = upload(*be.gpu, b, dtype::f32);
+    be.gpu->linear_forward(gx, gw, gb32, gy3);
+    check_close(download(*be.gpu, gy3), y_ref, rtol, "y = x·wᵀ + fp32 b");
+
+    tensor dx_ref = dx0.clone();
+    be.cpu->linear_backward_input(dy, w, dx_ref);
+    tensor gdy = upload(*be.gpu, dy, t);
+    tensor gdx = run_twice(*be.gpu, dx0, t, [&](tensor& dx) { be.gpu->linear_backward_input(gdy, gw, dx); },
+                           "dx deterministic");
+    check_close(gdx, dx_ref, rtol, "dx += dy·w");
+
+    tensor dw_ref = dw0.clone(), db_ref = db0.clone();
+    be.cpu->linear_backward_weight(dy, x, dw_ref, db_ref);
+    tensor gdw = upload(*be.gpu, dw0, dtype::f32), gdb = upload(*be.gpu, db0, dtype::f32);
+    be.gpu->linear_backward_weight(gdy, gx, gdw, gdb);
+    check_close(download(*be.gpu, gdw), dw_ref, rtol, "fp32 dw += dyᵀ·x");
+    check_close(download(*be.gpu, gdb), db_ref, rtol, "fp32 db += Σ dy");
+  }
+}
+
+TEST_CASE("cuda embedding forward and backward match the CPU, repeated tokens included") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  const std::int64_t B = 3, T = 40, V = 50, C = 72;
+  tensor tok = random_tokens(B * T, V, 9);  // 120 draws from 50 tokens: many repeats
+  for (dtype t : float_types) {
+    INFO("dtype " << core::dtype_name(t));
+    const double rtol = rtol_for(t);
+    tensor wte = rounded(random_host({V, C}, 10), t), wpe = rounded(random_host({T, C}, 11), t);
+    tensor out_ref = tensor::zeros({B * T, C});
+    be.cpu->embedding_forward(tok, wte, wpe, static_cast<int>(T), out_ref);
+    tensor gtok = be.gpu->from_host(tok);
+    tensor gwte = upload(*be.gpu, wte, t), gwpe = upload(*be.gpu, wpe, t);
+    tensor gout = poisoned(*be.gpu, {B * T, C}, t);
+    be.gpu->embedding_forward(gtok, gwte, gwpe, static_cast<int>(T), gout);
+    check_close(download(*be.gpu, gout), out_ref, rtol, "embedding forward");
+
+    tensor dout = rounded(random_host({B * T, C}, 12), t);
+    tensor dwte0 = random_host({V, C}, 13), dwpe0 = random_host({T, C}, 14);
+    tensor dwte_ref = dwte0.clone(), dwpe_ref = dwpe0.clone();
+    be.cpu->embedding_backward(dout, tok, static_cast<int>(T), dwte_ref, dwpe_ref);
+    tensor gdout = upload(*be.gpu, dout, t);
+    tensor gdwpe = upload(*be.gpu, dwpe0, dtype::f32);
+    tensor gdwte = run_twice(
+        *be.gpu, dwte0, dtype::f32,
+        [&](tensor& dwte) {
+          tensor scratch_dwpe = upload(*be.gpu, dwpe0, dtype::f32);
+          be.gpu->embedding_backward(gdout, gtok, static_cast<int>(T), dwte, scratch_dwpe);
+        },
+        "dwte deterministic");
+    check_close(gdwte, dwte_ref, rtol, "dwte");
+    tensor gdwte2 = upload(*be.gpu, dwte0, dtype::f32);
+    be.gpu->embedding_backward(gdout, gtok, static_cast<int>(T), gdwte2, gdwpe);
+    check_close(download(*be.gpu, gdwpe), dwpe_ref, rtol, "dwpe");
+  }
+}
+
+TEST_CASE("cuda layernorm and rmsnorm match the CPU forward and backward") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  for (std::int64_t C : {768, 100}) {  // 16-byte packs, and the scalar path
+    const std::int64_t N = 150;
+    for (dtype t : float_types) {
+      INFO("dtype " << core::dtype_name(t) << ", C " << C);
+      const double rtol = rtol_for(t);
+      tensor x = rounded(random_host({N, C}, 20, 2.0f), t);
+      for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += 0.5f;
+      x = rounded(x, t);
+      tensor w = rounded(random_host({C}, 21), t), b = rounded(random_host({C}, 22), t);
+      tensor dy = rounded(random_host({N, C}, 23), t);
+      tensor dx0 = rounded(random_host({N, C}, 24), t);
+      tensor dw0 = random_host({C}, 25), db0 = random_host({C}, 26);
+      tensor gx = upload(*be.gpu, x, t), gw = upload(*be.gpu, w, t), gb = upload(*be.gpu, b, t);
+      tensor gdy = upload(*be.gpu, dy, t);
+
+      tensor y_ref = tensor::zeros({N, C}), mean_ref = tensor::zeros({N}), rstd_ref = tensor::zeros({N});
+      be.cpu->layernorm_forward(x, w, b, 1e-5f, y_ref, mean_ref, rstd_ref);
+      tensor gy = poisoned(*be.gpu, {N, C}, t), gmean = poisoned(*be.gpu, {N}, dtype::f32),
+             grstd = poisoned(*be.gpu, {N}, dtype::f32);
+      be.gpu->layernorm_forward(gx, gw, gb, 1e-5f, gy, gmean, grstd);
+      check_close(download(*be.gpu, gy), y_ref, rtol, "layernorm y");
+      check_close(download(*be.gpu, gmean), mean_ref, fp32_rtol, "layernorm mean (fp32 stats)");
+      check_close(download(*be.gpu, grstd), rstd_ref, fp32_rtol, "layernorm rstd (fp32 stats)");
+
+      tensor dx_ref = dx0.clone(), dw_ref = dw0.clone(), db_ref = db0.clone();
+      be.cpu->layernorm_backward(dy, x, w, mean_ref, rstd_ref, dx_ref, dw_ref, db_ref);
+      tensor gdw = upload(*be.gpu, dw0, dtype::f32), gdb = upload(*be.gpu, db0, dtype::f32);
+      tensor gdx = run_twice(
+          *be.gpu, dx0, t,
+          [&](tensor& dx) {
+            gdw = upload(*be.gpu, dw0, dtype::f32);
+            gdb = upload(*be.gpu, db0, dtype::f32);
+            be.gpu->layernorm_backward(gdy, gx, gw, gmean, grstd, dx, gdw, gdb);
+          },
+          "layernorm dx deterministic");
+      check_close(gdx, dx_ref, rtol, "layernorm dx");
+      check_close(download(*be.gpu, gdw), dw_ref, rtol, "layernorm fp32 dw");
+      check_close(download(*be.gpu, gdb), db_ref, rtol, "layernorm fp32 db");
+
+      tensor ry_ref = tensor::zeros({N, C}), rrstd_ref = tensor::zeros({N});
+      be.cpu->rmsnorm_forward(x, w, 1e-6f, ry_ref, rrstd_ref);
+      tensor gry = poisoned(*be.gpu, {N, C}, t), grrstd = poisoned(*be.gpu, {N}, dtype::f32);
+      be.gpu->rmsnorm_forward(gx, gw, 1e-6f, gry, grrstd);
+      check_close(download(*be.gpu, gry), ry_ref, rtol, "rmsnorm y");
+      check_close(download(*be.gpu, grrstd), rrstd_ref, fp32_rtol, "rmsnorm rstd");
+      tensor rdx_ref = dx0.clone(), rdw_ref = dw0.clone();
+      be.cpu->rmsnorm_backward(dy, x, w, rrstd_ref, rdx_ref, rdw_ref);
+      tensor grdx = upload(*be.gpu, dx0, t), grdw = upload(*be.gpu, dw0, dtype::f32);
+      be.gpu->rmsnorm_backward(gdy, gx, gw, grrstd, grdx, grdw);
+      check_close(download(*be.gpu, grdx), rdx_ref, rtol, "rmsnorm dx");
+      check_close(download(*be.gpu, grdw), rdw_ref, rtol, "rmsnorm fp32 dw");
+    }
+  }
+}
+
+TEST_CASE("cuda pointwise ops (gelu, swiglu, add, accumulate, scale) match the CPU") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  for (std::int64_t n : {4096, 1001}) {  // packs, and the scalar tail path
+    for (dtype t : float_types) {
+      INFO("dtype " << core::dtype_name(t) << ", n " << n);
+      const double rtol = rtol_for(t);
+      tensor x = rounded(random_host({n}, 30, 2.0f), t), u = rounded(random_host({n}, 31), t);
+      tensor dy = rounded(random_host({n}, 32), t), d0 = rounded(random_host({n}, 33), t);
+      tensor d1 = rounded(random_host({n}, 34), t);
+      tensor gx = upload(*be.gpu, x, t), gu = upload(*be.gpu, u, t), gdy = upload(*be.gpu, dy, t);
+
+      tensor y_ref = tensor::zeros({n});
+      be.cpu->gelu_forward(x, y_ref);
+      tensor gy = poisoned(*be.gpu, {n}, t);
+      be.gpu->gelu_forward(gx, gy);
+      check_close(download(*be.gpu, gy), y_ref, rtol, "gelu");
+      tensor dx_ref = d0.clone();
+      be.cpu->gelu_backward(dy, x, dx_ref);
+      tensor gdx = upload(*be.gpu, d0, t);
+      be.gpu->gelu_backward(gdy, gx, gdx);
+      check_close(download(*be.gpu, gdx), dx_ref, rtol, "gelu backward");
+
+      tensor s_ref = tensor::zeros({n});
+      be.cpu->swiglu_forward(x, u, s_ref);
+      tensor gs = poisoned(*be.gpu, {n}, t);
+      be.gpu->swiglu_forward(gx, gu, gs);
+      check_close(download(*be.gpu, gs), s_ref, rtol, "swiglu");
+      tensor dg_ref = d0.clone(), du_ref = d1.clone();
+      be.cpu->swiglu_backward(dy, x, u, dg_ref, du_ref);
+      tensor gdg = upload(*be.gpu, d0, t), gdu = upload(*be.gpu, d1, t);
+      be.gpu->swiglu_backward(gdy, gx, gu, gdg, gdu);
+      check_close(download(*be.gpu, gdg), dg_ref, rtol, "swiglu dgate");
+      check_close(download(*be.gpu, gdu), du_ref, rtol, "swiglu dup");
+
+      tensor a_ref = tensor::zeros({n});
+      be.cpu->add(x, u, a_ref);
+      tensor ga = poisoned(*be.gpu, {n}, t);
+      be.gpu->add(gx, gu, ga);
+      check_close(download(*be.gpu, ga), a_ref, rtol, "add");
+      tensor acc_ref = d0.clone();
+      be.cpu->accumulate(x, acc_ref);
+      be.cpu->scale(acc_ref, 0.37f);
+      tensor gacc = upload(*be.gpu, d0, t);
+      be.gpu->accumulate(gx, gacc);
+      be.gpu->scale(gacc, 0.37f);
+      check_close(download(*be.gpu, gacc), acc_ref, rtol, "accumulate then scale");
+    }
+  }
+  // An fp32 buffer accumulating a bf16 one (mixed dtypes) takes the scalar path.
+  tensor x = rounded(random_host({777}, 35), dtype::bf16), y0 = random_host({777}, 36);
+  tensor y_ref = y0.clone();
+  be.cpu->accumulate(x, y_ref);
+  tensor gy = upload(*be.gpu, y0, dtype::f32);
+  be.gpu->accumulate(upload(*be.gpu, x, dtype::bf16), gy);
+  check_close(download(*be.gpu, gy), y_ref, fp32_rtol, "fp32 += bf16");
+}
+
+TEST_CASE("cuda rope matches the CPU, rotating only the first rot_heads heads") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  const int B = 2, T = 300, heads_total = 5, rot = 3, D = 16;
+  const std::int64_t N = B * T, W = heads_total * D;
+  for (dtype t : float_types) {
+    INFO("dtype " << core::dtype_name(t));
+    const double rtol = rtol_for(t);
+    tensor x = rounded(random_host({N, W}, 40), t), dy = rounded(random_host({N, W}, 41), t);
+    tensor dx0 = rounded(random_host({N, W}, 42), t);
+    tensor y_ref = tensor::zeros({N, W});
+    be.cpu->rope_forward(x, T, heads_total, rot, D, 10000.0f, y_ref);
+    tensor gx = upload(*be.gpu, x, t), gy = poisoned(*be.gpu, {N, W}, t);
+    be.gpu->rope_forward(gx, T, heads_total, rot, D, 10000.0f, gy);
+    check_close(download(*be.gpu, gy), y_ref, rtol, "rope forward");
+    be.gpu->rope_forward(gx, T, heads_total, rot, D, 10000.0f, gx);  // in place
+    check_close(download(*be.gpu, gx), y_ref, rtol, "rope forward in place");
+    tensor dx_ref = dx0.clone();
+    be.cpu->rope_backward(dy, T, heads_total, rot, D, 10000.0f, dx_ref);
+    tensor gdx = upload(*be.gpu, dx0, t);
+    be.gpu->rope_backward(upload(*be.gpu, dy, t), T, heads_total, rot, D, 10000.0f, gdx);
+    check_close(download(*be.gpu, gdx), dx_ref, rtol, "rope backward");
+  }
+}
+
+namespace {
+
+void check_attention(backends& be, dtype t, const attention_dims& d, const std::string& what) {
+  INFO(what << " dtype " << core::dtype_name(t) << " B=" << d.batch << " T=" << d.seq
+            << " H=" << d.heads << " Hkv=" << d.kv_heads << " D=" << d.head_dim);
+  const double rtol = rtol_for(t);
+  const std::int64_t N = static_cast<std::int64_t>(d.batch) * d.seq;
+  const std::int64_t W = static_cast<std::int64_t>(d.heads + 2 * d.kv_heads) * d.head_dim;
+  const std::int64_t OW = static_cast<std::int64_t>(d.heads) * d.head_dim;
+  tensor qkv = rounded(random_host({N, W}, 50, 1.5f), t);
+  tensor out_ref = tensor::zeros({N, OW}), lse_ref = tensor::zeros({d.batch, d.heads, d.seq});
+  be.cpu->attention_forward(qkv, d, out_ref, lse_ref);
+  tensor gqkv = upload(*be.gpu, qkv, t);
+  tensor gout = poisoned(*be.gpu, {N, OW}, t);
+  tensor glse = poisoned(*be.gpu, {d.batch, d.heads, d.seq}, dtype::f32);
+  be.gpu->attention_forward(gqkv, d, gout, glse);
+  check_close(download(*be.gpu, gout), out_ref, rtol, "attention out");
+  check_close(download(*be.gpu, glse), lse_ref, t == dtype::f32 ? fp32_rtol : 1e-3, "attention lse");
+
+  // The backward gets the same `out` on both sides (the GPU's, rounded as stored).
+  tensor out_used = download(*be.gpu, gout);
+  tensor lse_used = download(*be.gpu, glse);
+  tensor dout = rounded(random_host({N, OW}, 51), t);
+  tensor dqkv0 = rounded(random_host({N, W}, 52), t);
+  tensor dqkv_ref = dqkv0.clone();
+  be.cpu->attention_backward(dout, qkv, out_used, lse_used, d, dqkv_ref);
+  tensor gdout = upload(*be.gpu, dout, t);
+  tensor gdqkv = run_twice(
+      *be.gpu, dqkv0, t,
+      [&](tensor& dqkv) { be.gpu->attention_backward(gdout, gqkv, gout, glse, d, dqkv); },
+      "attention backward deterministic");
+  check_close(gdqkv, dqkv_ref, rtol, "attention dqkv");
+}
+
+}  // namespace
+
+TEST_CASE("cuda attention forward and backward match the CPU (row and tensor-core paths)") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // T not a multiple of the 64-row tiles; grouped-query attention; both kernel families.
+  check_attention(be, dtype::f32, {2, 70, 4, 2, 64}, "fp32 row path");
+  check_attention(be, dtype::f32, {1, 33, 3, 3, 24}, "fp32 row path, odd D");
+  check_attention(be, dtype::bf16, {2, 130, 4, 2, 64}, "bf16 tensor cores D=64");
+  check_attention(be, dtype::bf16, {1, 200, 2, 1, 32}, "bf16 tensor cores D=32");
+  check_attention(be, dtype::bf16, {1, 96, 2, 2, 128}, "bf16 D=128 (tensor-core forward, row backward)");
+  check_attention(be, dtype::bf16, {2, 50, 2, 2, 40}, "bf16 row path D=40");
+}
+
+TEST_CASE("cuda cross-entropy matches the CPU, ignored rows included") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  const std::int64_t N = 37, V = 1000;
+  tensor tgt = random_tokens(N, V, 60);
+  tgt.data<std::int32_t>()[3] = -1;
+  tgt.data<std::int32_t>()[20] = -100;
+  for (dtype t : float_types) {
+    INFO("dtype " << core::dtype_name(t));
+    const double rtol = rtol_for(t);
+    tensor logits = rounded(random_host({N, V}, 61, 3.0f), t);
+    tensor lref = logits.clone(), loss_ref = tensor::zeros({N});
+    be.cpu->cross_entropy(lref, tgt, loss_ref, 0.25f);
+    tensor gtgt = be.gpu->from_host(tgt);
+    tensor glog = upload(*be.gpu, logits, t);
+    tensor gloss = poisoned(*be.gpu, {N}, dtype::f32);
+    be.gpu->cross_entropy(glog, gtgt, gloss, 0.25f);
+    check_close(download(*be.gpu, gloss), loss_ref, t == dtype::f32 ? fp32_rtol : 1e-3, "losses (fp32)");
+    check_close(download(*be.gpu, glog), lref, rtol, "dlogits");
+    tensor glog2 = upload(*be.gpu, logits, t);
+    tensor gloss2 = poisoned(*be.gpu, {N}, dtype::f32);
+    be.gpu->cross_entropy(glog2, gtgt, gloss2, 0.0f);
+    check_close(download(*be.gpu, gloss2), loss_ref, t == dtype::f32 ? fp32_rtol : 1e-3, "losses without gradient");
+    CHECK(same_bits(be.gpu->to_host(glog2), host_as(logits, t)));  // logits untouched
+  }
+}
+
+TEST_CASE("cuda sumsq_blocks, adamw and has_nonfinite match the CPU") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  const std::int64_t n = 5 * norm_block + 77;
+  tensor x = random_host({n}, 70);
+  tensor ss_ref = tensor::zeros({6}, dtype::f64);
+  be.cpu->sumsq_blocks(x, ss_ref);
+  tensor gss = be.gpu->empty({6}, dtype::f64);
+  be.gpu->sumsq_blocks(be.gpu->from_host(x), gss);
+  tensor hss = be.gpu->to_host(gss);
+  for (int i = 0; i < 6; ++i)
+    CHECK(hss.data<double>()[i] == doctest::Approx(ss_ref.data<double>()[i]).epsilon(1e-12));
+
+  tensor p = random_host({n}, 71), g = random_host({n}, 72), m = random_host({n}, 73, 0.1f);
+  tensor v = random_host({n}, 74, 0.1f);
+  for (std::int64_t i = 0; i < n; ++i) v.data<float>()[i] = std::fabs(v.data<float>()[i]);
+  adamw_params ap;
+  ap.lr = 1e-3f;
+  ap.weight_decay = 0.1f;
+  ap.grad_scale = 0.5f;
+  ap.step = 3;
+  tensor p_ref = p.clone(), m_ref = m.clone(), v_ref = v.clone(), low_ref = tensor::zeros({n}, dtype::bf16);
+  be.cpu->adamw(p_ref, g, m_ref, v_ref, ap, low_ref);
+  tensor gp = be.gpu->from_host(p), gm = be.gpu->from_host(m), gv = be.gpu->from_host(v);
+  tensor glow = poisoned(*be.gpu, {n}, dtype::bf16);
+  be.gpu->adamw(gp, be.gpu->from_host(g), gm, gv, ap, glow);
+  check_close(be.gpu->to_host(gp), p_ref, fp32_rtol, "adamw param");
+  check_close(be.gpu->to_host(gm), m_ref, fp32_rtol, "adamw m");
+  check_close(be.gpu->to_host(gv), v_ref, fp32_rtol, "adamw v");
+  check_close(download(*be.gpu, glow), host_f32(low_ref), bf16_rtol, "adamw bf16 copy");
+
+  for (dtype t : float_types) {
+    tensor clean = upload(*be.gpu, x, t);
+    CHECK_FALSE(be.gpu->has_nonfinite(clean));
+    tensor bad = x.clone();
+    bad.data<float>()[n - 1] = std::numeric_limits<float>::infinity();
+    CHECK(be.gpu->has_nonfinite(upload(*be.gpu, bad, t)));
+    bad.data<float>()[n - 1] = 0;
+    bad.data<float>()[1234] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(be.gpu->has_nonfinite(upload(*be.gpu, bad, t)));
+  }
+}
+
+}  // namespace troupe::kernels::cuda_test
