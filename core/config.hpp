@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "core/error.hpp"
@@ -31,6 +33,16 @@ struct model_config {
 
   int head_dim() const { return hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  /// The feed-forward width: ffn_hidden_size, or the architecture's default when it is 0 (gpt2:
+  /// 4*hidden; llama: 2/3 of 4*hidden, so SwiGLU's three matrices cost what two would, rounded up
+  /// to a multiple of 256).
+  int ffn_size() const {
+    if (ffn_hidden_size > 0) return ffn_hidden_size;
+    if (arch == arch_kind::gpt2) return 4 * hidden_size;
+    return static_cast<int>((8LL * hidden_size / 3 + 255) / 256 * 256);
+  }
+
+  bool operator==(const model_config&) const = default;
 };
 
 struct parallel_config {
@@ -40,21 +52,29 @@ struct parallel_config {
   int micro_batch_num = 1;
   int micro_batch_size = 1;
   int virtual_pipeline = 1;     // model chunks per pipeline rank (interleaved schedules)
+
+  bool operator==(const parallel_config&) const = default;
 };
 
 struct schedule_config {
   std::string name = "1f1b";    // a registered generator or a schedule file
   std::string file;             // path of a custom schedule file (overrides name when set)
+
+  bool operator==(const schedule_config&) const = default;
 };
 
 struct recompute_config {
   recompute_mode mode = recompute_mode::none;
+
+  bool operator==(const recompute_config&) const = default;
 };
 
 struct precision_config {
   precision_kind compute = precision_kind::fp32;
   double loss_scale = 65536.0;  // fp16 initial dynamic loss scale
   int loss_scale_window = 1000; // good steps before the scale doubles
+
+  bool operator==(const precision_config&) const = default;
 };
 
 struct optimizer_config {
@@ -66,6 +86,8 @@ struct optimizer_config {
   double eps = 1e-8;
   int zero_stage = 0;
   bool offload = false;
+
+  bool operator==(const optimizer_config&) const = default;
 };
 
 struct train_config {
@@ -77,18 +99,24 @@ struct train_config {
   int log_interval = 1;
   int eval_interval = 0;        // 0 = only at the end
   int eval_batches = 4;
+
+  bool operator==(const train_config&) const = default;
 };
 
 struct data_config {
   std::string train;            // token shard (llm.c format) or a directory / glob of shards
   std::string val;
   std::string tokenizer_dir;    // folder with encoder.json and vocab.bpe
+
+  bool operator==(const data_config&) const = default;
 };
 
 struct checkpoint_config {
   std::string dir;              // "" = <run_dir>/checkpoints
   int interval = 0;             // 0 = only the final checkpoint
   int keep = 0;                 // 0 = keep all
+
+  bool operator==(const checkpoint_config&) const = default;
 };
 
 struct runtime_config {
@@ -97,6 +125,8 @@ struct runtime_config {
   std::string run_dir = "runs/latest";
   int threads = 0;              // 0 = all cores
   std::string fault_inject;     // test-only: "rank:step:instruction" makes that instruction throw
+
+  bool operator==(const runtime_config&) const = default;
 };
 
 struct config {
@@ -111,6 +141,12 @@ struct config {
   checkpoint_config checkpoint;
   runtime_config runtime;
   std::string source;           // file the config came from ("" for defaults)
+  /// Where each key set by the file or by a `--set` override was written (absent = default), so
+  /// that later checks can point at the line; an override's location has file "--set key=value".
+  std::map<std::string, location> origins;
+
+  /// Equal settings; `source` and `origins` (where the settings came from) are ignored.
+  friend bool operator==(const config& a, const config& b);
 };
 
 /// Values derived from a config, printed by `troupe config check`.
@@ -137,5 +173,19 @@ derived_values derive(const config& c);
 std::int64_t parameter_count(const model_config& m);
 /// The config as TOML text (resolved, every key), for run directories and checkpoints.
 std::string to_toml(const config& c);
+
+/// A config value as printed: integer, float, boolean or string (enums as their names).
+using config_value = std::variant<std::int64_t, double, bool, std::string>;
+/// One key of a config with its value and where the value came from.
+struct config_entry {
+  std::string key;     // dotted, e.g. "model.num_layers"
+  config_value value;
+  std::string origin;  // "file", "--set" or "default"
+};
+/// Every key a config accepts, in documentation order, with its value in `c`.
+std::vector<config_entry> config_entries(const config& c);
+/// An error located where `key` was set in `c` (file, line, column; or the override), or at the
+/// config file without a line when the key kept its default.
+error config_error(const config& c, const std::string& key, std::string message, std::string hint = {});
 
 }  // namespace troupe::core

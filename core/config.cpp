@@ -1,0 +1,436 @@
+// Reading a run configuration: TOML text and `--set key=value` overrides into the structs of
+// core/config.hpp, then the checks that need several keys at once, and the defaults that depend
+// on the architecture. The first error wins and names file, line, column and key; the order is:
+// overrides (the command line), then the file in document order, then the cross-key checks.
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <fmt/format.h>
+#include <fstream>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+#include <string_view>
+
+#include "core/config.hpp"
+#include "core/config_schema.hpp"
+
+namespace troupe::core {
+
+namespace {
+
+using detail::key_spec;
+using detail::value_kind;
+using namespace std::string_view_literals;
+
+// One value to apply: a known key, its TOML node and where it was written.
+struct setting {
+  const key_spec* spec = nullptr;
+  const toml::node* node = nullptr;
+  location where;
+};
+
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : std::string(sep)) + s;
+  return out;
+}
+
+std::string table_list() {
+  std::vector<std::string> t;
+  for (const auto& n : detail::table_names()) t.push_back("[" + n + "]");
+  return join(t, ", ");
+}
+
+std::string keys_of(const std::string& table) {
+  std::vector<std::string> k;
+  for (const auto& s : detail::key_specs())
+    if (s.table == table) k.push_back(s.name);
+  return join(k, ", ");
+}
+
+// "a string \"4\"", "an integer (4)", "a table": what the user wrote, for type errors.
+std::string describe(const toml::node& n) {
+  std::ostringstream text;
+  switch (n.type()) {
+    case toml::node_type::string:
+      return "a string " + detail::toml_literal(std::string(*n.value<std::string_view>()));
+    case toml::node_type::integer:
+      return "an integer (" + std::to_string(*n.value<std::int64_t>()) + ")";
+    case toml::node_type::floating_point:
+      return "a float (" + detail::toml_literal(*n.value<double>()) + ")";
+    case toml::node_type::boolean:
+      return std::string("a boolean (") + (*n.value<bool>() ? "true" : "false") + ")";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+location at(const std::string& file, const std::string& key, const toml::source_region& r) {
+  return location{file, key, static_cast<int>(r.begin.line), static_cast<int>(r.begin.column), -1};
+}
+
+error located(const location& where, std::string message, std::string hint) {
+  return error{std::move(message), where, std::move(hint)};
+}
+
+error unknown_key(const location& where, const std::string& dotted, const std::string& hint) {
+  const std::string guess = detail::nearest_key(dotted);
+  std::string message = "unknown key '" + dotted + "'";
+  if (!guess.empty()) message += "; did you mean '" + guess + "'?";
+  return located(where, std::move(message), hint);
+}
+
+error unknown_table(const location& where, const std::string& name) {
+  const std::string guess = detail::nearest(name, detail::table_names());
+  std::string message = "unknown table [" + name + "]";
+  if (!guess.empty()) message += "; did you mean [" + guess + "]?";
+  return located(where, std::move(message), "the tables are " + table_list());
+}
+
+// The key's value in a default config, as an example for type errors ("e.g. num_layers = 4").
+std::string example(const key_spec& k) {
+  config defaults;
+  if (k.kind == value_kind::choice) return k.name + " = " + detail::toml_literal(k.choices.front());
+  return k.name + " = " + detail::toml_literal(k.get(defaults));
+}
+
+std::string range_text(const key_spec& k) {
+  if (k.kind == value_kind::integer)
+    return fmt::format("[{}, {}]", k.min_int, k.max_int);
+  const auto bound = [](double v) { return detail::toml_literal(v); };
+  return std::string(k.min_open ? "(" : "[") + bound(k.min_float) + ", " + bound(k.max_float) +
+         (k.max_open ? ")" : "]");
+}
+
+error type_error(const setting& s, std::string_view expected) {
+  const key_spec& k = *s.spec;
+  std::string hint = "write it as " + std::string(expected) + ", e.g. " + example(k);
+  if (s.node->is_string() && k.kind != value_kind::string && k.kind != value_kind::choice)
+    hint += " (without quotes)";
+  return located(s.where, "expected " + std::string(expected) + ", got " + describe(*s.node), hint);
+}
+
+error range_error(const setting& s, const std::string& value) {
+  const key_spec& k = *s.spec;
+  std::string hint = k.range_hint.empty() ? "see configs/README.md for " + k.dotted() : k.range_hint;
+  return located(s.where, "value " + value + " is out of range " + range_text(k), hint);
+}
+
+// Converts and range-checks one value, then stores it and remembers where it came from.
+status apply(const setting& s, config& c) {
+  const key_spec& k = *s.spec;
+  const toml::node& n = *s.node;
+  config_value v;
+  switch (k.kind) {
+    case value_kind::integer: {
+      if (!n.is_integer()) return type_error(s, "an integer");
+      const std::int64_t i = *n.value<std::int64_t>();
+      if (i < k.min_int || i > k.max_int) return range_error(s, std::to_string(i));
+      v = i;
+      break;
+    }
+    case value_kind::floating: {
+      // An integer is a fine float ("grad_clip = 1"); the reverse would lose information.
+      if (!n.is_floating_point() && !n.is_integer()) return type_error(s, "a number");
+      const double d = *n.value<double>();
+      if (!std::isfinite(d))
+        return located(s.where, "expected a finite number, got " + detail::toml_literal(d),
+                       "write a finite number, e.g. " + example(k));
+      const bool below = k.min_open ? d <= k.min_float : d < k.min_float;
+      const bool above = k.max_open ? d >= k.max_float : d > k.max_float;
+      if (below || above) return range_error(s, detail::toml_literal(d));
+      v = d;
+      break;
+    }
+    case value_kind::boolean:
+      if (!n.is_boolean()) return type_error(s, "a boolean");
+      v = *n.value<bool>();
+      break;
+    case value_kind::string:
+      if (!n.is_string()) return type_error(s, "a string");
+      v = std::string(*n.value<std::string_view>());
+      break;
+    case value_kind::choice: {
+      if (!n.is_string()) return type_error(s, "a string");
+      const std::string text(*n.value<std::string_view>());
+      if (std::find(k.choices.begin(), k.choices.end(), text) == k.choices.end()) {
+        const std::string guess = detail::nearest(text, k.choices);
+        return located(s.where,
+                       "'" + text + "' is not one of the allowed values: " + join(k.choices, ", "),
+                       guess.empty() ? "choose one of " + join(k.choices, ", ")
+                                     : "did you mean '" + guess + "'?");
+      }
+      v = text;
+      break;
+    }
+  }
+  k.set(c, v);
+  c.origins[k.dotted()] = s.where;
+  return {};
+}
+
+std::string trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string_view::npos) return {};
+  const auto e = s.find_last_not_of(" \t");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+// Parses "key=value". The value is read as a TOML value (4, 3e-3, true, "text"); anything that
+// is not one, such as a bare word or a path, is taken as a string. String keys take the raw text
+// even when it looks like a number, so `--set checkpoint.dir=2024` means the folder "2024".
+result<setting> parse_override(const std::string& text, std::deque<toml::table>& store) {
+  location where{"--set " + text, "", 0, 0, -1};
+  const auto eq = text.find('=');
+  if (eq == std::string::npos)
+    return located(where, "expected key=value", "e.g. --set parallel.pipeline_stage=4");
+  const std::string key = trim(std::string_view(text).substr(0, eq));
+  const std::string raw = trim(std::string_view(text).substr(eq + 1));
+  where.key = key;
+  const key_spec* spec = detail::find_key(key);
+  if (!spec) {
+    const auto& tables = detail::table_names();
+    if (std::find(tables.begin(), tables.end(), key) != tables.end())
+      return located(where, "'" + key + "' is a table, not a key",
+                     "set one of its keys: " + keys_of(key));
+    const std::string table = key.substr(0, key.find('.'));
+    const bool known_table = std::find(tables.begin(), tables.end(), table) != tables.end();
+    return unknown_key(where, key,
+                       known_table ? "valid keys in [" + table + "]: " + keys_of(table)
+                                   : "keys are written table.key with the tables " + table_list() +
+                                         "; see configs/README.md");
+  }
+  std::optional<toml::table> parsed;
+  try {
+    toml::table t = toml::parse("v = " + raw, "--set"sv);
+    if (t.size() == 1 && t.contains("v")) parsed = std::move(t);
+  } catch (const toml::parse_error&) {
+    // not a TOML value: a bare word, taken as a string below
+  }
+  const bool wants_text = spec->kind == value_kind::string || spec->kind == value_kind::choice;
+  if (!parsed || (wants_text && !parsed->get("v")->is_string())) {
+    parsed.emplace();
+    parsed->insert("v", raw);
+  }
+  store.push_back(std::move(*parsed));
+  return setting{spec, store.back().get("v"), where};
+}
+
+// One entry of the file in document order: either a setting or the error it causes.
+struct file_entry {
+  toml::source_position pos;
+  std::optional<setting> value;
+  std::optional<error> problem;
+};
+
+std::vector<file_entry> walk(const toml::table& root, const std::string& file) {
+  std::vector<file_entry> out;
+  const auto& tables = detail::table_names();
+  for (auto&& [tkey, tnode] : root) {
+    const std::string tname(tkey.str());
+    const location where = at(file, tname, tkey.source());
+    const bool known = std::find(tables.begin(), tables.end(), tname) != tables.end();
+    if (!known) {
+      out.push_back({tkey.source().begin, {},
+                     tnode.is_table()
+                         ? unknown_table(where, tname)
+                         : unknown_key(where, tname,
+                                       "every key belongs to a table (" + table_list() +
+                                           "); see configs/README.md")});
+      continue;
+    }
+    if (!tnode.is_table()) {
+      out.push_back({tkey.source().begin, {},
+                     located(where, "expected a table [" + tname + "], got " + describe(tnode),
+                             "write the keys under a [" + tname + "] header")});
+      continue;
+    }
+    for (auto&& [key, node] : *tnode.as_table()) {
+      const std::string dotted = tname + "." + std::string(key.str());
+      const key_spec* spec = detail::find_key(dotted);
+      if (!spec) {
+        out.push_back({key.source().begin, {},
+                       unknown_key(at(file, dotted, key.source()), dotted,
+                                   "valid keys in [" + tname + "]: " + keys_of(tname))});
+        continue;
+      }
+      out.push_back({key.source().begin, setting{spec, &node, at(file, dotted, node.source())}, {}});
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const file_entry& a, const file_entry& b) {
+    return a.pos.line != b.pos.line ? a.pos.line < b.pos.line : a.pos.column < b.pos.column;
+  });
+  return out;
+}
+
+// Divisors of n nearest below and above v ("2 or 5"), for hints about divisibility.
+std::string nearby_divisors(std::int64_t n, std::int64_t v) {
+  std::int64_t lo = 0, hi = 0;
+  for (std::int64_t d = std::min(v, n); d >= 1 && !lo; --d)
+    if (n % d == 0) lo = d;
+  for (std::int64_t d = v; d <= n && !hi; ++d)
+    if (n % d == 0) hi = d;
+  if (lo && hi && lo != hi) return fmt::format("{} or {}", lo, hi);
+  return std::to_string(lo ? lo : hi);
+}
+
+// Multiples of m nearest below and above v ("128 or 132").
+std::string nearby_multiples(std::int64_t m, std::int64_t v) {
+  const std::int64_t lo = v / m * m, hi = lo + m;
+  return lo > 0 ? fmt::format("{} or {}", lo, hi) : std::to_string(hi);
+}
+
+status resolve_and_check(config& c) {
+  model_config& m = c.model;
+  const parallel_config& p = c.parallel;
+  const bool gpt2 = m.arch == arch_kind::gpt2;
+  const auto set = [&](const char* key) { return c.origins.count(key) > 0; };
+
+  if (m.num_kv_heads == 0) m.num_kv_heads = m.num_heads;
+  if (m.hidden_size % m.num_heads != 0)
+    return config_error(
+        c, "model.hidden_size",
+        fmt::format("hidden_size {} is not divisible by num_heads {}", m.hidden_size, m.num_heads),
+        fmt::format("every head gets hidden_size / num_heads dimensions: use num_heads = {} or "
+                    "hidden_size = {}",
+                    nearby_divisors(m.hidden_size, m.num_heads),
+                    nearby_multiples(m.num_heads, m.hidden_size)));
+  if (m.num_heads % m.num_kv_heads != 0)
+    return config_error(
+        c, "model.num_kv_heads",
+        fmt::format("num_heads {} is not divisible by num_kv_heads {}", m.num_heads, m.num_kv_heads),
+        fmt::format("each key/value head serves the same number of query heads: use "
+                    "num_kv_heads = {} (or 0 for one per query head)",
+                    nearby_divisors(m.num_heads, m.num_kv_heads)));
+  if (gpt2 && m.num_kv_heads != m.num_heads)
+    return config_error(c, "model.num_kv_heads",
+                        fmt::format("gpt2 has one key/value head per query head: num_kv_heads {} "
+                                    "must equal num_heads {} (or be 0)",
+                                    m.num_kv_heads, m.num_heads),
+                        "grouped-query attention is part of arch = \"llama\"; for gpt2 remove "
+                        "num_kv_heads");
+  if (!gpt2 && m.head_dim() % 2 != 0)
+    return config_error(c, "model.hidden_size",
+                        fmt::format("head_dim = hidden_size / num_heads = {} / {} = {} is odd",
+                                    m.hidden_size, m.num_heads, m.head_dim()),
+                        "RoPE rotates pairs of dimensions, so llama needs an even head_dim");
+  m.ffn_hidden_size = m.ffn_size();
+  if (!set("model.tie_embeddings")) m.tie_embeddings = gpt2;
+
+  const int chunks = p.pipeline_stage * p.virtual_pipeline;
+  if (m.num_layers % chunks != 0)
+    return config_error(
+        c, "model.num_layers",
+        fmt::format("num_layers {} is not divisible by pipeline_stage {} x virtual_pipeline {} = {}",
+                    m.num_layers, p.pipeline_stage, p.virtual_pipeline, chunks),
+        fmt::format("each of the {} model chunks needs the same number of layers: use num_layers "
+                    "= {}, or pipeline_stage x virtual_pipeline = {}",
+                    chunks, nearby_multiples(chunks, m.num_layers),
+                    nearby_divisors(m.num_layers, chunks)));
+  const std::pair<const char*, int> split_by_tp[] = {
+      {"num_heads", m.num_heads}, {"num_kv_heads", m.num_kv_heads}, {"ffn_hidden_size", m.ffn_hidden_size}};
+  for (const auto& [name, value] : split_by_tp)
+    if (value % p.model_parallel != 0)
+      return config_error(c, "parallel.model_parallel",
+                          fmt::format("model_parallel {} does not divide {} {}", p.model_parallel,
+                                      name, value),
+                          fmt::format("tensor parallelism splits heads and the feed-forward layer "
+                                      "evenly across ranks: use model_parallel = {}",
+                                      nearby_divisors(value, p.model_parallel)));
+
+  if (c.precision.compute != precision_kind::fp32 && c.runtime.device == "cpu")
+    return config_error(c, "precision.compute",
+                        fmt::format("{} compute needs runtime.device = \"cuda\"",
+                                    std::get<std::string>(detail::find_key("precision.compute")->get(c))),
+                        "the CPU backend computes in fp32: set precision.compute = \"fp32\" or "
+                        "runtime.device = \"cuda\"");
+  if (c.optimizer.min_lr > c.optimizer.lr)
+    return config_error(c, "optimizer.min_lr",
+                        fmt::format("min_lr {} is above lr {}", detail::toml_literal(c.optimizer.min_lr),
+                                    detail::toml_literal(c.optimizer.lr)),
+                        "min_lr is the floor the cosine decay ends at; keep it at most lr");
+  if (c.schedule.name.empty() && c.schedule.file.empty())
+    return config_error(c, "schedule.name", "no schedule: name and file are both empty",
+                        "name a built-in schedule such as \"1f1b\" or set schedule.file");
+  if (c.train.eval_interval > 0 && c.data.val.empty())
+    return config_error(c, "train.eval_interval",
+                        fmt::format("eval_interval {} needs a validation shard, but data.val is empty",
+                                    c.train.eval_interval),
+                        "set data.val, or eval_interval = 0");
+  if (c.runtime.run_dir.empty())
+    return config_error(c, "runtime.run_dir", "run_dir is empty",
+                        "name the folder for metrics and checkpoints, e.g. \"runs/latest\"");
+  if (c.checkpoint.dir.empty())
+    c.checkpoint.dir = (std::filesystem::path(c.runtime.run_dir) / "checkpoints").string();
+  if (!c.runtime.fault_inject.empty()) {
+    const std::string& f = c.runtime.fault_inject;
+    const auto a = f.find(':'), b = a == std::string::npos ? a : f.find(':', a + 1);
+    const auto digits = [&](std::size_t from, std::size_t to) {
+      return to > from && std::all_of(f.begin() + from, f.begin() + to, ::isdigit);
+    };
+    if (b == std::string::npos || !digits(0, a) || !digits(a + 1, b) || b + 1 >= f.size())
+      return config_error(c, "runtime.fault_inject", "'" + f + "' is not rank:step:instruction",
+                          "e.g. \"1:3:1B2\" makes rank 1 fail at step 3 on instruction 1B2");
+  }
+  return {};
+}
+
+}  // namespace
+
+result<config> parse_config(const std::string& text, const std::string& name,
+                            const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, std::string_view(name));
+  } catch (const toml::parse_error& e) {
+    return error::at_key(name, "", static_cast<int>(e.source().begin.line),
+                         static_cast<int>(e.source().begin.column),
+                         "TOML syntax error: " + std::string(e.description()),
+                         "see https://toml.io/en/v1.0.0; strings need quotes, tables are "
+                         "written [name], keys key = value");
+  }
+
+  std::deque<toml::table> override_store;
+  std::vector<setting> override_settings;
+  for (const auto& o : overrides) {
+    auto s = parse_override(o, override_store);
+    if (!s) return s.err();
+    override_settings.push_back(*s);
+  }
+
+  config c;
+  c.source = name;
+  for (const auto& entry : walk(root, name)) {
+    if (entry.problem) return *entry.problem;
+    const setting& s = *entry.value;
+    // A value replaced on the command line is not checked: the override may be the fix.
+    const bool replaced = std::any_of(override_settings.begin(), override_settings.end(),
+                                      [&](const setting& o) { return o.spec == s.spec; });
+    if (replaced) continue;
+    if (auto st = apply(s, c); !st) return st.err();
+  }
+  for (const auto& s : override_settings)
+    if (auto st = apply(s, c); !st) return st.err();
+  if (auto st = resolve_and_check(c); !st) return st.err();
+  return c;
+}
+
+result<config> load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return error::at_file(path, "cannot open the config file",
+                          "paths are relative to the current directory (" +
+                              std::filesystem::current_path().string() + ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+}  // namespace troupe::core

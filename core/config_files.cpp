@@ -1,0 +1,72 @@
+// Checks of a config against the file system: the data and tokenizer it names exist. Whether a
+// shard's header is valid is the data loader's business; this only catches a wrong path before a
+// run starts. Paths are relative to the current directory, as everywhere in a config.
+#include <glob.h>
+
+#include <filesystem>
+#include <string>
+
+#include "core/config.hpp"
+
+namespace troupe::core {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool is_pattern(const std::string& path) { return path.find_first_of("*?[") != std::string::npos; }
+
+// A path exists, or a glob pattern matches at least one path.
+bool found(const std::string& path) {
+  if (!is_pattern(path)) {
+    std::error_code ec;
+    return fs::exists(path, ec);
+  }
+  glob_t g{};
+  const bool any = ::glob(path.c_str(), 0, nullptr, &g) == 0 && g.gl_pathc > 0;
+  ::globfree(&g);
+  return any;
+}
+
+std::string cwd_note() {
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  return "paths in a config are relative to the current directory (" + cwd.string() + ")";
+}
+
+status need(const config& c, const std::string& key, const std::string& path, const char* what,
+            const std::string& remedy) {
+  if (found(path)) return {};
+  return config_error(c, key,
+                      std::string(what) + " '" + path + "' " +
+                          (is_pattern(path) ? "matches no file" : "does not exist"),
+                      remedy + "; " + cwd_note());
+}
+
+}  // namespace
+
+status check_files(const config& c) {
+  const std::string prepare = "make token shards with `troupe data prepare --input FILES --out DIR`";
+  if (c.data.train.empty())
+    return config_error(c, "data.train", "no training data: data.train is empty",
+                        "point data.train at a token shard; " + prepare);
+  if (auto s = need(c, "data.train", c.data.train, "training data", prepare); !s) return s;
+  if (!c.data.val.empty())
+    if (auto s = need(c, "data.val", c.data.val, "validation data", prepare); !s) return s;
+  if (!c.data.tokenizer_dir.empty()) {
+    const std::string remedy = "the folder needs encoder.json and vocab.bpe (scripts/setup.sh puts "
+                               "them in data/gpt2)";
+    for (const char* file : {"encoder.json", "vocab.bpe"}) {
+      const std::string path = (fs::path(c.data.tokenizer_dir) / file).string();
+      if (auto s = need(c, "data.tokenizer_dir", path, "tokenizer file", remedy); !s) return s;
+    }
+  }
+  if (!c.schedule.file.empty())
+    if (auto s = need(c, "schedule.file", c.schedule.file, "schedule file",
+                      "fix the path, or remove schedule.file to use schedule.name");
+        !s)
+      return s;
+  return {};
+}
+
+}  // namespace troupe::core

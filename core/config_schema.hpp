@@ -1,0 +1,58 @@
+// The table of every config key: its type, allowed range or values, and how to read and write it
+// in the structs of core/config.hpp. Parsing, printing (to_toml, config_entries) and the unknown-key
+// hints all walk this one table, so a key added here is parsed, validated, printed and suggested
+// everywhere at once. Private to core/ (the config_*.cpp files).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace troupe::core::detail {
+
+enum class value_kind { integer, floating, boolean, string, choice };
+
+/// One key of the schema. Integers are checked against [min_int, max_int], floats against
+/// [min_float, max_float] with either end open when its flag says so; choices must be one of
+/// `choices`.
+struct key_spec {
+  std::string table;  // "model"
+  std::string name;   // "num_layers"
+  value_kind kind = value_kind::integer;
+  std::int64_t min_int = 0;
+  std::int64_t max_int = 0;
+  double min_float = 0;
+  double max_float = 0;
+  bool min_open = false;
+  bool max_open = false;
+  std::vector<std::string> choices;
+  std::string range_hint;  // said after an out-of-range value: what the range means
+  std::function<void(config&, const config_value&)> set;
+  std::function<config_value(const config&)> get;
+
+  std::string dotted() const { return table + "." + name; }
+};
+
+/// All keys, in documentation order (tables in the order of `table_names()`).
+const std::vector<key_spec>& key_specs();
+/// The tables, in documentation order.
+const std::vector<std::string>& table_names();
+/// The spec of a dotted key, or nullptr.
+const key_spec* find_key(std::string_view dotted);
+
+/// Optimal string alignment distance (edits, with a swap of neighbours counted as one).
+int edit_distance(std::string_view a, std::string_view b);
+/// The candidate closest to `name`, or "" when none is close enough to be a plausible typo.
+std::string nearest(std::string_view name, const std::vector<std::string>& candidates);
+/// The known dotted key a user most likely meant by the unknown `dotted` (a typo in the name, or
+/// the right name in the wrong table), or "".
+std::string nearest_key(std::string_view dotted);
+
+/// The value as TOML writes it (strings quoted and escaped, floats in their shortest round-trip form).
+std::string toml_literal(const config_value& v);
+
+}  // namespace troupe::core::detail

@@ -1,0 +1,519 @@
+// Tests of the run configuration: parsing, every class of bad input (with its file, line, column,
+// key and message), overrides, architecture defaults, derived values, parameter counts, the file
+// checks and the TOML round trip.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "core/config.hpp"
+
+using namespace troupe;
+
+namespace {
+
+const std::string configs_dir = std::string(TROUPE_SOURCE_DIR) + "/configs/";
+
+core::config parse_ok(const std::string& text, const std::vector<std::string>& sets = {}) {
+  auto r = core::parse_config(text, "test.toml", sets);
+  if (!r) FAIL_CHECK(r.err().to_string());
+  REQUIRE(r.ok());
+  return *r;
+}
+
+core::error parse_bad(const std::string& text, const std::vector<std::string>& sets = {}) {
+  auto r = core::parse_config(text, "test.toml", sets);
+  REQUIRE_FALSE(r.ok());
+  CHECK_FALSE(r.err().hint.empty());  // every error says what to do
+  return r.err();
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+core::config load_ok(const std::string& name) {
+  auto r = core::load_config(configs_dir + name);
+  if (!r) FAIL_CHECK(r.err().to_string());
+  REQUIRE(r.ok());
+  return *r;
+}
+
+// A scratch folder under the system temp dir, removed at the end of the test.
+struct scratch_dir {
+  std::filesystem::path path;
+  scratch_dir() {
+    path = std::filesystem::temp_directory_path() /
+           ("troupe_config_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    std::filesystem::create_directories(path);
+  }
+  ~scratch_dir() { std::filesystem::remove_all(path); }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+  std::string touch(const std::string& name) const {
+    const auto p = path / name;
+    std::filesystem::create_directories(p.parent_path());
+    std::ofstream(p) << "x";
+    return p.string();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an empty file gives the documented defaults, resolved for gpt2") {
+  const core::config c = parse_ok("");
+  CHECK(c.model.arch == core::arch_kind::gpt2);
+  CHECK(c.model.num_kv_heads == c.model.num_heads);
+  CHECK(c.model.ffn_hidden_size == 4 * c.model.hidden_size);
+  CHECK(c.model.tie_embeddings);
+  CHECK(c.checkpoint.dir == "runs/latest/checkpoints");
+  CHECK(c.origins.empty());
+  CHECK(c.source == "test.toml");
+}
+
+TEST_CASE("tiny.toml parses to the documented values and derived numbers") {
+  const core::config c = load_ok("tiny.toml");
+  CHECK(c.model.arch == core::arch_kind::gpt2);
+  CHECK(c.model.vocab_size == 50257);
+  CHECK(c.model.num_layers == 4);
+  CHECK(c.model.hidden_size == 128);
+  CHECK(c.model.num_heads == 4);
+  CHECK(c.model.seq_length == 64);
+  CHECK(c.parallel.micro_batch_size == 4);
+  CHECK(c.parallel.micro_batch_num == 4);
+  CHECK(c.parallel.pipeline_stage == 2);
+  CHECK(c.parallel.data_parallel == 2);
+  CHECK(c.train.steps == 300);
+  CHECK(c.optimizer.lr == doctest::Approx(3e-3));
+  CHECK(c.train.warmup_steps == 20);
+  CHECK(c.train.eval_interval == 50);
+  CHECK(c.data.train == "data/tokens/train.bin");
+  CHECK(c.data.val == "data/tokens/val.bin");
+  CHECK(c.data.tokenizer_dir == "data/gpt2");
+  CHECK(c.runtime.run_dir == "runs/tiny");
+  CHECK(c.checkpoint.dir == "runs/tiny/checkpoints");
+
+  const core::derived_values d = core::derive(c);
+  CHECK(d.global_batch == 32);        // 4 x 4 x 1 x 2
+  CHECK(d.tokens_per_step == 2048);   // 32 x 64
+  CHECK(d.workers == 4);              // 2 x 1 x 2
+  CHECK(d.layers_per_stage == 2);     // 4 / 2
+  // wte 50257*128 + wpe 64*128 + 4 layers * 198,272 + ln_f 256
+  CHECK(d.parameters == 7'234'432);
+}
+
+TEST_CASE("global batch multiplies in gradient accumulation and data parallelism") {
+  const core::config c = parse_ok(
+      "[parallel]\nmicro_batch_size = 3\nmicro_batch_num = 5\ndata_parallel = 7\nmodel_parallel = 2\n"
+      "pipeline_stage = 2\n[train]\ngradient_accumulation_steps = 11\n[model]\nseq_length = 13\n");
+  const core::derived_values d = core::derive(c);
+  CHECK(d.global_batch == 3 * 5 * 7 * 11);
+  CHECK(d.tokens_per_step == 3 * 5 * 7 * 11 * 13);
+  CHECK(d.workers == 7 * 2 * 2);
+  CHECK(d.layers_per_stage == 2);
+}
+
+TEST_CASE("GPT-2 124M has 124,439,808 parameters with tied embeddings") {
+  const core::config c = load_ok("gpt2_124m.toml");
+  CHECK(c.model.ffn_hidden_size == 3072);
+  CHECK(c.model.tie_embeddings);
+  CHECK(core::parameter_count(c.model) == 124'439'808);
+  CHECK(core::derive(c).tokens_per_step == 524'288);
+  core::model_config untied = c.model;
+  untied.tie_embeddings = false;
+  CHECK(core::parameter_count(untied) == 124'439'808 + 50257LL * 768);
+}
+
+TEST_CASE("llama parameter count matches a hand computation") {
+  const core::config c = load_ok("llama_tiny.toml");
+  CHECK(c.model.num_kv_heads == 2);
+  CHECK(c.model.ffn_hidden_size == 512);  // 8*128/3 = 341, rounded up to 512
+  CHECK_FALSE(c.model.tie_embeddings);
+  // V=50257 C=128 L=4 Hkv*D=2*32=64 F=512:
+  // embed 6,432,896; per layer 128 + 128*128 + 2*64*128 + 128*128 + 128 + 3*512*128 = 246,016;
+  // norm 128; head 6,432,896.
+  CHECK(core::parameter_count(c.model) == 6'432'896 + 4 * 246'016 + 128 + 6'432'896);
+
+  // LLaMA-7B: the published 6,738,415,616.
+  const core::config big = parse_ok(
+      "[model]\narch = \"llama\"\nvocab_size = 32000\nnum_layers = 32\nhidden_size = 4096\n"
+      "num_heads = 32\nseq_length = 2048\n");
+  CHECK(big.model.ffn_hidden_size == 11008);
+  CHECK(core::parameter_count(big.model) == 6'738'415'616);
+}
+
+TEST_CASE("architecture defaults resolve unless the file sets them") {
+  const core::config llama = parse_ok("[model]\narch = \"llama\"\nhidden_size = 256\nnum_heads = 8\n");
+  CHECK_FALSE(llama.model.tie_embeddings);
+  CHECK(llama.model.ffn_hidden_size == 768);  // 8*256/3 = 682 -> 768
+  CHECK(llama.model.num_kv_heads == 8);
+  const core::config tied = parse_ok("[model]\narch = \"llama\"\ntie_embeddings = true\nffn_hidden_size = 100\n");
+  CHECK(tied.model.tie_embeddings);
+  CHECK(tied.model.ffn_hidden_size == 100);
+  const core::config untied_gpt2 = parse_ok("[model]\ntie_embeddings = false\n");
+  CHECK_FALSE(untied_gpt2.model.tie_embeddings);
+}
+
+TEST_CASE("a TOML syntax error names file, line and column with toml++'s description") {
+  const core::error e = parse_bad("[model]\nnum_layers = 4\nhidden_size = = 3\n");
+  CHECK(e.where.file == "test.toml");
+  CHECK(e.where.line == 3);
+  CHECK(e.where.column > 0);
+  CHECK(contains(e.message, "TOML syntax error"));
+  CHECK(contains(e.to_string(), "test.toml:3:"));
+
+  const core::error dup = parse_bad("[train]\nsteps = 1\nsteps = 2\n");
+  CHECK(dup.where.line == 3);
+  CHECK(contains(dup.message, "steps"));
+}
+
+TEST_CASE("an unknown key names the nearest valid key") {
+  const core::error e = parse_bad("[model]\narch = \"gpt2\"\n  num_layer = 4\n");
+  CHECK(e.where.file == "test.toml");
+  CHECK(e.where.key == "model.num_layer");
+  CHECK(e.where.line == 3);
+  CHECK(e.where.column == 3);
+  CHECK(e.message == "unknown key 'model.num_layer'; did you mean 'model.num_layers'?");
+  CHECK(contains(e.hint, "num_layers"));
+  CHECK(e.to_string().rfind("test.toml:3:3: model.num_layer: unknown key", 0) == 0);
+
+  SUBCASE("a swap of two letters is one edit") {
+    CHECK(contains(parse_bad("[train]\nsetps = 4\n").message, "did you mean 'train.steps'?"));
+  }
+  SUBCASE("a right name in the wrong table") {
+    CHECK(contains(parse_bad("[train]\nlr = 0.1\n").message, "did you mean 'optimizer.lr'?"));
+  }
+  SUBCASE("a key outside any table") {
+    const core::error top = parse_bad("seed = 3\n");
+    CHECK(top.where.key == "seed");
+    CHECK(contains(top.message, "did you mean 'train.seed'?"));
+  }
+  SUBCASE("nothing close gets no guess") {
+    const core::error far = parse_bad("[model]\nquux = 1\n");
+    CHECK(far.message == "unknown key 'model.quux'");
+    CHECK(contains(far.hint, "num_layers"));  // the hint lists the table's keys
+  }
+  SUBCASE("a nested table inside a known table") {
+    CHECK(parse_bad("[model.extra]\nx = 1\n").where.key == "model.extra");
+  }
+}
+
+TEST_CASE("an unknown table names the nearest table") {
+  const core::error e = parse_bad("[model]\nnum_layers = 4\n\n[modle]\nhidden_size = 8\n");
+  CHECK(e.where.line == 4);
+  CHECK(e.where.key == "modle");
+  CHECK(e.message == "unknown table [modle]; did you mean [model]?");
+  CHECK(contains(e.hint, "[parallel]"));
+  CHECK(contains(parse_bad("model = 3\n").message, "expected a table [model], got an integer"));
+}
+
+TEST_CASE("the first error in document order is reported") {
+  const core::error e = parse_bad("[train]\nsteps = \"x\"\n[model]\nnum_layer = 4\n");
+  CHECK(e.where.line == 2);
+  CHECK(contains(e.message, "expected an integer"));
+}
+
+TEST_CASE("a wrong type names the expected and the given type at the value") {
+  const core::error e = parse_bad("[model]\nnum_layers = \"4\"\n");
+  CHECK(e.where.key == "model.num_layers");
+  CHECK(e.where.line == 2);
+  CHECK(e.where.column == 14);
+  CHECK(e.message == "expected an integer, got a string \"4\"");
+  CHECK(contains(e.hint, "without quotes"));
+
+  CHECK(parse_bad("[model]\nnum_layers = 4.5\n").message == "expected an integer, got a float (4.5)");
+  CHECK(contains(parse_bad("[optimizer]\nlr = \"fast\"\n").message, "expected a number, got a string"));
+  CHECK(contains(parse_bad("[runtime]\ndeterministic = \"yes\"\n").message,
+                 "expected a boolean, got a string"));
+  CHECK(contains(parse_bad("[data]\ntrain = 5\n").message, "expected a string, got an integer"));
+  CHECK(contains(parse_bad("[model]\narch = 2\n").message, "expected a string, got an integer"));
+  CHECK(contains(parse_bad("[model]\nnum_layers = [4]\n").message, "got an array"));
+  CHECK(contains(parse_bad("[train]\nsteps = 1979-05-27\n").message, "got a date"));
+}
+
+TEST_CASE("an integer is accepted where a float is expected") {
+  const core::config c = parse_ok("[train]\ngrad_clip = 2\n[optimizer]\nlr = 1\n");
+  CHECK(c.train.grad_clip == 2.0);
+  CHECK(c.optimizer.lr == 1.0);
+}
+
+TEST_CASE("out-of-range values give the range and a hint") {
+  const core::error layers = parse_bad("[model]\nnum_layers = 0\n");
+  CHECK(layers.where.key == "model.num_layers");
+  CHECK(layers.where.line == 2);
+  CHECK(layers.message == "value 0 is out of range [1, 10000]");
+
+  const core::error zero = parse_bad("[optimizer]\nzero_stage = 3\n");
+  CHECK(zero.message == "value 3 is out of range [0, 2]");
+  CHECK(contains(zero.hint, "ZeRO-3 is not supported"));
+
+  const core::error beta = parse_bad("[optimizer]\nbeta2 = 1.0\n");
+  CHECK(beta.message == "value 1.0 is out of range [0.0, 1.0)");
+  CHECK(contains(parse_bad("[optimizer]\neps = 0.0\n").message, "(0.0, inf]"));
+  CHECK(contains(parse_bad("[optimizer]\nlr = nan\n").message, "expected a finite number, got nan"));
+  CHECK(contains(parse_bad("[optimizer]\nlr = -0.1\n").message, "out of range"));
+  CHECK(contains(parse_bad("[model]\nseq_length = -1\n").message, "out of range"));
+  CHECK(contains(parse_bad("[train]\nsteps = 3000000000\n").message, "out of range"));
+  const core::error vocab = parse_bad("[model]\nvocab_size = 100000\n");
+  CHECK(vocab.message == "value 100000 is out of range [1, 65536]");
+  CHECK(contains(vocab.hint, "uint16"));
+}
+
+TEST_CASE("an enum value outside its set lists the allowed values") {
+  const core::error arch = parse_bad("[model]\narch = \"gpt3\"\n");
+  CHECK(arch.where.key == "model.arch");
+  CHECK(arch.where.line == 2);
+  CHECK(arch.where.column == 8);
+  CHECK(arch.message == "'gpt3' is not one of the allowed values: gpt2, llama");
+  CHECK(arch.hint == "did you mean 'gpt2'?");
+  const core::error mode = parse_bad("[recompute]\nmode = \"everything\"\n");
+  CHECK(mode.message == "'everything' is not one of the allowed values: none, full, selective");
+  CHECK(contains(mode.hint, "choose one of"));
+  CHECK(contains(parse_bad("[precision]\ncompute = \"fp8\"\n").message, "fp32, bf16, fp16"));
+  CHECK(contains(parse_bad("[runtime]\ndevice = \"tpu\"\n").message, "cpu, cuda"));
+}
+
+TEST_CASE("num_layers must divide into pipeline stages and virtual chunks") {
+  const core::error e = parse_bad("[model]\nnum_layers = 5\n[parallel]\npipeline_stage = 2\n");
+  CHECK(e.where.key == "model.num_layers");
+  CHECK(e.where.line == 2);
+  CHECK(e.where.column == 14);
+  CHECK(e.message == "num_layers 5 is not divisible by pipeline_stage 2 x virtual_pipeline 1 = 2");
+  CHECK(contains(e.hint, "num_layers = 4 or 6"));
+
+  const core::error v = parse_bad("[model]\nnum_layers = 4\n[parallel]\npipeline_stage = 2\nvirtual_pipeline = 4\n");
+  CHECK(contains(v.message, "pipeline_stage 2 x virtual_pipeline 4 = 8"));
+  CHECK(parse_ok("[model]\nnum_layers = 8\n[parallel]\npipeline_stage = 2\nvirtual_pipeline = 4\n")
+            .model.num_layers == 8);
+}
+
+TEST_CASE("hidden_size must be divisible by num_heads") {
+  const core::error e = parse_bad("[model]\nhidden_size = 130\nnum_heads = 4\n");
+  CHECK(e.where.key == "model.hidden_size");
+  CHECK(e.where.line == 2);
+  CHECK(e.message == "hidden_size 130 is not divisible by num_heads 4");
+  CHECK(contains(e.hint, "num_heads = 2 or 5"));
+  CHECK(contains(e.hint, "hidden_size = 128 or 132"));
+}
+
+TEST_CASE("num_heads must be divisible by num_kv_heads, and gpt2 has no grouped heads") {
+  const core::error e =
+      parse_bad("[model]\narch = \"llama\"\nhidden_size = 256\nnum_heads = 8\nnum_kv_heads = 3\n");
+  CHECK(e.where.key == "model.num_kv_heads");
+  CHECK(e.where.line == 5);
+  CHECK(e.message == "num_heads 8 is not divisible by num_kv_heads 3");
+  CHECK(contains(e.hint, "num_kv_heads = 2 or 4"));
+  CHECK(contains(parse_bad("[model]\narch = \"llama\"\nnum_heads = 4\nnum_kv_heads = 8\n").message,
+                 "not divisible"));
+
+  const core::error g = parse_bad("[model]\nnum_heads = 4\nnum_kv_heads = 2\n");
+  CHECK(g.where.key == "model.num_kv_heads");
+  CHECK(contains(g.message, "gpt2 has one key/value head per query head"));
+}
+
+TEST_CASE("llama needs an even head_dim for RoPE") {
+  const core::error e = parse_bad("[model]\narch = \"llama\"\nhidden_size = 132\nnum_heads = 4\n");
+  CHECK(e.where.key == "model.hidden_size");
+  CHECK(contains(e.message, "= 33 is odd"));
+  CHECK(contains(e.hint, "RoPE"));
+}
+
+TEST_CASE("model_parallel must divide the heads and the feed-forward width") {
+  const core::error e = parse_bad("[model]\nnum_heads = 4\n[parallel]\nmodel_parallel = 3\n");
+  CHECK(e.where.key == "parallel.model_parallel");
+  CHECK(e.where.line == 4);
+  CHECK(e.message == "model_parallel 3 does not divide num_heads 4");
+}
+
+TEST_CASE("fp16 and bf16 compute need a cuda device") {
+  const core::error e = parse_bad("[precision]\ncompute = \"bf16\"\n");
+  CHECK(e.where.key == "precision.compute");
+  CHECK(e.where.line == 2);
+  CHECK(e.message == "bf16 compute needs runtime.device = \"cuda\"");
+  CHECK(contains(e.hint, "CPU backend computes in fp32"));
+  CHECK(contains(parse_bad("[precision]\ncompute = \"fp16\"\n").message, "fp16 compute"));
+  CHECK(parse_ok("[precision]\ncompute = \"bf16\"\n[runtime]\ndevice = \"cuda\"\n").precision.compute ==
+        core::precision_kind::bf16);
+}
+
+TEST_CASE("settings that contradict each other are errors") {
+  CHECK(parse_bad("[optimizer]\nlr = 1e-3\nmin_lr = 1e-2\n").where.key == "optimizer.min_lr");
+  const core::error eval = parse_bad("[train]\neval_interval = 10\n");
+  CHECK(eval.where.key == "train.eval_interval");
+  CHECK(contains(eval.message, "data.val is empty"));
+  CHECK(parse_bad("[runtime]\nrun_dir = \"\"\n").where.key == "runtime.run_dir");
+  CHECK(parse_bad("[schedule]\nname = \"\"\n").where.key == "schedule.name");
+  CHECK(parse_bad("[runtime]\nfault_inject = \"rank1\"\n").where.key == "runtime.fault_inject");
+  CHECK(parse_ok("[runtime]\nfault_inject = \"1:3:1B2\"\n").runtime.fault_inject == "1:3:1B2");
+}
+
+TEST_CASE("a cross-key error about a defaulted key points at the file") {
+  // num_layers keeps its default 4; the stage count comes from the file.
+  const core::error e = parse_bad("[parallel]\npipeline_stage = 3\n");
+  CHECK(e.where.key == "model.num_layers");
+  CHECK(e.where.file == "test.toml");
+  CHECK(e.where.line == 0);
+}
+
+TEST_CASE("overrides set every value type and are recorded as --set") {
+  const core::config c = load_ok("tiny.toml");
+  auto r = core::load_config(configs_dir + "tiny.toml",
+                             {"parallel.pipeline_stage=4", "optimizer.lr=1e-4",
+                              "runtime.deterministic=false", "runtime.run_dir=runs/other",
+                              "data.val=\"a b.bin\"", "checkpoint.dir=2024",
+                              "model.arch = llama", "train.steps=10", "train.steps=20"});
+  REQUIRE(r.ok());
+  CHECK(r->parallel.pipeline_stage == 4);
+  CHECK(r->optimizer.lr == 1e-4);
+  CHECK_FALSE(r->runtime.deterministic);
+  CHECK(r->runtime.run_dir == "runs/other");
+  CHECK(r->data.val == "a b.bin");
+  CHECK(r->checkpoint.dir == "2024");  // a string key keeps the text even if it looks like a number
+  CHECK(r->model.arch == core::arch_kind::llama);
+  CHECK_FALSE(r->model.tie_embeddings);  // the llama default follows the overridden arch
+  CHECK(r->train.steps == 20);           // the last override wins
+  CHECK(r->origins.at("train.steps").file == "--set train.steps=20");
+  CHECK(r->origins.at("model.hidden_size").line == c.origins.at("model.hidden_size").line);
+  bool found = false;
+  for (const auto& e : core::config_entries(*r))
+    if (e.key == "parallel.pipeline_stage") {
+      found = true;
+      CHECK(e.origin == "--set");
+      CHECK(std::get<std::int64_t>(e.value) == 4);
+    }
+  CHECK(found);
+}
+
+TEST_CASE("an override replaces a bad file value before it is checked") {
+  CHECK(parse_ok("[model]\nnum_layers = 0\n", {"model.num_layers=2"}).model.num_layers == 2);
+}
+
+TEST_CASE("overrides are validated like file keys and name the override") {
+  const core::error unknown = parse_bad("", {"model.num_layer=3"});
+  CHECK(unknown.where.file == "--set model.num_layer=3");
+  CHECK(unknown.where.key == "model.num_layer");
+  CHECK(unknown.message == "unknown key 'model.num_layer'; did you mean 'model.num_layers'?");
+
+  const core::error type = parse_bad("", {"model.num_layers=four"});
+  CHECK(type.where.file == "--set model.num_layers=four");
+  CHECK(type.message == "expected an integer, got a string \"four\"");
+
+  CHECK(parse_bad("", {"optimizer.zero_stage=5"}).message == "value 5 is out of range [0, 2]");
+  CHECK(contains(parse_bad("", {"model.arch=gpt3"}).message, "gpt2, llama"));
+  CHECK(parse_bad("", {"model.num_layers"}).message == "expected key=value");
+  CHECK(contains(parse_bad("", {"model=4"}).message, "is a table"));
+
+  const core::error cross = parse_bad("[model]\nnum_layers = 4\n", {"parallel.pipeline_stage=3"});
+  CHECK(cross.where.key == "model.num_layers");
+  CHECK(contains(cross.message, "pipeline_stage 3"));
+}
+
+TEST_CASE("to_toml parses back to an equal config") {
+  for (const std::string name : {"tiny.toml", "gpt2_124m.toml", "llama_tiny.toml"}) {
+    CAPTURE(name);
+    const core::config c = load_ok(name);
+    const std::string text = core::to_toml(c);
+    const core::config back = parse_ok(text);
+    CHECK(back == c);
+    // The same text again, apart from the comment naming the source file.
+    const std::string again = core::to_toml(back);
+    CHECK(again.substr(again.find("[model]")) == text.substr(text.find("[model]")));
+    // Every key is written out, so nothing in the copy is left to a default.
+    for (const auto& e : core::config_entries(back)) CHECK(e.origin == "file");
+  }
+  SUBCASE("awkward strings and floats survive") {
+    core::config c = parse_ok(
+        "[data]\ntrain = 'C:\\dir\\\"quoted\" tab\there'\nval = \"caf\\u00e9 \\n line\"\n"
+        "[optimizer]\nlr = 0.1234567890123456789\nweight_decay = 1e-300\n[train]\n"
+        "seed = 9223372036854775807\n[model]\ninit_std = 0.017\n");
+    const core::config back = parse_ok(core::to_toml(c));
+    CHECK(back == c);
+    CHECK(back.data.val == "caf\xc3\xa9 \n line");
+    CHECK(back.train.seed == 9223372036854775807ULL);
+  }
+}
+
+TEST_CASE("configs that differ in one key are not equal") {
+  const core::config a = parse_ok("");
+  CHECK(a == parse_ok("", {"train.seed=1234"}));
+  CHECK_FALSE(a == parse_ok("", {"train.seed=1"}));
+  CHECK_FALSE(a == parse_ok("", {"runtime.fault_inject=0:1:x"}));
+}
+
+TEST_CASE("check_files reports a missing data file at its key") {
+  scratch_dir dir;
+  const std::string train = dir.touch("train.bin");
+  const std::string val = dir.touch("val.bin");
+  dir.touch("tok/encoder.json");
+  dir.touch("tok/vocab.bpe");
+  const std::string head = "[data]\ntrain = '" + train + "'\nval = '" + val + "'\n";
+  CHECK(core::check_files(parse_ok(head + "tokenizer_dir = '" + dir.path.string() + "/tok'\n")).ok());
+
+  const core::config missing = parse_ok("[data]\ntrain = '" + train + "'\nval = 'nowhere/val.bin'\n");
+  const core::status st = core::check_files(missing);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.err().where.key == "data.val");
+  CHECK(st.err().where.line == 3);
+  CHECK(st.err().where.column == 7);
+  CHECK(st.err().message == "validation data 'nowhere/val.bin' does not exist");
+  CHECK(contains(st.err().hint, "relative to the current directory"));
+
+  const core::status empty = core::check_files(parse_ok(""));
+  REQUIRE_FALSE(empty.ok());
+  CHECK(empty.err().where.key == "data.train");
+
+  const core::status tok = core::check_files(
+      parse_ok("[data]\ntrain = '" + train + "'\ntokenizer_dir = '" + dir.path.string() + "'\n"));
+  REQUIRE_FALSE(tok.ok());
+  CHECK(tok.err().where.key == "data.tokenizer_dir");
+  CHECK(contains(tok.err().message, "encoder.json"));
+
+  SUBCASE("a glob must match at least one shard") {
+    CHECK(core::check_files(parse_ok("[data]\ntrain = '" + dir.path.string() + "/*.bin'\n")).ok());
+    const core::status none =
+        core::check_files(parse_ok("[data]\ntrain = '" + dir.path.string() + "/*.u16'\n"));
+    REQUIRE_FALSE(none.ok());
+    CHECK(contains(none.err().message, "matches no file"));
+  }
+  SUBCASE("a missing path set by an override names the override") {
+    const core::status o = core::check_files(parse_ok("", {"data.train=missing.bin"}));
+    REQUIRE_FALSE(o.ok());
+    CHECK(o.err().where.file == "--set data.train=missing.bin");
+  }
+}
+
+TEST_CASE("load_config names a config file it cannot open") {
+  auto r = core::load_config("no/such/config.toml");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().where.file == "no/such/config.toml");
+  CHECK(contains(r.err().message, "cannot open"));
+}
+
+TEST_CASE("a load error carries the file path") {
+  scratch_dir dir;
+  const std::string path = (dir.path / "bad.toml").string();
+  std::ofstream(path) << "[model]\nnum_layers = 4\nnum_heads = 3\n";
+  auto r = core::load_config(path);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().where.file == path);
+  CHECK(r.err().where.line == 0);  // hidden_size kept its default: no line to point at
+  CHECK(contains(r.err().to_string(), path + ": model.hidden_size: hidden_size 128 is not divisible by num_heads 3"));
+}
+
+TEST_CASE("configs/README.md documents every key") {
+  std::ifstream in(configs_dir + "README.md");
+  REQUIRE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const auto& e : core::config_entries(core::config{})) {
+    CAPTURE(e.key);
+    CHECK(contains(text.str(), "`" + e.key + "`"));
+  }
+}
