@@ -15,14 +15,16 @@ constexpr double eps = 1e-9;
 constexpr double infinity = std::numeric_limits<double>::infinity();
 
 // An instruction with its sort key on its rank: time, then transfers (class 0) before compute
-// (class 1) at the same time, then the global transfer id or the original list position.
+// (class 1) at the same time; transfers at the same time go oldest data first, then by a global
+// id; compute keeps its list position.
 struct placed {
   double time;
   int cls;
+  double produced;
   long order;
   instruction op;
   bool operator<(const placed& o) const {
-    return std::tie(time, cls, order) < std::tie(o.time, o.cls, o.order);
+    return std::tie(time, cls, produced, order) < std::tie(o.time, o.cls, o.produced, o.order);
   }
 };
 
@@ -46,6 +48,20 @@ class rank_times {
       if (it->start >= lo - eps) out.push_back(it->start);
       if (it->end <= hi + eps) out.push_back(it->end);
     }
+  }
+  // When the rank can reach a point placed at time t: t itself when it is between instructions,
+  // else the end of the instruction running at t.
+  double arrival(double t) const {
+    auto it = std::lower_bound(ops_.begin(), ops_.end(), t - eps,
+                               [](const timed_instruction& x, double v) { return x.start < v; });
+    if (it == ops_.begin() || std::prev(it)->end <= t + eps) return t;
+    return std::prev(it)->end;
+  }
+  // The start of the first instruction that begins at or after t (infinity when none).
+  double next_start(double t) const {
+    auto it = std::lower_bound(ops_.begin(), ops_.end(), t - eps,
+                               [](const timed_instruction& x, double v) { return x.start < v; });
+    return it == ops_.end() ? infinity : it->start;
   }
   double start_after(int index) const {
     return index + 1 < static_cast<int>(ops_.size()) ? ops_[index + 1].start : infinity;
@@ -96,7 +112,7 @@ schedule insert_transfers(const schedule& compute_only, const cost_model& costs)
   std::vector<std::vector<placed>> lists(p);
   for (int r = 0; r < p; ++r)
     for (int k = 0; k < static_cast<int>(run.timeline[r].size()); ++k)
-      lists[r].push_back({run.timeline[r][k].start, 1, k, run.timeline[r][k].op});
+      lists[r].push_back({run.timeline[r][k].start, 1, 0, k, run.timeline[r][k].op});
 
   long next_id = 0;
   std::vector<double> candidates;
@@ -115,9 +131,19 @@ schedule insert_transfers(const schedule& compute_only, const cost_model& costs)
       if (*it <= std::min(hi, sender_next) + eps && *it >= lo - eps && both_free(*it)) when = *it, chosen = true;
     for (auto it = candidates.begin(); it != candidates.end() && !chosen; ++it)
       if (*it >= lo - eps && *it <= hi + eps && both_free(*it)) when = *it, chosen = true;
+    // No moment finds both ranks between instructions: under blocking transfers one of them will
+    // wait. Take the moment that delays the two ranks' next instructions least.
+    double least = infinity;
+    for (auto it = candidates.begin(); it != candidates.end() && !chosen; ++it) {
+      if (*it < lo - eps || *it > hi + eps) continue;
+      const double ta = times[a].arrival(*it), tb = times[b].arrival(*it);
+      const double meet = std::max(ta, tb);
+      const double delay = std::max(0.0, meet - times[a].next_start(ta)) + std::max(0.0, meet - times[b].next_start(tb));
+      if (delay < least - eps) least = delay, when = *it;
+    }
     const long id = next_id++;
-    lists[a].push_back({when, 0, id, send});
-    lists[b].push_back({when, 0, id, recv});
+    lists[a].push_back({when, 0, lo, id, send});
+    lists[b].push_back({when, 0, lo, id, recv});
   };
 
   for (int c = 0; c + 1 < chunks; ++c) {

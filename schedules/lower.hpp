@@ -8,9 +8,11 @@
 // times before the sender's next instruction, so the send follows its producer directly), and
 // every rank's list is then sorted by time, with one global tie order for transfers. Because
 // every rank sees all transfers in one global order, the result cannot deadlock under blocking,
-// in-order point-to-point (NCCL), and with costs.comm = 0 it runs exactly as fast as the
-// compute-only schedule. For split backwards (zb_h1) the gradient sent upstream comes from I;
-// W only accumulates weight gradients.
+// in-order point-to-point (NCCL). When a transfer finds a moment with both ranks between
+// instructions (always for gpipe, 1f1b and zb_h1; for interleaved_1f1b when F = B) the lowered
+// schedule runs, with costs.comm = 0, exactly as fast as the compute-only one; otherwise blocking
+// transfers make one rank wait briefly and the moment that delays least is taken. For split
+// backwards (zb_h1) the gradient sent upstream comes from I; W only accumulates weight gradients.
 //
 // insert_reduction adds REDUCE_GRAD once per chunk, right after its last B or W (and after the
 // SEND_B that carries that backward's input gradient, so the upstream rank is not kept waiting),
