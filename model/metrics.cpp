@@ -136,8 +136,10 @@ metrics_writer::~metrics_writer() {
   if (f_) std::fclose(f_);
 }
 
-core::status metrics_writer::write(const step_metrics& m) {
-  std::string line = to_json_line(m) + "\n";
+core::status metrics_writer::write(const step_metrics& m) { return write_line(to_json_line(m)); }
+
+core::status metrics_writer::write_line(const std::string& json) {
+  std::string line = json + "\n";
   if (std::fputs(line.c_str(), f_) < 0 || std::fflush(f_) != 0)
     return core::error::at_file(path_, std::string("write failed: ") + std::strerror(errno));
   return {};

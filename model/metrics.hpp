@@ -48,6 +48,8 @@ class metrics_writer {
   ~metrics_writer();
 
   core::status write(const step_metrics& m);
+  /// Writes one line that already holds a JSON object (a step_metrics line with extra fields).
+  core::status write_line(const std::string& json);
   const std::string& path() const { return path_; }
 
  private:

@@ -1,0 +1,48 @@
+// Spawn functions of the runtime's actors (one actor per file). Each actor is a small behaviour
+// that delegates to a plain engine class (stage_engine, shard_engine, ...).
+#pragma once
+
+#include <future>
+#include <memory>
+
+#include "actors/job.hpp"
+#include "actors/shard_engine.hpp"
+#include "actors/stage_engine.hpp"
+#include "model/loader.hpp"
+#include "model/trainer.hpp"
+
+namespace troupe::actors {
+
+/// A stage's engine and the backend its chunks live on.
+struct stage_bundle {
+  std::unique_ptr<kernels::backend> be;
+  std::unique_ptr<stage_engine> engine;
+};
+
+struct shard_bundle {
+  std::unique_ptr<kernels::backend> be;
+  std::unique_ptr<shard_engine> engine;
+};
+
+/// What the coordinator needs beyond the job.
+struct coordinator_setup {
+  int first_step = 0;
+  int end_step = 0;
+  std::shared_ptr<model::loader> val;          // null: no validation
+  std::string checkpoint_root;                 // where the writer puts checkpoints
+  std::shared_ptr<std::promise<core::result<model::train_summary>>> done;
+};
+
+caf::actor spawn_stage(caf::actor_system& sys, std::shared_ptr<job> j, int dp, int pp,
+                       std::shared_ptr<stage_bundle> b);
+caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<job> j, int pp, int part,
+                       std::shared_ptr<shard_bundle> b);
+caf::actor spawn_loader(caf::actor_system& sys, std::shared_ptr<job> j, int dp,
+                        std::shared_ptr<model::loader> data, int end_step);
+caf::actor spawn_writer(caf::actor_system& sys, std::shared_ptr<job> j, std::string root);
+caf::actor spawn_coordinator(caf::actor_system& sys, std::shared_ptr<job> j, coordinator_setup s);
+
+/// "stage(dp=0, pp=1)".
+std::string stage_name(int dp, int pp);
+
+}  // namespace troupe::actors

@@ -1,0 +1,120 @@
+// The checkpoint-writer actor: after a step, stages and optimizer shards send it copies of their
+// state (so training goes on while it writes); once every piece of a step has arrived it assembles
+// per-stage safetensors shards — parameters by Hugging Face name, AdamW moments by
+// "<name>.exp_avg" / "<name>.exp_avg_sq" — and writes them with model::checkpoint::save
+// (temporary directory, fsync, rename), then tells the coordinator.
+#include <cstring>
+#include <set>
+
+#include "actors/actors.hpp"
+#include "model/checkpoint.hpp"
+#include "model/params.hpp"
+
+namespace troupe::actors {
+namespace {
+
+struct pending {
+  std::map<int, core::tensor> params;                        // chunk -> flat params
+  std::map<std::pair<int, int>, core::tensor> exp_avg;       // (chunk, part) -> slice
+  std::map<std::pair<int, int>, core::tensor> exp_avg_sq;
+};
+
+struct writer_state {
+  std::map<std::int64_t, pending> steps;
+  std::set<std::int64_t> expected;
+};
+
+/// Parts whose moments the writer gets: ZeRO-0 shards hold everything, only replica 0's is sent.
+int moment_parts(const job_layout& l) { return l.zero_stage == 0 ? 1 : l.dp; }
+
+bool complete(const job& j, const pending& p) {
+  int chunks = j.layout.chunks();
+  int parts = moment_parts(j.layout);
+  return static_cast<int>(p.params.size()) == chunks &&
+         static_cast<int>(p.exp_avg.size()) == chunks * parts &&
+         static_cast<int>(p.exp_avg_sq.size()) == chunks * parts;
+}
+
+/// Joins the shards' slices of one chunk's moment buffer into a flat buffer of `numel`.
+core::tensor join(const job& j, const std::map<std::pair<int, int>, core::tensor>& parts, int chunk,
+                  std::int64_t numel) {
+  core::tensor flat = core::tensor::zeros({numel});
+  for (int k = 0; k < moment_parts(j.layout); ++k) {
+    auto [lo, hi] = j.layout.shard_range(numel, k);
+    const core::tensor& s = parts.at({chunk, k});
+    TROUPE_CHECK(s.numel() == hi - lo, "moment slice " + std::to_string(k) + " of chunk " +
+                                           std::to_string(chunk) + " has the wrong size");
+    if (hi > lo) std::memcpy(flat.data<float>() + lo, s.data<float>(), s.bytes());
+  }
+  return flat;
+}
+
+core::result<std::string> write(const job& j, const std::string& root, std::int64_t step,
+                                 pending& p) {
+  model::checkpoint::save_request req;
+  req.step = static_cast<int>(step) + 1;
+  req.seed = j.cfg.train.seed;
+  req.config_toml = core::to_toml(j.cfg);
+  auto specs = model::partition(j.cfg.model, j.layout.chunks());
+  for (int c = 0; c < j.layout.chunks(); ++c) {
+    auto defs = model::define_params(j.cfg.model, specs[c]);
+    std::int64_t numel = model::flat_numel(defs);
+    core::tensor flat = p.params.at(c);
+    TROUPE_CHECK(flat.numel() == numel, "parameter snapshot of chunk " + std::to_string(c) +
+                                            " has " + std::to_string(flat.numel()) +
+                                            " elements, expected " + std::to_string(numel));
+    core::tensor m = join(j, p.exp_avg, c, numel), v = join(j, p.exp_avg_sq, c, numel);
+    char file[64];
+    std::snprintf(file, sizeof file, "model-chunk%03d.safetensors", c);
+    model::checkpoint::shard_spec ms{file, "model", {}};
+    std::snprintf(file, sizeof file, "optimizer-chunk%03d.safetensors", c);
+    model::checkpoint::shard_spec os{file, "optimizer", {}};
+    for (const auto& d : defs) {
+      const auto& info = d.info;
+      if (info.tied) continue;  // the head copy of a tied embedding is not stored
+      ms.tensors.push_back({info.name, flat.slice(info.offset, info.shape)});
+      os.tensors.push_back({info.name + ".exp_avg", m.slice(info.offset, info.shape)});
+      os.tensors.push_back({info.name + ".exp_avg_sq", v.slice(info.offset, info.shape)});
+    }
+    req.shards.push_back(std::move(ms));
+    req.shards.push_back(std::move(os));
+  }
+  return model::checkpoint::save(root, req, j.cfg.checkpoint.keep);
+}
+
+caf::behavior writer_actor(caf::stateful_actor<writer_state>* self, std::shared_ptr<job> j,
+                           std::string root) {
+  return {
+      [=](ckpt_atom, std::int64_t step) { self->state.expected.insert(step); },
+      [=](tensor_ready& m) {
+        auto& p = self->state.steps[m.step];
+        core::tensor t = receive(*j, 0, m);
+        switch (static_cast<tensor_kind>(m.kind)) {
+          case tensor_kind::snap_params: p.params[m.chunk] = std::move(t); break;
+          case tensor_kind::snap_exp_avg: p.exp_avg[{m.chunk, m.part}] = std::move(t); break;
+          case tensor_kind::snap_exp_avg_sq: p.exp_avg_sq[{m.chunk, m.part}] = std::move(t); break;
+          default: throw core::failure("checkpoint writer got an unexpected tensor " + m.tag().to_string());
+        }
+        if (!complete(*j, p)) return;
+        checkpoint_written done{m.step, "", ""};
+        try {
+          auto r = write(*j, root, m.step, p);
+          if (r.ok()) done.path = r.value();
+          else done.error = r.err().to_string();
+        } catch (const std::exception& e) {
+          done.error = e.what();
+        }
+        self->state.steps.erase(m.step);
+        self->state.expected.erase(m.step);
+        self->send(j->coordinator, std::move(done));
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_writer(caf::actor_system& sys, std::shared_ptr<job> j, std::string root) {
+  return sys.spawn(writer_actor, std::move(j), std::move(root));
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,50 @@
+// The data-loader actor of one replica: cuts that replica's micro-batches from the memory-mapped
+// shards (a pure function of seed, step, replica and micro-batch: model/loader.hpp) and feeds the
+// tokens to the first stage and the targets to the last, one step ahead of the pipeline so the
+// first forward never waits for data.
+#include "actors/actors.hpp"
+
+namespace troupe::actors {
+namespace {
+
+struct loader_state {
+  std::shared_ptr<model::loader> data;
+  std::int64_t sent_through = -1;  // last step whose micro-batches went out
+};
+
+void feed(caf::stateful_actor<loader_state>* self, const job& j, int dp, std::int64_t step) {
+  auto& st = self->state;
+  const int last_chunk = j.layout.chunks() - 1;
+  const int src = j.layout.worker(dp, 0);
+  for (int mb = 0; mb < j.layout.microbatches; ++mb) {
+    model::batch b = st.data->cut(static_cast<std::uint64_t>(step), dp, mb);
+    route(self, j, src, address{role::stage, dp, 0},
+          transport::tag{step, static_cast<std::uint32_t>(tensor_kind::tokens), 0, mb, 0},
+          std::move(b.tokens));
+    route(self, j, src, address{role::stage, dp, j.layout.rank_of_chunk(last_chunk)},
+          transport::tag{step, static_cast<std::uint32_t>(tensor_kind::targets), last_chunk, mb, 0},
+          std::move(b.targets));
+  }
+  st.sent_through = step;
+}
+
+caf::behavior loader_actor(caf::stateful_actor<loader_state>* self, std::shared_ptr<job> j, int dp,
+                           std::shared_ptr<model::loader> data, int end_step) {
+  self->state.data = std::move(data);
+  return {
+      [=](step_atom, std::int64_t step) {
+        for (std::int64_t s = std::max(step, self->state.sent_through + 1);
+             s <= std::min<std::int64_t>(step + 1, end_step - 1); ++s)
+          feed(self, *j, dp, s);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_loader(caf::actor_system& sys, std::shared_ptr<job> j, int dp,
+                        std::shared_ptr<model::loader> data, int end_step) {
+  return sys.spawn(loader_actor, std::move(j), dp, std::move(data), end_step);
+}
+
+}  // namespace troupe::actors

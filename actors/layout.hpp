@@ -1,0 +1,51 @@
+// Who is where in a data_parallel × pipeline_stage job, and which slice of a chunk's flat buffers
+// each optimizer shard owns. Pure arithmetic shared by every actor (and by tests).
+//
+// Worker w = dp·P + pp. Optimizer shards: for each pipeline rank, `data_parallel` shards.
+//  - ZeRO-0: shard (pp, k) is replica k's own optimizer: it owns the whole buffer, receives every
+//    replica's gradient (an all-reduce), and updates only replica k.
+//  - ZeRO-1: shard (pp, k) owns slice k; gradients are all-reduced (every replica gets the summed
+//    slices back), the shard updates its slice and all-gathers the parameters.
+//  - ZeRO-2: as ZeRO-1 but gradients are only reduce-scattered to their owners.
+// Slices are cut on kernels::norm_block boundaries so gradient-norm blocks never straddle shards.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/backend.hpp"
+
+namespace troupe::actors {
+
+struct job_layout {
+  int dp = 1;           // data_parallel
+  int pp = 1;           // pipeline_stage
+  int v = 1;            // virtual_pipeline
+  int zero_stage = 0;
+  int microbatches = 1; // per replica per step: micro_batch_num × gradient_accumulation_steps
+
+  int chunks() const { return pp * v; }
+  int workers() const { return dp * pp; }
+  int worker(int d, int p) const { return d * pp + p; }
+  int rank_of_chunk(int c) const { return c % pp; }
+  /// Chunks held by pipeline rank p, in forward order.
+  int local_index(int c) const { return c / pp; }
+  /// The elements [first, second) of a chunk buffer of `numel` elements that shard part k owns.
+  std::pair<std::int64_t, std::int64_t> shard_range(std::int64_t numel, int k) const {
+    if (zero_stage == 0) return {0, numel};
+    std::int64_t blocks = (numel + kernels::norm_block - 1) / kernels::norm_block;
+    std::int64_t per = (blocks + dp - 1) / dp;
+    std::int64_t lo = std::min(numel, k * per * kernels::norm_block);
+    std::int64_t hi = std::min(numel, (k + 1) * per * kernels::norm_block);
+    return {lo, hi};
+  }
+  /// Does shard part k send updated parameters to replica d?
+  bool shard_updates(int k, int d) const { return zero_stage != 0 || k == d; }
+  /// Does shard part k contribute its blocks to the global gradient norm?
+  bool norm_contributor(int k) const { return zero_stage != 0 || k == 0; }
+  /// Do shards send the summed gradient slices back to every replica (all-reduce)?
+  bool returns_reduced_grads() const { return zero_stage == 1; }
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,73 @@
+// The optimizer-shard actor: owns one slice of one pipeline rank's optimizer state (layout.hpp
+// says which under each ZeRO stage) and runs shard_engine: gradient slices from every replica in,
+// norm blocks to the coordinator, the coordinator's clip/lr decision in, parameter slices out.
+#include "actors/actors.hpp"
+
+namespace troupe::actors {
+namespace {
+
+struct shard_state {
+  std::shared_ptr<shard_bundle> b;
+  int worker = 0;
+  std::int64_t step = -1;
+};
+
+caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<job> j, int pp,
+                          int part, std::shared_ptr<shard_bundle> b) {
+  self->state.b = std::move(b);
+  self->state.worker = j->layout.worker(part, pp);
+  std::string name = "optimizer_shard(pp=" + std::to_string(pp) + ", part=" + std::to_string(part) + ")";
+  self->set_exception_handler([self, j, name](caf::scheduled_actor*, std::exception_ptr& e) {
+    std::string what;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+      what = "unknown exception";
+    }
+    self->send(j->coordinator, actor_failure{name, self->state.worker, self->state.step, "", what});
+    return caf::make_error(caf::sec::runtime_error, what);
+  });
+  return {
+      [=](tensor_ready& m) {
+        auto& eng = *self->state.b->engine;
+        int replica = m.src / j->layout.pp;
+        eng.deliver(replica, m.tag(), receive(*j, self->state.worker, m));
+        self->state.step = m.step;
+        if (eng.reduce(m.step)) {
+          for (auto& [chunk, blocks] : eng.take_norm_parts())
+            self->send(j->coordinator, norm_part{m.step, chunk, part, std::move(blocks)});
+        }
+      },
+      [=](clip_decision& d) {
+        auto& eng = *self->state.b->engine;
+        eng.apply(d.step, d.scale, d.lr);
+        for (auto& o : eng.take_outgoing())
+          route(self, *j, self->state.worker, o.to, o.tag, std::move(o.t));
+        self->send(j->coordinator, shard_report{d.step, pp, part, eng.state_bytes()});
+      },
+      [=](snap_atom, std::int64_t step, std::int32_t) {
+        auto& eng = *self->state.b->engine;
+        auto& be = *self->state.b->be;
+        for (std::size_t i = 0; i < eng.chunks().size(); ++i) {
+          int c = eng.chunks()[i].chunk;
+          route(self, *j, self->state.worker, address{role::writer, 0, 0},
+                transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg), c, -1, part},
+                be.to_host(eng.moments()[i].exp_avg).clone());
+          route(self, *j, self->state.worker, address{role::writer, 0, 0},
+                transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg_sq), c, -1, part},
+                be.to_host(eng.moments()[i].exp_avg_sq).clone());
+        }
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_shard(caf::actor_system& sys, std::shared_ptr<job> j, int pp, int part,
+                       std::shared_ptr<shard_bundle> b) {
+  return sys.spawn(shard_actor, std::move(j), pp, part, std::move(b));
+}
+
+}  // namespace troupe::actors

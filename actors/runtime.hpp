@@ -1,0 +1,29 @@
+// The actor runtime's entry point: runs a whole data_parallel × pipeline_stage job as CAF actors
+// in this process, on the in-process transport, executing the configured schedule. The result is
+// bit-identical to model::train_single_rank for data_parallel = 1 (DESIGN.md, Determinism).
+// No CAF in this header: the CLI and tests include it cheaply.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "model/trainer.hpp"
+
+namespace troupe::actors {
+
+struct run_options {
+  std::string resume;       // run directory or checkpoint to continue from ("" = fresh)
+  int max_steps = -1;       // stop after this many steps in this invocation (-1 = train.steps)
+  std::FILE* log = stdout;  // progress lines; null = quiet
+};
+
+/// Trains `cfg` as actors. Errors name the failed actor, rank, step and instruction.
+core::result<model::train_summary> run_actor_job(const core::config& cfg, const run_options& opt);
+
+/// The final flat parameters of every chunk of the last run_actor_job in this process, for tests
+/// that compare weights bit for bit (replica 0, chunk order).
+const std::vector<core::tensor>& last_job_parameters();
+
+}  // namespace troupe::actors

@@ -1,0 +1,129 @@
+#include "actors/shard_engine.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace troupe::actors {
+
+shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, int part,
+                           kernels::backend& be, std::vector<shard_chunk> chunks)
+    : cfg_(cfg), layout_(layout), pp_(pp), part_(part), be_(be), chunks_(std::move(chunks)) {
+  for (auto& ch : chunks_) {
+    auto [lo, hi] = layout_.shard_range(ch.initial.numel(), part_);
+    ranges_.emplace_back(lo, hi);
+    core::tensor m = be_.empty({hi - lo}, core::dtype::f32);
+    if (hi > lo) be_.copy(ch.initial.slice(lo, {hi - lo}), m);
+    master_.push_back(m);
+    core::tensor g = be_.empty({hi - lo}, core::dtype::f32);
+    be_.zero(g);
+    reduced_.push_back(g);
+    model::optimizer_state st{be_.empty({hi - lo}, core::dtype::f32),
+                              be_.empty({hi - lo}, core::dtype::f32)};
+    be_.zero(st.exp_avg);
+    be_.zero(st.exp_avg_sq);
+    moments_.push_back(st);
+    ch.initial = {};  // only needed to seed the master slice
+  }
+  rebuild_slots();
+}
+
+void shard_engine::rebuild_slots() {
+  slots_.clear();
+  slot_chunk_.clear();
+  for (std::size_t i = 0; i < chunks_.size(); ++i) {
+    auto [lo, hi] = ranges_[i];
+    for (const auto& p : chunks_[i].params) {
+      std::int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+      if (a >= b) continue;
+      model::param_info info = p;
+      info.shape = {b - a};
+      info.numel = b - a;
+      info.offset = a;
+      slots_.push_back(model::param_slot{info, master_[i].slice(a - lo, {b - a}),
+                                         reduced_[i].slice(a - lo, {b - a}),
+                                         moments_[i].exp_avg.slice(a - lo, {b - a}),
+                                         moments_[i].exp_avg_sq.slice(a - lo, {b - a})});
+      slot_chunk_.push_back(i);
+    }
+  }
+}
+
+void shard_engine::deliver(int replica, const transport::tag& tg, core::tensor t) {
+  auto [it, fresh] = stash_.emplace(std::make_pair(tg, replica), std::move(t));
+  TROUPE_CHECK(fresh, "shard(pp=" + std::to_string(pp_) + ", part=" + std::to_string(part_) +
+                          ") received " + tg.to_string() + " from replica " +
+                          std::to_string(replica) + " twice");
+}
+
+bool shard_engine::reduce(std::int64_t step) {
+  if (reduced_step_ == step) return true;
+  auto key = [&](std::size_t i, int d) {
+    return std::make_pair(transport::tag{step, static_cast<std::uint32_t>(tensor_kind::grad_slice),
+                                         chunks_[i].chunk, -1, part_},
+                          d);
+  };
+  for (std::size_t i = 0; i < chunks_.size(); ++i)
+    for (int d = 0; d < layout_.dp; ++d)
+      if (!stash_.count(key(i, d))) return false;
+  norm_parts_.clear();
+  for (std::size_t i = 0; i < chunks_.size(); ++i) {
+    // replica 0 + replica 1 + ... : the fixed order that makes the sum reproducible
+    for (int d = 0; d < layout_.dp; ++d) {
+      core::tensor g = stash_.extract(key(i, d)).mapped();
+      TROUPE_CHECK(g.numel() == reduced_[i].numel(),
+                   "gradient slice of chunk " + std::to_string(chunks_[i].chunk) + " from replica " +
+                       std::to_string(d) + " has " + std::to_string(g.numel()) +
+                       " elements, expected " + std::to_string(reduced_[i].numel()));
+      if (g.numel() == 0) continue;
+      if (d == 0) be_.copy(g, reduced_[i]);
+      else be_.accumulate(g, reduced_[i]);
+    }
+  }
+  if (layout_.norm_contributor(part_)) {
+    for (std::size_t i = 0; i < chunks_.size(); ++i) {
+      std::vector<model::param_slot> mine;
+      for (std::size_t s = 0; s < slots_.size(); ++s)
+        if (slot_chunk_[s] == i) mine.push_back(slots_[s]);
+      std::vector<double> blocks;
+      model::append_sumsq_blocks(be_, mine, blocks);
+      norm_parts_.emplace_back(chunks_[i].chunk, std::move(blocks));
+    }
+  }
+  reduced_step_ = step;
+  return true;
+}
+
+std::vector<std::pair<int, std::vector<double>>> shard_engine::take_norm_parts() {
+  return std::exchange(norm_parts_, {});
+}
+
+void shard_engine::apply(std::int64_t step, float scale, double lr) {
+  TROUPE_CHECK(reduced_step_ == step, "shard(pp=" + std::to_string(pp_) + ", part=" +
+                                          std::to_string(part_) + ") asked to update step " +
+                                          std::to_string(step) + " before its gradients arrived");
+  model::adamw_update(be_, slots_, cfg_.optimizer, lr, scale, static_cast<int>(step));
+  for (std::size_t i = 0; i < chunks_.size(); ++i) {
+    for (int d = 0; d < layout_.dp; ++d) {
+      if (!layout_.shard_updates(part_, d)) continue;
+      address to{role::stage, d, pp_};
+      out_.push_back(outgoing{to,
+                              transport::tag{step, static_cast<std::uint32_t>(tensor_kind::param_slice),
+                                             chunks_[i].chunk, -1, part_},
+                              master_[i]});
+      if (layout_.returns_reduced_grads())
+        out_.push_back(outgoing{to,
+                                transport::tag{step, static_cast<std::uint32_t>(tensor_kind::reduced_grad),
+                                               chunks_[i].chunk, -1, part_},
+                                reduced_[i]});
+    }
+  }
+}
+
+std::uint64_t shard_engine::state_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& m : master_) n += m.bytes() * 3;
+  return n;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,97 @@
+// The stage actor: hosts one (replica, pipeline rank) — its chunks, its instruction list — and
+// runs stage_engine, which never blocks: each message either starts a step or delivers a tensor,
+// and the engine goes as far as the tensors it has allow. A failing instruction (an exception in
+// a kernel, a bad shape) is reported to the coordinator with the rank, step and instruction.
+#include "actors/actors.hpp"
+
+namespace troupe::actors {
+
+std::string stage_name(int dp, int pp) {
+  return "stage(dp=" + std::to_string(dp) + ", pp=" + std::to_string(pp) + ")";
+}
+
+namespace {
+
+struct stage_state {
+  std::shared_ptr<stage_bundle> b;
+  bool running = false;
+  int worker = 0;
+};
+
+void pump(caf::stateful_actor<stage_state>* self, const job& j) {
+  auto& st = self->state;
+  auto& eng = *st.b->engine;
+  bool done = eng.run();
+  for (auto& o : eng.take_outgoing()) route(self, j, st.worker, o.to, o.tag, std::move(o.t));
+  if (eng.losses_ready()) {
+    self->send(j.coordinator, loss_report{eng.step(), eng.dp(), eng.losses()});
+    eng.losses_reported();
+  }
+  if (done) {
+    st.running = false;
+    const auto& t = eng.timing();
+    self->send(j.coordinator, stage_report{eng.step(), eng.dp(), eng.pp(), t.busy_s, t.comm_s,
+                                           t.wait_s, eng.peak_activation_bytes(), t.events});
+  }
+}
+
+caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_ptr<job> j, int dp,
+                          int pp, std::shared_ptr<stage_bundle> b) {
+  self->state.b = std::move(b);
+  self->state.worker = j->layout.worker(dp, pp);
+  self->set_exception_handler([self, j, dp, pp](caf::scheduled_actor*, std::exception_ptr& e) {
+    std::string what;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+      what = "unknown exception";
+    }
+    auto& eng = *self->state.b->engine;
+    self->send(j->coordinator, actor_failure{stage_name(dp, pp), self->state.worker, eng.step(),
+                                             eng.current_instruction(), what});
+    return caf::make_error(caf::sec::runtime_error, what);
+  });
+  return {
+      [=](step_atom, std::int64_t step) {
+        self->state.b->engine->begin_step(step);
+        self->state.running = true;
+        pump(self, *j);
+      },
+      [=](tensor_ready& m) {
+        self->state.b->engine->deliver(m.tag(), receive(*j, self->state.worker, m));
+        if (self->state.running) pump(self, *j);
+      },
+      [=](snap_atom, std::int64_t step, std::int32_t dests) {
+        auto& st = self->state;
+        for (std::size_t i = 0; i < st.b->engine->chunks().size(); ++i) {
+          int c = pp + static_cast<int>(i) * j->layout.pp;
+          core::tensor copy = st.b->be->to_host(st.b->engine->chunks()[i].flat_params()).clone();
+          transport::tag tg{step, static_cast<std::uint32_t>(tensor_kind::snap_params), c, -1, 0};
+          if (dests & to_writer) route(self, *j, st.worker, address{role::writer, 0, 0}, tg, copy);
+          tg.part = 1;  // the writer and the coordinator share worker 0: keep their tags apart
+          if (dests & to_coordinator)
+            route(self, *j, st.worker, address{role::coordinator, 0, 0}, tg, copy);
+        }
+      },
+      [=](status_atom) {
+        auto& eng = *self->state.b->engine;
+        std::string s = stage_name(dp, pp) + " (rank " + std::to_string(self->state.worker) +
+                        ") step " + std::to_string(eng.step());
+        if (!self->state.running) return s + ": idle";
+        s += " at " + eng.current_instruction();
+        auto w = eng.waiting_for();
+        return w.empty() ? s + ": computing" : s + ": waiting for " + w;
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_stage(caf::actor_system& sys, std::shared_ptr<job> j, int dp, int pp,
+                       std::shared_ptr<stage_bundle> b) {
+  return sys.spawn(stage_actor, std::move(j), dp, pp, std::move(b));
+}
+
+}  // namespace troupe::actors

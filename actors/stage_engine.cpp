@@ -1,0 +1,310 @@
+#include "actors/stage_engine.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "model/optimizer.hpp"
+
+namespace troupe::actors {
+
+using schedules::op_kind;
+
+namespace {
+
+double seconds(stage_engine::clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+/// Name of the embedding parameter a tied LM head copies.
+std::string embedding_name(const core::model_config& m) {
+  return m.arch == core::arch_kind::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
+}
+
+}  // namespace
+
+stage_engine::stage_engine(const core::config& cfg, job_layout layout, int dp, int pp,
+                           std::vector<schedules::instruction> program, kernels::backend& be,
+                           std::vector<model::chunk> chunks, clock::time_point epoch)
+    : cfg_(cfg),
+      layout_(layout),
+      dp_(dp),
+      pp_(pp),
+      program_(std::move(program)),
+      be_(be),
+      chunks_(std::move(chunks)),
+      epoch_(epoch) {
+  TROUPE_CHECK(static_cast<int>(chunks_.size()) == layout_.v,
+               "stage holds " + std::to_string(chunks_.size()) + " chunks, expected " +
+                   std::to_string(layout_.v));
+  std::int64_t tokens = static_cast<std::int64_t>(layout_.dp) * layout_.microbatches *
+                        cfg_.parallel.micro_batch_size * cfg_.model.seq_length;
+  grad_scale_ = 1.0f / static_cast<float>(tokens);
+}
+
+void stage_engine::begin_step(std::int64_t step) {
+  step_ = step;
+  pc_ = 0;
+  losses_.assign(pp_ == layout_.rank_of_chunk(layout_.chunks() - 1) ? layout_.microbatches : 0, NAN);
+  losses_ready_ = false;
+  losses_sent_ = false;
+  blocked_since_.reset();
+  waiting_for_.clear();
+  timing_ = {};
+  reduce_state_.clear();
+  finishing_ = false;
+  for (auto& c : chunks_) c.zero_grads();
+}
+
+void stage_engine::deliver(const transport::tag& tg, core::tensor t) {
+  auto [it, fresh] = stash_.emplace(tg, std::move(t));
+  TROUPE_CHECK(fresh, "stage(dp=" + std::to_string(dp_) + ", pp=" + std::to_string(pp_) +
+                          ") received " + tg.to_string() + " twice");
+}
+
+core::tensor stage_engine::take(const transport::tag& tg) {
+  auto node = stash_.extract(tg);
+  TROUPE_CHECK(!node.empty(), "stage(dp=" + std::to_string(dp_) + ", pp=" + std::to_string(pp_) +
+                                  ") has no tensor " + tg.to_string() +
+                                  " (the schedule sends something it never produced)");
+  return std::move(node.mapped());
+}
+
+core::tensor stage_engine::on_device(core::tensor t) {
+  if (t.dev() == be_.dev()) return t;
+  return be_.from_host(t);
+}
+
+transport::tag stage_engine::tag_of(tensor_kind k, int chunk, int mb, int part) const {
+  return transport::tag{step_, static_cast<std::uint32_t>(k), chunk, mb, part};
+}
+
+void stage_engine::emit(address to, transport::tag tg, core::tensor t) {
+  out_.push_back(outgoing{to, tg, std::move(t)});
+}
+
+std::vector<outgoing> stage_engine::take_outgoing() { return std::exchange(out_, {}); }
+
+model::chunk& stage_engine::chunk_for(int global_chunk) {
+  TROUPE_CHECK(layout_.rank_of_chunk(global_chunk) == pp_,
+               "chunk " + std::to_string(global_chunk) + " does not live on pipeline rank " +
+                   std::to_string(pp_));
+  return chunks_.at(layout_.local_index(global_chunk));
+}
+
+void stage_engine::record(const std::string& name, std::uint8_t cat, clock::time_point start,
+                          clock::time_point end) {
+  double dur = seconds(end - start);
+  (cat == 0 ? timing_.busy_s : cat == 1 ? timing_.comm_s : timing_.wait_s) += dur;
+  timing_.events.push_back(trace_event{name, cat, seconds(start - epoch_) * 1e6, dur * 1e6});
+}
+
+std::string stage_engine::current_instruction() const {
+  if (step_ < 0 || pc_ >= program_.size()) return "";
+  return schedules::to_string(program_[pc_]);
+}
+
+std::string stage_engine::waiting_for() const { return waiting_for_; }
+
+std::uint64_t stage_engine::peak_activation_bytes() const {
+  std::uint64_t total = 0;
+  for (const auto& c : chunks_) total += c.peak_saved_activation_bytes();
+  return total;
+}
+
+void stage_engine::maybe_inject_fault(const schedules::instruction& op) const {
+  const std::string& spec = cfg_.runtime.fault_inject;
+  if (spec.empty()) return;
+  std::string want = std::to_string(layout_.worker(dp_, pp_)) + ":" + std::to_string(step_) + ":" +
+                     schedules::to_string(op);
+  if (spec == want) throw core::failure("injected fault (runtime.fault_inject = \"" + spec + "\")");
+}
+
+bool stage_engine::run() {
+  TROUPE_CHECK(step_ >= 0, "run() before begin_step()");
+  while (pc_ < program_.size()) {
+    const auto& op = program_[pc_];
+    auto t0 = clock::now();
+    maybe_inject_fault(op);
+    if (!execute(op)) {
+      if (!blocked_since_) blocked_since_ = t0;
+      return false;
+    }
+    auto t1 = clock::now();
+    if (blocked_since_) {
+      record("wait " + schedules::to_string(op), 2, *blocked_since_, t0);
+      blocked_since_.reset();
+    }
+    waiting_for_.clear();
+    record(schedules::to_string(op), schedules::is_compute(op.kind) ? 0 : 1, t0, t1);
+    ++pc_;
+  }
+  return finish_step();
+}
+
+bool stage_engine::execute(const schedules::instruction& op) {
+  const int last = layout_.chunks() - 1;
+  auto need = [&](const transport::tag& tg) {
+    if (has(tg)) return true;
+    waiting_for_ = tg.to_string();
+    return false;
+  };
+  switch (op.kind) {
+    case op_kind::F: {
+      auto& ch = chunk_for(op.chunk);
+      auto in_tag = op.chunk == 0 ? tag_of(tensor_kind::tokens, 0, op.mb)
+                                  : tag_of(tensor_kind::activation, op.chunk, op.mb);
+      auto tgt_tag = tag_of(tensor_kind::targets, last, op.mb);
+      if (!need(in_tag)) return false;
+      if (op.chunk == last && !need(tgt_tag)) return false;
+      core::tensor input = on_device(take(in_tag));
+      core::tensor targets = op.chunk == last ? on_device(take(tgt_tag)) : core::tensor{};
+      core::tensor out = ch.forward(op.mb, input, targets, grad_scale_);
+      if (op.chunk == last) {
+        losses_.at(op.mb) = ch.loss_sum(op.mb);
+      } else {
+        deliver(tag_of(tensor_kind::activation, op.chunk + 1, op.mb), std::move(out));
+      }
+      return true;
+    }
+    case op_kind::B:
+    case op_kind::I: {
+      auto& ch = chunk_for(op.chunk);
+      core::tensor grad_out;
+      if (op.chunk != last) {
+        auto g_tag = tag_of(tensor_kind::gradient, op.chunk, op.mb);
+        if (!need(g_tag)) return false;
+        grad_out = on_device(take(g_tag));
+      }
+      core::tensor dinput = op.kind == op_kind::B ? ch.backward(op.mb, grad_out)
+                                                  : ch.backward_input(op.mb, grad_out);
+      if (op.chunk != 0)
+        deliver(tag_of(tensor_kind::gradient, op.chunk - 1, op.mb), std::move(dinput));
+      if (op.chunk == last && op.mb == layout_.microbatches - 1) losses_ready_ = !losses_sent_;
+      return true;
+    }
+    case op_kind::W:
+      chunk_for(op.chunk).backward_weight(op.mb);
+      return true;
+    case op_kind::SEND_F: {
+      auto tg = tag_of(tensor_kind::activation, op.chunk + 1, op.mb);
+      emit(address{role::stage, dp_, op.peer}, tg, take(tg));
+      return true;
+    }
+    case op_kind::RECV_F:
+      return need(tag_of(tensor_kind::activation, op.chunk, op.mb));
+    case op_kind::SEND_B: {
+      auto tg = tag_of(tensor_kind::gradient, op.chunk - 1, op.mb);
+      emit(address{role::stage, dp_, op.peer}, tg, take(tg));
+      return true;
+    }
+    case op_kind::RECV_B:
+      return need(tag_of(tensor_kind::gradient, op.chunk, op.mb));
+    case op_kind::REDUCE_GRAD:
+      return reduce_grad(op.chunk);
+    case op_kind::STEP:
+      return true;  // the step's end is finish_step(), run after the last instruction
+  }
+  return true;
+}
+
+void stage_engine::send_slices(int c) {
+  core::tensor g = chunk_for(c).flat_grads();
+  for (int k = 0; k < layout_.dp; ++k) {
+    auto [lo, hi] = layout_.shard_range(g.numel(), k);
+    emit(address{role::shard, pp_, k}, tag_of(tensor_kind::grad_slice, c, -1, k),
+         g.slice(lo, {hi - lo}));
+  }
+  reduce_state_[c] = 2;
+}
+
+bool stage_engine::reduce_grad(int c) {
+  int& state = reduce_state_[c];
+  if (state == 2) return true;
+  const int last = layout_.chunks() - 1;
+  const bool tied = cfg_.model.tie_embeddings && (c == 0 || c == last) && last > 0;
+  if (!tied) {
+    send_slices(c);
+    return true;
+  }
+  const int partner = c == 0 ? last : 0;
+  if (layout_.rank_of_chunk(partner) == pp_) {
+    // Both uses live on this rank: sum once both gradients are complete, i.e. when the second of
+    // the two is reduced (or at the end of the step).
+    if (reduce_state_[partner] == 0 && !finishing_) {
+      state = 1;
+      return true;
+    }
+    core::tensor g_wte = chunk_for(0).grad(embedding_name(cfg_.model));
+    core::tensor g_head = chunk_for(last).grad("lm_head.weight");
+    model::tie_gradients(be_, g_wte, g_head);
+    send_slices(c);
+    if (reduce_state_[partner] != 2) send_slices(partner);
+    return true;
+  }
+  // The partner is on another rank: swap copies, then each adds the other's (a + b == b + a).
+  core::tensor mine = chunk_for(c).grad(c == 0 ? embedding_name(cfg_.model) : "lm_head.weight");
+  if (state == 0) {
+    emit(address{role::stage, dp_, layout_.rank_of_chunk(partner)},
+         tag_of(tensor_kind::tied_grad, c, -1), be_.to_host(mine).clone());
+    state = 1;
+  }
+  auto tg = tag_of(tensor_kind::tied_grad, partner, -1);
+  if (!has(tg)) {
+    waiting_for_ = "the tied embedding gradient of chunk " + std::to_string(partner);
+    return false;
+  }
+  be_.accumulate(be_.from_host(take(tg)), mine);
+  send_slices(c);
+  return true;
+}
+
+bool stage_engine::finish_step() {
+  finishing_ = true;
+  for (int i = 0; i < layout_.v; ++i) {
+    int c = pp_ + i * layout_.pp;
+    if (reduce_state_[c] != 2 && !reduce_grad(c)) return false;
+  }
+  auto t0 = clock::now();
+  for (int i = 0; i < layout_.v; ++i) {
+    int c = pp_ + i * layout_.pp;
+    for (int k = 0; k < layout_.dp; ++k) {
+      if (!layout_.shard_updates(k, dp_)) continue;
+      if (!has(tag_of(tensor_kind::param_slice, c, -1, k))) {
+        if (!blocked_since_) blocked_since_ = t0;
+        waiting_for_ = "updated parameters of chunk " + std::to_string(c) + " from shard " +
+                       std::to_string(k);
+        return false;
+      }
+      if (layout_.returns_reduced_grads() && !has(tag_of(tensor_kind::reduced_grad, c, -1, k))) {
+        if (!blocked_since_) blocked_since_ = t0;
+        waiting_for_ = "reduced gradients of chunk " + std::to_string(c) + " from shard " +
+                       std::to_string(k);
+        return false;
+      }
+    }
+  }
+  if (blocked_since_) {
+    record("wait optimizer", 2, *blocked_since_, t0);
+    blocked_since_.reset();
+  }
+  waiting_for_.clear();
+  for (int i = 0; i < layout_.v; ++i) {
+    int c = pp_ + i * layout_.pp;
+    auto& ch = chunk_for(c);
+    for (int k = 0; k < layout_.dp; ++k) {
+      if (!layout_.shard_updates(k, dp_)) continue;
+      auto [lo, hi] = layout_.shard_range(ch.flat_params().numel(), k);
+      core::tensor dst = ch.flat_params().slice(lo, {hi - lo});
+      if (hi > lo) be_.copy(take(tag_of(tensor_kind::param_slice, c, -1, k)), dst);
+      else take(tag_of(tensor_kind::param_slice, c, -1, k));
+      if (layout_.returns_reduced_grads()) {
+        core::tensor gdst = ch.flat_grads().slice(lo, {hi - lo});
+        core::tensor src = take(tag_of(tensor_kind::reduced_grad, c, -1, k));
+        if (hi > lo) be_.copy(src, gdst);
+      }
+    }
+    ch.params_updated();
+  }
+  record("STEP", 1, t0, clock::now());
+  return true;
+}
+
+}  // namespace troupe::actors

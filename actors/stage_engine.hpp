@@ -1,0 +1,121 @@
+// The behaviour of a stage actor as a plain class (house rule 4): it owns the model chunks of one
+// (replica, pipeline rank), executes that rank's instruction list for a step, and keeps every
+// tensor that arrives early in a stash keyed by its tag until an instruction takes it. It never
+// blocks: `run` executes instructions until one needs a tensor that is not there yet and returns;
+// the host (the CAF actor, or a test driver) delivers tensors and calls `run` again.
+//
+// Outgoing tensors are queued as `outgoing` records; the host moves them over the transport and
+// tells the receiver. Nothing here knows CAF.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/layout.hpp"
+#include "actors/wire.hpp"
+#include "core/config.hpp"
+#include "kernels/backend.hpp"
+#include "model/chunk.hpp"
+#include "schedules/schedule.hpp"
+#include "transport/transport.hpp"
+
+namespace troupe::actors {
+
+/// A tensor for another actor.
+struct outgoing {
+  address to;
+  transport::tag tag;
+  core::tensor t;
+};
+
+/// Timings of one step of one stage.
+struct stage_timing {
+  double busy_s = 0;
+  double comm_s = 0;
+  double wait_s = 0;
+  std::vector<trace_event> events;
+};
+
+class stage_engine {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// REQUIRES: program is this rank's lowered instruction list; chunks are the chunks of pipeline
+  /// rank `pp` in forward order (global ids pp, pp + P, ...), initialised identically on every
+  /// replica.
+  stage_engine(const core::config& cfg, job_layout layout, int dp, int pp,
+               std::vector<schedules::instruction> program, kernels::backend& be,
+               std::vector<model::chunk> chunks, clock::time_point epoch);
+
+  /// Starts step `step`: resets the program counter and timings.
+  void begin_step(std::int64_t step);
+  /// Stashes a tensor that arrived for this stage.
+  void deliver(const transport::tag& tg, core::tensor t);
+  /// Executes instructions until one must wait or the step is done. Returns true when done.
+  /// Throws core::failure (with the instruction) when an instruction fails.
+  bool run();
+  /// Moves the queued outgoing tensors out.
+  std::vector<outgoing> take_outgoing();
+
+  /// Per-micro-batch loss sums of the last chunk this step (empty on other ranks).
+  const std::vector<double>& losses() const { return losses_; }
+  /// True once the last compute/transfer instruction ran and losses are final (before STEP).
+  bool losses_ready() const { return losses_ready_; }
+  /// Clears the losses-ready flag once the host reported them.
+  void losses_reported() { losses_ready_ = false; losses_sent_ = true; }
+  const stage_timing& timing() const { return timing_; }
+  std::int64_t step() const { return step_; }
+  /// Text of the instruction being executed or waited on ("" when none).
+  std::string current_instruction() const;
+  /// What the stage waits for, for hang reports ("" when not waiting).
+  std::string waiting_for() const;
+  std::uint64_t peak_activation_bytes() const;
+  std::vector<model::chunk>& chunks() { return chunks_; }
+  int dp() const { return dp_; }
+  int pp() const { return pp_; }
+
+ private:
+  bool execute(const schedules::instruction& op);
+  bool reduce_grad(int chunk);
+  void send_slices(int chunk);
+  bool finish_step();
+  model::chunk& chunk_for(int global_chunk);
+  bool has(const transport::tag& tg) const { return stash_.count(tg) > 0; }
+  core::tensor take(const transport::tag& tg);
+  core::tensor on_device(core::tensor t);
+  transport::tag tag_of(tensor_kind k, int chunk, int mb, int part = 0) const;
+  void emit(address to, transport::tag tg, core::tensor t);
+  void record(const std::string& name, std::uint8_t cat, clock::time_point start, clock::time_point end);
+  void maybe_inject_fault(const schedules::instruction& op) const;
+
+  const core::config& cfg_;
+  job_layout layout_;
+  int dp_, pp_;
+  std::vector<schedules::instruction> program_;
+  kernels::backend& be_;
+  std::vector<model::chunk> chunks_;
+  clock::time_point epoch_;
+  float grad_scale_ = 0;  // d loss / d token loss = 1 / tokens per step (global)
+
+  std::int64_t step_ = -1;
+  std::size_t pc_ = 0;
+  std::map<transport::tag, core::tensor> stash_;
+  std::vector<outgoing> out_;
+  std::vector<double> losses_;
+  bool losses_ready_ = false;
+  bool losses_sent_ = false;
+  std::optional<clock::time_point> blocked_since_;
+  std::string waiting_for_;
+  stage_timing timing_;
+  // REDUCE_GRAD progress per chunk: 0 = not started, 1 = tied grad sent, 2 = slices sent.
+  std::map<int, int> reduce_state_;
+  bool finishing_ = false;  // past the last instruction: deferred reductions run now
+};
+
+}  // namespace troupe::actors
