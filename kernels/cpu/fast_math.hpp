@@ -1,4 +1,4 @@
-// Vectorisable exp, tanh and sigmoid for the CPU ops, and fixed-order sums.
+// Vectorisable exp and sigmoid for the CPU ops, and fixed-order sums.
 //
 // std::exp cannot be vectorised by the compiler and costs ~10 ns a call; cross-entropy over the
 // GPT-2 vocabulary evaluates 50 M exponentials per micro-batch, GELU a few million. fast_exp is
@@ -45,9 +45,6 @@ inline float fast_exp(float x) {
   y = x < lo ? 0.0f : y;
   return x != x ? x : y;
 }
-
-/// tanh(x) = 1 - 2 / (e^{2x} + 1); absolute error < 4e-7.
-inline float fast_tanh(float x) { return 1.0f - 2.0f / (fast_exp(2.0f * x) + 1.0f); }
 
 /// 1 / (1 + e^{-x}).
 inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }

@@ -1,6 +1,11 @@
 // GELU, tanh approximation (GPT-2): y = 0.5 x (1 + tanh(u)), u = sqrt(2/π) (x + 0.044715 x³).
-//   dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh² u) sqrt(2/π) (1 + 3·0.044715 x²)
-// tanh goes through fast_tanh so the loops vectorise (fast_math.hpp).
+//
+// Evaluated through the identity 0.5 (1 + tanh u) = s = 1 / (1 + e), e = exp(-2u), because
+// 1 + tanh u cancels for negative x (with a float tanh, about three digits of it survive at x = -4,
+// none at x = -5); s and 1 - s = e·s keep full relative precision everywhere:
+//   y = x s,   dy/dx = s + 2 x s (e s) u',   u' = sqrt(2/π) (1 + 3·0.044715 x²)
+// The exponent is capped at 80 so that e·s stays finite for very negative x (where y is below
+// 1e-33 anyway). fast_exp keeps the loops vectorised (fast_math.hpp).
 #include "kernels/cpu/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
@@ -12,6 +17,14 @@ namespace {
 constexpr float sqrt_2_over_pi = 0.7978845608028654f;
 constexpr float gelu_k = 0.044715f;
 constexpr std::int64_t grain = 1 << 15;
+constexpr float max_exponent = 80.0f;
+
+// exp(-2u) for GELU's u at x.
+inline float gelu_e(float x) {
+  const float u = sqrt_2_over_pi * (x + gelu_k * x * x * x);
+  const float a = -2.0f * u;
+  return fast_exp(a < max_exponent ? a : max_exponent);
+}
 
 }  // namespace
 
@@ -25,8 +38,7 @@ void cpu_backend::gelu_forward(const tensor& x, tensor& y) {
   parallel_for(x.numel(), grain, [&](std::int64_t i0, std::int64_t i1) {
     for (std::int64_t i = i0; i < i1; ++i) {
       const float v = xp[i];
-      const float u = sqrt_2_over_pi * (v + gelu_k * v * v * v);
-      yp[i] = 0.5f * v * (1.0f + fast_tanh(u));
+      yp[i] = v / (1.0f + gelu_e(v));
     }
   });
 }
@@ -44,11 +56,10 @@ void cpu_backend::gelu_backward(const tensor& dy, const tensor& x, tensor& dx) {
   parallel_for(x.numel(), grain, [&](std::int64_t i0, std::int64_t i1) {
     for (std::int64_t i = i0; i < i1; ++i) {
       const float v = xp[i];
-      const float u = sqrt_2_over_pi * (v + gelu_k * v * v * v);
-      const float t = fast_tanh(u);
+      const float e = gelu_e(v);
+      const float s = 1.0f / (1.0f + e);
       const float du = sqrt_2_over_pi * (1.0f + 3.0f * gelu_k * v * v);
-      const float grad = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
-      dxp[i] += dyp[i] * grad;
+      dxp[i] += dyp[i] * (s + 2.0f * v * (e * s) * s * du);
     }
   });
 }

@@ -1,0 +1,102 @@
+// adamw on the CPU backend.
+#include <cmath>
+
+#include "tests/kernels/cpu_test_util.hpp"
+
+namespace troupe::kernels::cpu_test {
+
+TEST_CASE("adamw follows the decoupled-weight-decay update over several steps") {
+  auto be = make_backend("cpu");
+  const int n = 300;
+  tensor p = randn({n}, 1), m = be->empty({n}, dtype::f32), v = be->empty({n}, dtype::f32);
+  vec pr = to_vec(p), mr(n, 0.0), vr(n, 0.0);
+  adamw_params hp;
+  hp.lr = 1e-2f;
+  hp.beta1 = 0.9f;
+  hp.beta2 = 0.95f;
+  hp.eps = 1e-8f;
+  hp.weight_decay = 0.1f;
+  hp.grad_scale = 0.5f;
+  tensor none;
+  for (int step = 1; step <= 4; ++step) {
+    hp.step = step;
+    tensor g = randn({n}, 10 + step);
+    be->adamw(p, g, m, v, hp, none);
+    const vec gv = to_vec(g);
+    for (int i = 0; i < n; ++i) {
+      const double gi = gv[i] * hp.grad_scale;
+      mr[i] = hp.beta1 * mr[i] + (1 - hp.beta1) * gi;
+      vr[i] = hp.beta2 * vr[i] + (1 - hp.beta2) * gi * gi;
+      const double mhat = mr[i] / (1 - std::pow(hp.beta1, step));
+      const double vhat = vr[i] / (1 - std::pow(hp.beta2, step));
+      pr[i] -= hp.lr * (mhat / (std::sqrt(vhat) + hp.eps) + hp.weight_decay * pr[i]);
+    }
+  }
+  check_close(p, pr, 1e-5, 1e-6, "param");
+  check_close(m, mr, 1e-5, 1e-7, "m");
+  check_close(v, vr, 1e-5, 1e-9, "v");
+}
+
+TEST_CASE("adamw with zero gradient only decays the weights") {
+  auto be = make_backend("cpu");
+  tensor p = randn({10}, 2), g = be->empty({10}, dtype::f32), m = be->empty({10}, dtype::f32), v = be->empty({10}, dtype::f32);
+  const vec p0 = to_vec(p);
+  adamw_params hp;
+  hp.lr = 0.1f;
+  hp.weight_decay = 0.5f;
+  tensor none;
+  be->adamw(p, g, m, v, hp, none);
+  vec want = p0;
+  for (auto& x : want) x *= 1 - 0.1 * 0.5;
+  check_close(p, want, 1e-6, 0, "param");
+}
+
+TEST_CASE("adamw writes the updated params rounded to bf16 and fp16 into low") {
+  auto be = make_backend("cpu");
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    tensor p = randn({100}, 3), g = randn({100}, 4), m = be->empty({100}, dtype::f32), v = be->empty({100}, dtype::f32);
+    tensor low = be->empty({100}, t);
+    adamw_params hp;
+    hp.lr = 1e-3f;
+    be->adamw(p, g, m, v, hp, low);
+    for (int i = 0; i < 100; ++i) {
+      const float want = t == dtype::bf16 ? core::bf16_to_f32(core::f32_to_bf16(p.data<float>()[i]))
+                                          : core::f16_to_f32(core::f32_to_f16(p.data<float>()[i]));
+      const std::uint16_t bits = low.data<std::uint16_t>()[i];
+      CHECK((t == dtype::bf16 ? core::bf16_to_f32(bits) : core::f16_to_f32(bits)) == want);
+    }
+  }
+}
+
+TEST_CASE("adamw gives the same bits with 1 or 2 threads") {
+  auto be = make_backend("cpu");
+  const int n = 1 << 18;
+  tensor g = randn({n}, 5);
+  auto run = [&] {
+    tensor p = randn({n}, 6), m = randn({n}, 7, 0.01f), v = be->empty({n}, dtype::f32), none;
+    adamw_params hp;
+    hp.lr = 3e-3f;
+    hp.weight_decay = 0.1f;
+    hp.step = 3;
+    be->adamw(p, g, m, v, hp, none);
+    return std::vector<tensor>{p, m, v};
+  };
+  std::vector<tensor> one, two;
+  with_threads(1, [&] { one = run(); });
+  with_threads(2, [&] { two = run(); });
+  for (std::size_t i = 0; i < one.size(); ++i) CHECK(same_bits(one[i], two[i]));
+}
+
+TEST_CASE("adamw rejects mismatched sizes and step 0") {
+  auto be = make_backend("cpu");
+  tensor p = randn({8}, 1), g = randn({7}, 2), m = be->empty({8}, dtype::f32), v = be->empty({8}, dtype::f32), none;
+  adamw_params hp;
+  const std::string msg = failure_message([&] { be->adamw(p, g, m, v, hp, none); });
+  CHECK(msg.find("adamw: grad must have 8 elements") != std::string::npos);
+  CHECK(msg.find("grad fp32 [7]") != std::string::npos);
+  tensor g8 = randn({8}, 3);
+  hp.step = 0;
+  CHECK(failure_message([&] { be->adamw(p, g8, m, v, hp, none); }).find("step must be >= 1") != std::string::npos);
+}
+
+}  // namespace troupe::kernels::cpu_test
