@@ -219,8 +219,15 @@ bool stage_engine::reduce_grad(int c) {
   int& state = reduce_state_[c];
   if (state == 2) return true;
   const int last = layout_.chunks() - 1;
-  const bool tied = cfg_.model.tie_embeddings && (c == 0 || c == last) && last > 0;
+  const bool tied = cfg_.model.tie_embeddings && (c == 0 || c == last);
   if (!tied) {
+    send_slices(c);
+    return true;
+  }
+  const std::string emb = embedding_name(cfg_.model);
+  if (last == 0) {  // one chunk holds both uses
+    core::tensor g_wte = chunk_for(0).grad(emb), g_head = chunk_for(0).grad("lm_head.weight");
+    model::tie_gradients(be_, g_wte, g_head);
     send_slices(c);
     return true;
   }
@@ -232,20 +239,22 @@ bool stage_engine::reduce_grad(int c) {
       state = 1;
       return true;
     }
-    core::tensor g_wte = chunk_for(0).grad(embedding_name(cfg_.model));
-    core::tensor g_head = chunk_for(last).grad("lm_head.weight");
+    core::tensor g_wte = chunk_for(0).grad(emb), g_head = chunk_for(last).grad("lm_head.weight");
     model::tie_gradients(be_, g_wte, g_head);
     send_slices(c);
     if (reduce_state_[partner] != 2) send_slices(partner);
     return true;
   }
-  // The partner is on another rank: swap copies, then each adds the other's (a + b == b + a).
-  core::tensor mine = chunk_for(c).grad(c == 0 ? embedding_name(cfg_.model) : "lm_head.weight");
+  // The partner is on another rank: send a copy now, add the partner's copy when it has come
+  // (a + b == b + a, so both ranks get the same bits). Never wait inside the instruction list:
+  // the partner may need this rank's later instructions before it reaches its own REDUCE_GRAD.
+  core::tensor mine = chunk_for(c).grad(c == 0 ? emb : "lm_head.weight");
   if (state == 0) {
     emit(address{role::stage, dp_, layout_.rank_of_chunk(partner)},
          tag_of(tensor_kind::tied_grad, c, -1), be_.to_host(mine).clone());
     state = 1;
   }
+  if (!finishing_) return true;
   auto tg = tag_of(tensor_kind::tied_grad, partner, -1);
   if (!has(tg)) {
     waiting_for_ = "the tied embedding gradient of chunk " + std::to_string(partner);
@@ -258,11 +267,14 @@ bool stage_engine::reduce_grad(int c) {
 
 bool stage_engine::finish_step() {
   finishing_ = true;
+  auto t0 = clock::now();
   for (int i = 0; i < layout_.v; ++i) {
     int c = pp_ + i * layout_.pp;
-    if (reduce_state_[c] != 2 && !reduce_grad(c)) return false;
+    if (reduce_state_[c] != 2 && !reduce_grad(c)) {
+      if (!blocked_since_) blocked_since_ = t0;
+      return false;
+    }
   }
-  auto t0 = clock::now();
   for (int i = 0; i < layout_.v; ++i) {
     int c = pp_ + i * layout_.pp;
     for (int k = 0; k < layout_.dp; ++k) {

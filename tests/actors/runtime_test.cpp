@@ -1,0 +1,183 @@
+// The actor runtime's determinism promises (DESIGN.md), each as a bit-for-bit comparison of the
+// per-step losses and of every saved tensor (parameters and AdamW moments, by name).
+#include "actors/runtime.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model/checkpoint.hpp"
+#include "tests/model/trainer_fixture.hpp"
+
+namespace {
+
+using namespace troupe;
+namespace ck = troupe::model::checkpoint;
+using model::testing::scratch_dir;
+using model::testing::tiny_run;
+
+struct outcome {
+  std::vector<double> losses;
+  std::map<std::string, std::uint64_t> hashes;  // tensor name -> xxh64 of the final checkpoint
+  std::optional<double> val;
+  std::string checkpoint;
+};
+
+outcome collect(const core::result<model::train_summary>& r) {
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
+  outcome o;
+  o.losses = r.value().losses;
+  o.val = r.value().final_val_loss;
+  o.checkpoint = r.value().checkpoint;
+  auto rd = ck::reader::open(r.value().checkpoint);
+  REQUIRE_MESSAGE(rd.ok(), (rd.ok() ? "" : rd.err().to_string()));
+  for (const auto& [name, rec] : rd->info().tensors) o.hashes[name] = rec.xxh64;
+  return o;
+}
+
+outcome actors_run(core::config cfg, actors::run_options opt = {}) {
+  opt.log = nullptr;
+  return collect(actors::run_actor_job(cfg, opt));
+}
+
+outcome oracle_run(core::config cfg) {
+  model::train_options opt;
+  opt.log = nullptr;
+  return collect(model::train_single_rank(cfg, opt));
+}
+
+void check_identical(const outcome& a, const outcome& b) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (std::size_t i = 0; i < a.losses.size(); ++i) {
+    INFO("step ", i, ": ", a.losses[i], " vs ", b.losses[i]);
+    CHECK(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)) == 0);
+  }
+  REQUIRE(a.hashes.size() == b.hashes.size());
+  for (const auto& [name, h] : a.hashes) {
+    INFO("tensor ", name);
+    REQUIRE(b.hashes.count(name));
+    CHECK(h == b.hashes.at(name));
+  }
+  REQUIRE(a.val.has_value() == b.val.has_value());
+  if (a.val) CHECK(std::memcmp(&*a.val, &*b.val, sizeof(double)) == 0);
+}
+
+core::config pipeline_config(const scratch_dir& tmp, int pp, int dp = 1) {
+  auto cfg = tiny_run(tmp);
+  cfg.model.num_layers = 4;
+  cfg.parallel.pipeline_stage = pp;
+  cfg.parallel.data_parallel = dp;
+  cfg.parallel.micro_batch_num = 4;
+  cfg.train.steps = 4;
+  cfg.train.eval_interval = 0;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("the same config twice gives bit-identical losses and weights") {
+  scratch_dir tmp("rt_twice");
+  auto cfg = pipeline_config(tmp, 2, 2);
+  check_identical(actors_run(cfg), actors_run(cfg));
+}
+
+TEST_CASE("pipeline_stage 1, 2 and 4 are bit-identical to the single-rank loop") {
+  scratch_dir tmp("rt_split");
+  auto oracle = oracle_run(pipeline_config(tmp, 1));
+  for (int pp : {1, 2, 4}) {
+    INFO("pipeline_stage ", pp);
+    check_identical(actors_run(pipeline_config(tmp, pp)), oracle);
+  }
+}
+
+TEST_CASE("gpipe, 1f1b, interleaved_1f1b and zb_h1 are bit-identical") {
+  scratch_dir tmp("rt_sched");
+  auto base = pipeline_config(tmp, 2);
+  base.schedule.name = "1f1b";
+  auto ref = actors_run(base);
+  for (std::string name : {"gpipe", "interleaved_1f1b", "zb_h1"}) {
+    INFO("schedule ", name);
+    auto cfg = base;
+    cfg.schedule.name = name;
+    if (name == "interleaved_1f1b") cfg.parallel.virtual_pipeline = 2;
+    check_identical(actors_run(cfg), ref);
+  }
+}
+
+TEST_CASE("recompute none, full and selective are bit-identical") {
+  scratch_dir tmp("rt_recompute");
+  auto base = pipeline_config(tmp, 2);
+  auto ref = actors_run(base);
+  for (auto mode : {core::recompute_mode::full, core::recompute_mode::selective}) {
+    auto cfg = base;
+    cfg.recompute.mode = mode;
+    check_identical(actors_run(cfg), ref);
+  }
+}
+
+TEST_CASE("zero_stage 0, 1 and 2 are bit-identical") {
+  scratch_dir tmp("rt_zero");
+  auto base = pipeline_config(tmp, 2, 2);
+  auto ref = actors_run(base);
+  for (int z : {1, 2}) {
+    INFO("zero_stage ", z);
+    auto cfg = base;
+    cfg.optimizer.zero_stage = z;
+    check_identical(actors_run(cfg), ref);
+  }
+}
+
+TEST_CASE("training 2k steps equals training k, resuming and training k more") {
+  scratch_dir tmp("rt_resume");
+  auto cfg = pipeline_config(tmp, 2, 2);
+  cfg.optimizer.zero_stage = 1;
+  auto whole = actors_run(cfg);
+  auto cfg2 = cfg;
+  cfg2.runtime.run_dir = tmp / "run2";
+  cfg2.checkpoint.dir = tmp / "run2/checkpoints";
+  actors::run_options first;
+  first.max_steps = 2;
+  auto half = actors_run(cfg2, first);
+  REQUIRE(half.losses.size() == 2);
+  actors::run_options second;
+  second.resume = cfg2.runtime.run_dir;
+  auto rest = actors_run(cfg2, second);
+  half.losses.insert(half.losses.end(), rest.losses.begin(), rest.losses.end());
+  rest.losses = half.losses;
+  check_identical(rest, whole);
+}
+
+TEST_CASE("data_parallel 1, 2 and 4 at the same global batch agree within 1e-5") {
+  scratch_dir tmp("rt_dp");
+  auto cfg1 = pipeline_config(tmp, 2, 1);
+  cfg1.parallel.micro_batch_num = 4;
+  auto ref = actors_run(cfg1);
+  for (int dp : {2, 4}) {
+    auto cfg = pipeline_config(tmp, 2, dp);
+    cfg.parallel.micro_batch_num = 4 / dp;
+    if (cfg.parallel.micro_batch_num < 2) cfg.schedule.name = "gpipe";
+    auto o = actors_run(cfg);
+    REQUIRE(o.losses.size() == ref.losses.size());
+    for (std::size_t i = 0; i < o.losses.size(); ++i) {
+      INFO("dp ", dp, " step ", i);
+      CHECK(std::fabs(o.losses[i] - ref.losses[i]) <= 1e-5 * std::fabs(ref.losses[i]));
+    }
+  }
+}
+
+TEST_CASE("a failing stage stops the job naming the actor, rank, step and instruction") {
+  scratch_dir tmp("rt_fault");
+  auto cfg = pipeline_config(tmp, 2, 2);
+  cfg.runtime.fault_inject = "3:1:1B2";  // worker 3 = replica 1, pipeline rank 1
+  actors::run_options opt;
+  opt.log = nullptr;
+  auto r = actors::run_actor_job(cfg, opt);
+  REQUIRE_FALSE(r.ok());
+  std::string m = r.err().to_string();
+  CHECK(m.find("stage(dp=1, pp=1)") != std::string::npos);
+  CHECK(m.find("rank 3") != std::string::npos);
+  CHECK(m.find("step 1") != std::string::npos);
+  CHECK(m.find("1B2") != std::string::npos);
+  CHECK(m.find("injected fault") != std::string::npos);
+}
