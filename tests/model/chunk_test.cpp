@@ -19,7 +19,7 @@ using namespace model::testing;
 
 const arch_kind both_archs[] = {arch_kind::gpt2, arch_kind::llama};
 
-const char* arch_name(arch_kind a) { return a == arch_kind::gpt2 ? "gpt2" : "llama"; }
+std::string arch_name(arch_kind a) { return a == arch_kind::gpt2 ? "gpt2" : "llama"; }
 
 /// A model of `layers` layers split into `parts` chunks, initialised from `seed`.
 std::vector<chunk> model_of(const core::model_config& cfg, kernels::backend& be, int parts,
@@ -124,8 +124,11 @@ TEST_CASE("init gives each parameter the same values in any split, by the GPT-2 
       auto split = model_of(cfg, *be, parts, 7);
       CHECK(differing(ref, by_name(split, *be, false)).empty());
     }
+    // Another seed changes every random tensor (all matrices; norms and biases are constant).
     auto other_seed = model_of(cfg, *be, 1, 8);
-    CHECK(differing(ref, by_name(other_seed, *be, false)).size() > ref.size() / 2);
+    std::size_t matrices = 0;
+    for (const auto& p : other_seed[0].params()) matrices += p.shape.size() == 2;
+    CHECK(differing(ref, by_name(other_seed, *be, false)).size() == matrices);
 
     auto stats = [&](const std::string& name) {
       const auto& v = ref.at(name);
