@@ -45,7 +45,7 @@ TEST_CASE("metrics lines are JSON whose floats read back to the same bits") {
     m.elapsed_s = any_float();
     if (i % 2) m.val_loss = any_float();
     const std::string line = troupe::model::to_json_line(m);
-    REQUIRE_NOTHROW((void)nlohmann::json::parse(line));
+    CHECK(nlohmann::json::accept(line));
     auto back = troupe::model::parse_json_line(line);
     REQUIRE(back.ok());
     CHECK(back->step == i);

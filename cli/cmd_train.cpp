@@ -1,0 +1,84 @@
+// `troupe train CONFIG [--set key=value]... [--resume RUN_DIR|CKPT_DIR] [--steps N]`: trains on
+// one rank with the plain loop of model/trainer.hpp. With --resume and no CONFIG, the config saved
+// in the checkpoint is used (with --set applied on top).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/command.hpp"
+#include "core/config.hpp"
+#include "model/checkpoint.hpp"
+#include "model/trainer.hpp"
+
+namespace troupe::cli {
+namespace {
+
+struct train_args {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string resume;
+  int steps = -1;
+};
+
+core::result<core::config> resolve_config(const train_args& a) {
+  if (!a.config.empty()) return core::load_config(a.config, a.sets);
+  auto dir = model::checkpoint::resolve(a.resume);
+  if (!dir) return dir.err();
+  auto ck = model::checkpoint::reader::open(dir.value());
+  if (!ck) return ck.err();
+  return core::parse_config(ck->info().config_toml, dir.value() + "/manifest.json", a.sets);
+}
+
+int run_train(const train_args& a) {
+  if (a.config.empty() && a.resume.empty()) {
+    print_error(core::error::make("train needs a CONFIG file",
+                                  "troupe train configs/tiny.toml, or --resume RUN_DIR to continue "
+                                  "with the config saved in its checkpoint")
+                    .to_string());
+    return 2;
+  }
+  auto cfg = resolve_config(a);
+  if (!cfg) {
+    print_error(cfg.err().to_string());
+    return 1;
+  }
+  if (auto st = core::check_files(cfg.value()); !st) {
+    print_error(st.err().to_string());
+    return 1;
+  }
+  model::train_options opt;
+  opt.resume = a.resume;
+  opt.max_steps = a.steps;
+  auto summary = model::train_single_rank(cfg.value(), opt);
+  if (!summary) {
+    print_error(summary.err().to_string());
+    return 1;
+  }
+  const auto& s = summary.value();
+  if (s.end_step > s.first_step) {
+    std::printf("done: %d steps in %.1f s", s.end_step - s.first_step, s.seconds);
+    if (!s.losses.empty()) std::printf(", final loss %.4f", s.losses.back());
+    if (s.final_val_loss) std::printf(", val loss %.4f", *s.final_val_loss);
+    std::printf("\n  metrics: %s/metrics.jsonl\n", cfg->runtime.run_dir.c_str());
+  }
+  return 0;
+}
+
+const command_registrar reg{command{
+    "train", "Train a model from a TOML config (one rank for now)", [](CLI::App& app) {
+      auto a = std::make_shared<train_args>();
+      app.add_option("config", a->config, "run configuration (TOML); optional with --resume");
+      app.add_option("--set", a->sets,
+                     "override a config key, e.g. --set train.steps=50 (repeatable)")
+          ->allow_extra_args(false);
+      app.add_option("--resume", a->resume,
+                     "continue from a run directory or checkpoint directory, bit for bit");
+      app.add_option("--steps", a->steps,
+                     "stop after N steps in this invocation (the learning-rate schedule still "
+                     "spans train.steps)")
+          ->check(CLI::NonNegativeNumber);
+      return [a] { return run_train(*a); };
+    }}};
+
+}  // namespace
+}  // namespace troupe::cli

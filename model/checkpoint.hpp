@@ -1,0 +1,124 @@
+// Checkpoints: a directory per saved step (e.g. <root>/step_000300/) holding safetensors shard
+// files and a manifest.json, plus a `latest` file in <root> naming the newest one.
+//
+//   manifest.json  {"format": "troupe-checkpoint", "version": 1,
+//                   "step": 300,                        // optimizer steps completed
+//                   "data_position": {"next_step": 300}, // the loader cut to continue from
+//                   "seed": 1234,
+//                   "config": "<resolved TOML>",
+//                   "files":   [{"path", "kind": "model"|"optimizer", "bytes", "xxh64"}, ...],
+//                   "tensors": {"<name>": {"file", "dtype", "shape", "xxh64"}, ...}}
+//
+// Parameters are stored by their Hugging Face names (model files), AdamW moments as
+// "<name>.exp_avg" / "<name>.exp_avg_sq" (optimizer files). The tied LM-head copy of GPT-2 is not
+// stored (Hugging Face GPT-2 ties it too); loading copies the embedding into it. Because loading
+// goes by name through the manifest, a checkpoint written as one file per pipeline stage loads
+// into any other split, and vice versa: `files` may list any number of shards of each kind.
+//
+// Crash safety: everything is written into a hidden temporary directory, every file fsynced, the
+// directory renamed into place and the parent fsynced; `latest` is replaced the same way. Loading
+// verifies every file's and tensor's xxhash64, so a truncated or tampered checkpoint is refused
+// with a message naming the file and the tensor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+#include "kernels/backend.hpp"
+#include "model/chunk.hpp"
+#include "model/optimizer.hpp"
+#include "model/safetensors.hpp"
+
+namespace troupe::model::checkpoint {
+
+inline constexpr int format_version = 1;
+
+/// One file to write: its name inside the checkpoint directory, its kind ("model" or
+/// "optimizer") and its tensors (host tensors).
+struct shard_spec {
+  std::string file;
+  std::string kind;
+  std::vector<safetensors::named_tensor> tensors;
+};
+
+/// Everything a checkpoint records.
+struct save_request {
+  int step = 0;                 // optimizer steps completed; also the next step to run
+  std::uint64_t seed = 0;
+  std::string config_toml;      // core::to_toml of the run's config
+  std::vector<shard_spec> shards;
+};
+
+/// "step_000300".
+std::string dir_name(int step);
+
+/// Writes <root>/step_NNNNNN atomically (replacing an older one of the same step), updates
+/// <root>/latest, then deletes the oldest step directories beyond `keep` (0 = keep all).
+/// Returns the checkpoint directory.
+core::result<std::string> save(const std::string& root, const save_request& req, int keep = 0);
+
+struct file_record {
+  std::string path;  // relative to the checkpoint directory
+  std::string kind;
+  std::uint64_t bytes = 0;
+  std::uint64_t xxh64 = 0;
+};
+
+struct tensor_record {
+  std::string file;
+  std::string dtype;
+  core::shape_t shape;
+  std::uint64_t xxh64 = 0;
+};
+
+struct manifest {
+  int version = 0;
+  int step = 0;
+  int next_step = 0;
+  std::uint64_t seed = 0;
+  std::string config_toml;
+  std::vector<file_record> files;
+  std::map<std::string, tensor_record> tensors;
+};
+
+/// The checkpoint directory `path` names: a checkpoint directory itself (it has manifest.json),
+/// a checkpoint root with a `latest` file, or a run directory whose checkpoints/ has one.
+core::result<std::string> resolve(const std::string& path);
+
+/// An opened, verified checkpoint.
+class reader {
+ public:
+  /// Reads the manifest, maps every file and checks sizes, headers and hashes against it.
+  static core::result<reader> open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const manifest& info() const { return manifest_; }
+  bool contains(const std::string& name) const { return manifest_.tensors.count(name) > 0; }
+  /// Host copy of tensor `name` (its hash was verified at open).
+  core::result<core::tensor> load(const std::string& name) const;
+
+ private:
+  std::string dir_;
+  manifest manifest_;
+  std::map<std::string, std::shared_ptr<safetensors::file>> files_;
+};
+
+/// Host views (CPU backend) or copies (device backends) of the chunk's stored parameters (tied
+/// copies left out) and, when `state` is given, of their AdamW moments.
+shard_spec model_shard(kernels::backend& be, chunk& c, std::string file = "model.safetensors");
+shard_spec optimizer_shard(kernels::backend& be, chunk& c, optimizer_state& state,
+                           std::string file = "optimizer.safetensors");
+
+/// Loads every parameter of `c` (and, when `state` is not null, its moments) by name from `ck`:
+/// shapes must match; a tied head copy takes the embedding (model::embedding_name). Calls
+/// c.params_updated().
+core::status restore(const reader& ck, kernels::backend& be, const core::model_config& cfg,
+                     chunk& c, optimizer_state* state);
+
+}  // namespace troupe::model::checkpoint

@@ -1,0 +1,118 @@
+// The plain single-rank training loop: the oracle the actor runtime reproduces bit for bit
+// (docs/training.md). One training step, with M = micro-batches of the global batch
+// (data_parallel × micro_batch_num × gradient_accumulation_steps; the loader's sequence numbering
+// makes data-parallel replica r's micro-batch mb the single rank's micro-batch r·M/dp + mb) and
+// tokens_per_step = M × micro_batch_size × seq_length:
+//
+//  1. zero all gradients.
+//  2. for mb = 0 .. M-1 in order: (tokens, targets) = loader.cut(step, 0, mb); forward through the
+//     chunks in order, the last with grad_scale = 1.0f / float(tokens_per_step);
+//     loss_total (double) += last.loss_sum(mb); backward through the chunks in reverse order.
+//  3. tied embeddings (GPT-2): g_wte += g_lm_head; g_lm_head = g_wte           (tie_gradients)
+//  4. norm = sqrt(Σ sumsq_blocks(grad) over every parameter in global order — chunk order, then
+//     parameter order — skipping the tied lm_head copy; fp64 blocks summed sequentially)
+//  5. clip = grad_clip > 0 && norm > grad_clip ? float(grad_clip / (norm + 1e-6)) : 1.0f
+//  6. lr = step < warmup ? lr·(step+1)/warmup
+//                        : min_lr + ½(lr − min_lr)(1 + cos(π·min(1, (step−warmup)/max(1, steps−warmup))))
+//     in double, passed to the kernel as float.
+//  7. AdamW on every parameter tensor (tied copy included), t = step + 1, grad_scale = clip,
+//     weight decay only where param_info.decay; then params_updated() on every chunk.
+//  8. reported loss = loss_total / tokens_per_step (mean token loss, double).
+//
+// Validation loss = Σ loss_sum over eval_cut(0 .. eval_batches-1) / (eval_batches × B × T), forward
+// only (grad_scale 0), each micro-batch released after use.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "kernels/backend.hpp"
+#include "model/checkpoint.hpp"
+#include "model/chunk.hpp"
+#include "model/loader.hpp"
+#include "model/optimizer.hpp"
+
+namespace troupe::model {
+
+/// What one training step computed.
+struct step_result {
+  double loss = 0;       // mean token loss (step 8)
+  double grad_norm = 0;  // before clipping (step 4)
+  float clip = 1;        // step 5
+  double lr = 0;         // step 6
+  std::int64_t tokens = 0;
+};
+
+/// The model, its optimizer state and its data on one rank.
+class trainer {
+ public:
+  /// Builds `chunks` chunks (1 in the single-rank loop; more only to check split invariance) on
+  /// `be` and initialises them from train.seed. Opens data.train, and data.val when set.
+  static core::result<std::unique_ptr<trainer>> create(const core::config& cfg,
+                                                       kernels::backend& be, int chunks = 1);
+
+  /// Steps 1–8 for 0-based `step`. A non-finite loss is an error naming the step and micro-batch
+  /// (the parameters are left untouched).
+  core::result<step_result> train_step(int step);
+  /// Mean token loss over eval_batches validation micro-batches. REQUIRES: has_validation().
+  double validation_loss();
+  bool has_validation() const { return val_.has_value(); }
+
+  /// The checkpoint of the current state after `steps_done` steps (views of live tensors on the
+  /// CPU: write it before the next step).
+  checkpoint::save_request snapshot(int steps_done);
+  /// Loads parameters and AdamW moments by name.
+  core::status restore(const checkpoint::reader& ck);
+
+  const core::config& config() const { return cfg_; }
+  std::vector<chunk>& chunks() { return chunks_; }
+  /// Micro-batches per step (M) and tokens per step.
+  int micro_batches() const { return micro_batches_; }
+  std::int64_t tokens_per_step() const { return tokens_per_step_; }
+
+ private:
+  trainer(const core::config& cfg, kernels::backend& be, loader train);
+
+  tensor to_device(const tensor& host);
+
+  core::config cfg_;
+  kernels::backend& be_;
+  loader train_;
+  std::optional<loader> val_;
+  std::vector<chunk> chunks_;
+  std::vector<optimizer_state> states_;
+  int micro_batches_ = 0;
+  std::int64_t tokens_per_step_ = 0;
+};
+
+/// How `train_single_rank` runs beyond the config.
+struct train_options {
+  std::string resume;       // RUN_DIR or checkpoint directory to continue from; "" = start fresh
+  int max_steps = -1;       // stop after this many steps in this invocation (-1 = run to
+                            // train.steps); the learning-rate schedule still spans train.steps
+  std::FILE* log = stdout;  // progress lines and notes; null = quiet
+};
+
+/// What a run did.
+struct train_summary {
+  int first_step = 0;                  // step the run started at (after a resume: the next one)
+  int end_step = 0;                    // one past the last step run
+  std::vector<double> losses;          // per step run, in order
+  std::vector<double> grad_norms;
+  std::optional<double> final_val_loss;
+  std::string checkpoint;              // the last checkpoint written ("" if none)
+  double seconds = 0;                  // training time (without evaluation and checkpoints)
+};
+
+/// `troupe train` on one rank: progress lines, validation, metrics.jsonl and config.toml in
+/// runtime.run_dir, checkpoints every checkpoint.interval steps and at the end. Parallel sizes > 1
+/// are run as the same global batch on one rank (with a note).
+core::result<train_summary> train_single_rank(const core::config& cfg, const train_options& opt);
+
+}  // namespace troupe::model
