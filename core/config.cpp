@@ -53,7 +53,6 @@ std::string keys_of(const std::string& table) {
 
 // "a string \"4\"", "an integer (4)", "a table": what the user wrote, for type errors.
 std::string describe(const toml::node& n) {
-  std::ostringstream text;
   switch (n.type()) {
     case toml::node_type::string:
       return "a string " + detail::toml_literal(std::string(*n.value<std::string_view>()));
@@ -367,8 +366,6 @@ status resolve_and_check(config& c) {
   if (c.runtime.run_dir.empty())
     return config_error(c, "runtime.run_dir", "run_dir is empty",
                         "name the folder for metrics and checkpoints, e.g. \"runs/latest\"");
-  if (c.checkpoint.dir.empty())
-    c.checkpoint.dir = (std::filesystem::path(c.runtime.run_dir) / "checkpoints").string();
   if (!c.runtime.fault_inject.empty()) {
     const std::string& f = c.runtime.fault_inject;
     const auto a = f.find(':'), b = a == std::string::npos ? a : f.find(':', a + 1);

@@ -1,0 +1,162 @@
+// `troupe config check`, run as the built binary: valid configs exit 0 and print the resolved keys
+// and derived values (as text and as JSON); bad files, bad overrides and missing data exit 1 with
+// the error on stderr.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string troupe_binary = TROUPE_BINARY_DIR "/troupe";
+const std::string tiny = TROUPE_SOURCE_DIR "/configs/tiny.toml";
+
+struct run_result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A fresh folder to run in, so relative data paths resolve against a known directory.
+struct work_dir {
+  fs::path path;
+  explicit work_dir(const std::string& name) {
+    path = fs::temp_directory_path() / ("troupe_configcli_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~work_dir() { fs::remove_all(path); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return (path / name).string();
+  }
+};
+
+// Runs `troupe config check ARGS` (already shell-quoted) inside `dir`.
+run_result config_check(const work_dir& dir, const std::string& args) {
+  REQUIRE_MESSAGE(fs::exists(troupe_binary), ("build the troupe target first: " + troupe_binary));
+  const auto out = dir.path / "stdout.txt", err = dir.path / "stderr.txt";
+  const std::string cmd = "cd '" + dir.path.string() + "' && '" + troupe_binary +
+                          "' config check " + args + " >'" + out.string() + "' 2>'" +
+                          err.string() + "'";
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("config check --json prints the resolved config and the derived values of tiny.toml") {
+  work_dir dir("json");
+  const run_result r = config_check(dir, "'" + tiny + "' --json --no-file-check");
+  CHECK(r.code == 0);
+  CHECK(r.err.empty());
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["valid"] == true);
+  CHECK(j["config"]["model"]["arch"] == "gpt2");
+  CHECK(j["config"]["model"]["num_layers"] == 4);
+  CHECK(j["config"]["model"]["tie_embeddings"] == true);
+  CHECK(j["config"]["optimizer"]["lr"] == 0.003);
+  CHECK(j["config"]["data"]["train"] == "data/tokens/train.bin");
+  CHECK(j["derived"]["global_batch"] == 32);
+  CHECK(j["derived"]["tokens_per_step"] == 2048);
+  CHECK(j["derived"]["workers"] == 4);
+  CHECK(j["derived"]["layers_per_stage"] == 2);
+  CHECK(j["derived"]["parameters"] == 7234432);
+}
+
+TEST_CASE("config check prints a readable summary with defaults and overrides marked") {
+  work_dir dir("text");
+  const run_result r = config_check(
+      dir, "--set parallel.pipeline_stage=4 '" + tiny + "' --no-file-check --set train.steps=7");
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "valid"));
+  CHECK(contains(r.out, "[parallel]"));
+  CHECK(contains(r.out, "pipeline_stage              = 4"));
+  CHECK(contains(r.out, "# --set"));
+  CHECK(contains(r.out, "# default"));
+  CHECK(contains(r.out, "layers_per_stage  = 1"));
+  CHECK(contains(r.out, "workers           = 8"));
+  CHECK(contains(r.out, "7,234,432"));
+}
+
+TEST_CASE("config check finds the data files relative to the current directory") {
+  work_dir dir("files");
+  const run_result missing = config_check(dir, "'" + tiny + "'");
+  CHECK(missing.code == 1);
+  CHECK(contains(missing.err, "troupe: error: " + tiny + ":"));
+  CHECK(contains(missing.err, "data.train: training data 'data/tokens/train.bin' does not exist"));
+  CHECK(contains(missing.err, dir.path.string()));  // the hint names the current directory
+
+  fs::create_directories(dir.path / "data/tokens");
+  fs::create_directories(dir.path / "data/gpt2");
+  for (const char* f : {"data/tokens/train.bin", "data/tokens/val.bin", "data/gpt2/encoder.json",
+                        "data/gpt2/vocab.bpe"})
+    dir.write(f, "x");
+  CHECK(config_check(dir, "'" + tiny + "'").code == 0);
+}
+
+TEST_CASE("config check rejects a bad file with its location and a hint") {
+  work_dir dir("bad");
+  const std::string path = dir.write("bad.toml", "[model]\nnum_layer = 4\n");
+  const run_result r = config_check(dir, "'" + path + "' --no-file-check");
+  CHECK(r.code == 1);
+  CHECK(r.out.empty());
+  CHECK(contains(r.err, "troupe: error: " + path +
+                            ":2:1: model.num_layer: unknown key 'model.num_layer'; did you mean "
+                            "'model.num_layers'?"));
+  CHECK(contains(r.err, "hint:"));
+
+  const std::string syntax = dir.write("syntax.toml", "[model\nnum_layers = 4\n");
+  const run_result s = config_check(dir, "'" + syntax + "' --no-file-check");
+  CHECK(s.code == 1);
+  CHECK(contains(s.err, syntax + ":1:"));
+  CHECK(contains(s.err, "TOML syntax error"));
+
+  const std::string heads = dir.write("heads.toml", "[model]\nhidden_size = 130\nnum_heads = 4\n");
+  const run_result h = config_check(dir, "'" + heads + "' --no-file-check");
+  CHECK(h.code == 1);
+  CHECK(contains(h.err, heads + ":2:15: model.hidden_size: hidden_size 130 is not divisible by num_heads 4"));
+}
+
+TEST_CASE("config check --json reports an error as JSON and exits 1") {
+  work_dir dir("jsonerr");
+  const run_result r = config_check(dir, "'" + tiny + "' --json --no-file-check --set parallel.pipeline_stage=3");
+  CHECK(r.code == 1);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["valid"] == false);
+  CHECK(j["error"]["key"] == "model.num_layers");
+  CHECK(j["error"]["file"] == tiny);
+  CHECK(j["error"]["line"].get<int>() > 0);
+  CHECK(contains(j["error"]["message"].get<std::string>(), "pipeline_stage 3"));
+  CHECK(contains(r.err, "troupe: error:"));
+}
+
+TEST_CASE("config check names a bad override") {
+  work_dir dir("set");
+  const run_result r = config_check(dir, "'" + tiny + "' --no-file-check --set optimizer.zero_stage=three");
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, "--set optimizer.zero_stage=three: optimizer.zero_stage: expected an "
+                        "integer, got a string \"three\""));
+  const run_result m = config_check(dir, "missing.toml");
+  CHECK(m.code == 1);
+  CHECK(contains(m.err, "missing.toml: cannot open the config file"));
+}
