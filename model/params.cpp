@@ -42,13 +42,7 @@ struct def_builder {
 
 }  // namespace
 
-int ffn_hidden(const core::model_config& cfg) {
-  if (cfg.ffn_hidden_size > 0) return cfg.ffn_hidden_size;
-  if (cfg.arch == arch_kind::gpt2) return 4 * cfg.hidden_size;
-  const int multiple = 256;
-  const int f = 2 * (4 * cfg.hidden_size) / 3;
-  return (f + multiple - 1) / multiple * multiple;
-}
+int ffn_hidden(const core::model_config& cfg) { return cfg.ffn_size(); }
 
 std::string embedding_name(const core::model_config& cfg) {
   return cfg.arch == arch_kind::gpt2 ? "wte.weight" : "model.embed_tokens.weight";

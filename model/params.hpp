@@ -17,8 +17,8 @@
 
 namespace troupe::model {
 
-/// MLP width: cfg.ffn_hidden_size, or when 0 the family's rule (GPT-2: 4C; LLaMA: 2/3 of 4C
-/// rounded up to a multiple of 256, as in Meta's reference code).
+/// MLP width: cfg.ffn_hidden_size, or when 0 the family's rule (model_config::ffn_size: GPT-2
+/// 4C; LLaMA 8C/3 rounded up to a multiple of 256, as in Meta's reference code).
 int ffn_hidden(const core::model_config& cfg);
 
 /// How a parameter is initialised.

@@ -113,6 +113,23 @@ TEST_CASE("parameters carry Hugging Face names, block-aligned offsets and decay 
   }
 }
 
+TEST_CASE("the chunks of a split hold core::parameter_count parameters, tied head counted once") {
+  auto be = kernels::make_backend("cpu");
+  for (arch_kind arch : both_archs)
+    for (bool tied : {false, true}) {
+      CAPTURE(arch_name(arch));
+      CAPTURE(tied);
+      core::model_config cfg = tiny_config(arch, 4);
+      cfg.ffn_hidden_size = 0;  // the family's default width rule
+      cfg.tie_embeddings = tied;
+      std::int64_t total = 0;
+      for (auto& c : make_chunks(cfg, *be, 2))
+        for (const auto& p : c.params())
+          if (!p.tied) total += p.numel;
+      CHECK(total == core::parameter_count(cfg));
+    }
+}
+
 TEST_CASE("init gives each parameter the same values in any split, by the GPT-2 rules") {
   auto be = kernels::make_backend("cpu");
   for (arch_kind arch : both_archs) {
