@@ -10,9 +10,30 @@
 
 #include "kernels/cpu/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/fast_math.hpp"
 #include "kernels/cpu/parallel.hpp"
 
 namespace troupe::kernels::cpu {
+namespace {
+
+// The update's constants, passed by value so the compiler knows no tensor store changes them.
+struct adamw_coeffs {
+  float b1, b2, one_minus_b1, one_minus_b2, bc1, bc2, lr, eps, wd, grad_scale;
+};
+
+TROUPE_SIMD_CLONES void adamw_range(float* p, const float* grad, float* m, float* v,
+                                    adamw_coeffs k, std::int64_t i0, std::int64_t i1) {
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float g = grad[i] * k.grad_scale;
+    const float mi = k.b1 * m[i] + k.one_minus_b1 * g;
+    const float vi = k.b2 * v[i] + k.one_minus_b2 * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= k.lr * ((mi / k.bc1) / (std::sqrt(vi / k.bc2) + k.eps) + k.wd * p[i]);
+  }
+}
+
+}  // namespace
 
 void cpu_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
                         const adamw_params& p, tensor& low) {
@@ -31,25 +52,23 @@ void cpu_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
     c.numel(low, "low", n, "as many elements as param");
   }
   c.require(p.step >= 1, "step must be >= 1 (1-based), got " + std::to_string(p.step));
-  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step));
-  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step));
-  // Locals captured by value: the compiler cannot prove that the tensors do not alias p or
-  // captured references, so with those it would reload them every iteration and not vectorise.
-  const float b1 = p.beta1, b2 = p.beta2, one_minus_b1 = 1.0f - b1, one_minus_b2 = 1.0f - b2;
-  const float lr = p.lr, eps = p.eps, wd = p.weight_decay, gscale = p.grad_scale;
+  adamw_coeffs k{};
+  k.b1 = p.beta1;
+  k.b2 = p.beta2;
+  k.one_minus_b1 = 1.0f - p.beta1;
+  k.one_minus_b2 = 1.0f - p.beta2;
+  k.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step));
+  k.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step));
+  k.lr = p.lr;
+  k.eps = p.eps;
+  k.wd = p.weight_decay;
+  k.grad_scale = p.grad_scale;
   float* pp = param.data<float>();
   const float* gp = grad.data<float>();
   float* mp = m.data<float>();
   float* vp = v.data<float>();
-  parallel_for(n, 1 << 15, [=](std::int64_t i0, std::int64_t i1) {
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const float g = gp[i] * gscale;
-      const float mi = b1 * mp[i] + one_minus_b1 * g;
-      const float vi = b2 * vp[i] + one_minus_b2 * (g * g);
-      mp[i] = mi;
-      vp[i] = vi;
-      pp[i] -= lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * pp[i]);
-    }
+  parallel_for(n, 1 << 15, [&](std::int64_t i0, std::int64_t i1) {
+    adamw_range(pp, gp, mp, vp, k, i0, i1);
     if (low.defined()) {
       auto* lo = low.data<std::uint16_t>();
       const bool bf16 = low.type() == core::dtype::bf16;

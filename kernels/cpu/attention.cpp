@@ -44,6 +44,98 @@ std::string dims_note(const attention_dims& d) {
          ", D = " + std::to_string(d.head_dim);
 }
 
+// What the per-task functions read and write; the backward leaves the forward-only fields null.
+struct attn_view {
+  const float* qkv = nullptr;
+  const float* out = nullptr;   // forward output, read by the backward
+  const float* dout = nullptr;
+  const float* lse = nullptr;
+  float* out_w = nullptr;
+  float* lse_w = nullptr;
+  float* dqkv = nullptr;
+  int T = 0, D = 0, H = 0, Hkv = 0;
+  std::int64_t w = 0, ow = 0;   // row widths of qkv and out
+  float scale = 0;
+};
+
+// Forward of query head h of sequence b: out and lse of its T queries.
+TROUPE_SIMD_CLONES void forward_head(const attn_view& a, int b, int h) {
+  const int T = a.T, D = a.D, g = h / (a.H / a.Hkv);
+  const std::int64_t w = a.w;
+  const float* rows_b = a.qkv + static_cast<std::int64_t>(b) * T * w;
+  const std::int64_t q_off = static_cast<std::int64_t>(h) * D;
+  const std::int64_t k_off = static_cast<std::int64_t>(a.H + g) * D;
+  const std::int64_t v_off = static_cast<std::int64_t>(a.H + a.Hkv + g) * D;
+  std::vector<float> p(static_cast<std::size_t>(T)), acc(static_cast<std::size_t>(D));
+  for (int t = 0; t < T; ++t) {
+    const float* q = rows_b + t * w + q_off;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j <= t; ++j) {
+      p[j] = dot(q, rows_b + j * w + k_off, D) * a.scale;
+      m = std::max(m, p[j]);
+    }
+    float l = 0.0f;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int j = 0; j <= t; ++j) {
+      const float e = fast_exp(p[j] - m);
+      l += e;
+      const float* v = rows_b + j * w + v_off;
+      for (int k = 0; k < D; ++k) acc[k] += e * v[k];
+    }
+    const float inv_l = 1.0f / l;
+    float* o = a.out_w + (static_cast<std::int64_t>(b) * T + t) * a.ow + q_off;
+    for (int k = 0; k < D; ++k) o[k] = acc[k] * inv_l;
+    a.lse_w[(static_cast<std::int64_t>(b) * a.H + h) * T + t] = m + std::log(l);
+  }
+}
+
+// Backward of kv head g of sequence b: its query heads in order, then its dk and dv.
+TROUPE_SIMD_CLONES void backward_group(const attn_view& a, int b, int g) {
+  const int T = a.T, D = a.D, group = a.H / a.Hkv;
+  const std::int64_t w = a.w, ow = a.ow, row0 = static_cast<std::int64_t>(b) * T;
+  const float scale = a.scale;
+  const float* rows_b = a.qkv + row0 * w;
+  const std::int64_t k_off = static_cast<std::int64_t>(a.H + g) * D;
+  const std::int64_t v_off = static_cast<std::int64_t>(a.H + a.Hkv + g) * D;
+  std::vector<float> dk(static_cast<std::size_t>(T) * D, 0.0f), dv(dk.size(), 0.0f);
+  std::vector<float> dq(static_cast<std::size_t>(D));
+  for (int h = g * group; h < (g + 1) * group; ++h) {
+    const std::int64_t q_off = static_cast<std::int64_t>(h) * D;
+    const float* lse_bh = a.lse + (static_cast<std::int64_t>(b) * a.H + h) * T;
+    for (int t = 0; t < T; ++t) {
+      const float* q = rows_b + t * w + q_off;
+      const float* dO = a.dout + (row0 + t) * ow + q_off;
+      const float delta = dot(dO, a.out + (row0 + t) * ow + q_off, D);
+      const float l = lse_bh[t];
+      std::fill(dq.begin(), dq.end(), 0.0f);
+      for (int j = 0; j <= t; ++j) {
+        const float* k = rows_b + j * w + k_off;
+        const float* v = rows_b + j * w + v_off;
+        const float p = fast_exp(dot(q, k, D) * scale - l);
+        const float ds = p * (dot(dO, v, D) - delta);
+        const float ds_scaled = ds * scale;
+        float* dkj = dk.data() + static_cast<std::int64_t>(j) * D;
+        float* dvj = dv.data() + static_cast<std::int64_t>(j) * D;
+        for (int e = 0; e < D; ++e) {
+          dq[e] += ds * k[e];
+          dkj[e] += ds_scaled * q[e];
+          dvj[e] += p * dO[e];
+        }
+      }
+      float* dq_out = a.dqkv + (row0 + t) * w + q_off;
+      for (int e = 0; e < D; ++e) dq_out[e] += dq[e] * scale;
+    }
+  }
+  for (int j = 0; j < T; ++j) {
+    float* dk_out = a.dqkv + (row0 + j) * w + k_off;
+    float* dv_out = a.dqkv + (row0 + j) * w + v_off;
+    for (int e = 0; e < D; ++e) {
+      dk_out[e] += dk[static_cast<std::size_t>(j) * D + e];
+      dv_out[e] += dv[static_cast<std::size_t>(j) * D + e];
+    }
+  }
+}
+
 }  // namespace
 
 void cpu_backend::attention_forward(const tensor& qkv, const attention_dims& d, tensor& out,
@@ -59,39 +151,19 @@ void cpu_backend::attention_forward(const tensor& qkv, const attention_dims& d, 
   c.matrix(out, "out", rows, ow, "[B*T, H*D], " + dims_note(d));
   c.numel(lse, "lse", static_cast<std::int64_t>(d.batch) * d.heads * d.seq, "[B, H, T]");
 
-  const int T = d.seq, D = d.head_dim, group = d.heads / d.kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const float* base = qkv.data<float>();
-  float* op = out.data<float>();
-  float* lp = lse.data<float>();
+  attn_view a;
+  a.qkv = qkv.data<float>();
+  a.out_w = out.data<float>();
+  a.lse_w = lse.data<float>();
+  a.T = d.seq;
+  a.D = d.head_dim;
+  a.H = d.heads;
+  a.Hkv = d.kv_heads;
+  a.w = w;
+  a.ow = ow;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
   parallel_tasks(static_cast<std::int64_t>(d.batch) * d.heads, [&](std::int64_t task) {
-    const int b = static_cast<int>(task / d.heads), h = static_cast<int>(task % d.heads);
-    const int g = h / group;
-    const float* rows_b = base + static_cast<std::int64_t>(b) * T * w;
-    const std::int64_t q_off = static_cast<std::int64_t>(h) * D;
-    const std::int64_t k_off = static_cast<std::int64_t>(d.heads + g) * D;
-    const std::int64_t v_off = static_cast<std::int64_t>(d.heads + d.kv_heads + g) * D;
-    std::vector<float> p(static_cast<std::size_t>(T)), acc(static_cast<std::size_t>(D));
-    for (int t = 0; t < T; ++t) {
-      const float* q = rows_b + t * w + q_off;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j <= t; ++j) {
-        p[j] = dot(q, rows_b + j * w + k_off, D) * scale;
-        m = std::max(m, p[j]);
-      }
-      float l = 0.0f;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int j = 0; j <= t; ++j) {
-        const float e = fast_exp(p[j] - m);
-        l += e;
-        const float* v = rows_b + j * w + v_off;
-        for (int k = 0; k < D; ++k) acc[k] += e * v[k];
-      }
-      const float inv_l = 1.0f / l;
-      float* o = op + (static_cast<std::int64_t>(b) * T + t) * ow + q_off;
-      for (int k = 0; k < D; ++k) o[k] = acc[k] * inv_l;
-      lp[(static_cast<std::int64_t>(b) * d.heads + h) * T + t] = m + std::log(l);
-    }
+    forward_head(a, static_cast<int>(task / d.heads), static_cast<int>(task % d.heads));
   });
 }
 
@@ -113,56 +185,21 @@ void cpu_backend::attention_backward(const tensor& dout, const tensor& qkv, cons
   c.matrix(dout, "dout", rows, ow, "the shape of out");
   c.numel(lse, "lse", static_cast<std::int64_t>(d.batch) * d.heads * d.seq, "[B, H, T]");
 
-  const int T = d.seq, D = d.head_dim, group = d.heads / d.kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const float* base = qkv.data<float>();
-  const float* dbase = dout.data<float>();
-  const float* obase = out.data<float>();
-  const float* lp = lse.data<float>();
-  float* gbase = dqkv.data<float>();
+  attn_view a;
+  a.qkv = qkv.data<float>();
+  a.out = out.data<float>();
+  a.dout = dout.data<float>();
+  a.lse = lse.data<float>();
+  a.dqkv = dqkv.data<float>();
+  a.T = d.seq;
+  a.D = d.head_dim;
+  a.H = d.heads;
+  a.Hkv = d.kv_heads;
+  a.w = w;
+  a.ow = ow;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
   parallel_tasks(static_cast<std::int64_t>(d.batch) * d.kv_heads, [&](std::int64_t task) {
-    const int b = static_cast<int>(task / d.kv_heads), g = static_cast<int>(task % d.kv_heads);
-    const std::int64_t row0 = static_cast<std::int64_t>(b) * T;
-    const float* rows_b = base + row0 * w;
-    const std::int64_t k_off = static_cast<std::int64_t>(d.heads + g) * D;
-    const std::int64_t v_off = static_cast<std::int64_t>(d.heads + d.kv_heads + g) * D;
-    std::vector<float> dk(static_cast<std::size_t>(T) * D, 0.0f), dv(dk.size(), 0.0f);
-    std::vector<float> dq(static_cast<std::size_t>(D));
-    for (int h = g * group; h < (g + 1) * group; ++h) {
-      const std::int64_t q_off = static_cast<std::int64_t>(h) * D;
-      const float* lse_bh = lp + (static_cast<std::int64_t>(b) * d.heads + h) * T;
-      for (int t = 0; t < T; ++t) {
-        const float* q = rows_b + t * w + q_off;
-        const float* dO = dbase + (row0 + t) * ow + q_off;
-        const float delta = dot(dO, obase + (row0 + t) * ow + q_off, D);
-        const float l = lse_bh[t];
-        std::fill(dq.begin(), dq.end(), 0.0f);
-        for (int j = 0; j <= t; ++j) {
-          const float* k = rows_b + j * w + k_off;
-          const float* v = rows_b + j * w + v_off;
-          const float p = fast_exp(dot(q, k, D) * scale - l);
-          const float ds = p * (dot(dO, v, D) - delta);
-          const float ds_scaled = ds * scale;
-          float* dkj = dk.data() + static_cast<std::int64_t>(j) * D;
-          float* dvj = dv.data() + static_cast<std::int64_t>(j) * D;
-          for (int e = 0; e < D; ++e) {
-            dq[e] += ds * k[e];
-            dkj[e] += ds_scaled * q[e];
-            dvj[e] += p * dO[e];
-          }
-        }
-        float* dq_out = gbase + (row0 + t) * w + q_off;
-        for (int e = 0; e < D; ++e) dq_out[e] += dq[e] * scale;
-      }
-    }
-    for (int j = 0; j < T; ++j) {
-      float* dk_out = gbase + (row0 + j) * w + k_off;
-      float* dv_out = gbase + (row0 + j) * w + v_off;
-      for (int e = 0; e < D; ++e) {
-        dk_out[e] += dk[static_cast<std::size_t>(j) * D + e];
-        dv_out[e] += dv[static_cast<std::size_t>(j) * D + e];
-      }
-    }
+    backward_group(a, static_cast<int>(task / d.kv_heads), static_cast<int>(task % d.kv_heads));
   });
 }
 

@@ -20,7 +20,7 @@
 namespace troupe::kernels::cpu {
 namespace {
 
-float row_max(const float* x, std::int64_t n) {
+inline float row_max(const float* x, std::int64_t n) {
   float l[sum_lanes];
   std::fill(l, l + sum_lanes, -std::numeric_limits<float>::infinity());
   std::int64_t i = 0;
@@ -34,7 +34,7 @@ float row_max(const float* x, std::int64_t n) {
 
 // Σ exp(x_i - m) in fp64 lanes; when `store`, x_i is replaced by exp(x_i - m).
 template <bool store>
-double exp_sum(float* x, float m, std::int64_t n) {
+inline double exp_sum(float* x, float m, std::int64_t n) {
   double l[sum_lanes] = {};
   std::int64_t i = 0;
   for (; i + sum_lanes <= n; i += sum_lanes)
@@ -49,6 +49,31 @@ double exp_sum(float* x, float m, std::int64_t n) {
     l[j] += static_cast<double>(e);
   }
   return combine_lanes(l);
+}
+
+// Loss (and, unless grad_scale is 0, the gradient in place) of rows [r0, r1).
+TROUPE_SIMD_CLONES void ce_rows(float* xp, const std::int32_t* tgt, float* lp, std::int64_t r0,
+                                std::int64_t r1, std::int64_t vocab, float grad_scale) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    float* x = xp + r * vocab;
+    const std::int32_t t = tgt[r];
+    if (t < 0) {
+      lp[r] = 0.0f;
+      if (grad_scale != 0.0f) std::fill(x, x + vocab, 0.0f);
+      continue;
+    }
+    const float m = row_max(x, vocab);
+    const float x_t = x[t];
+    if (grad_scale == 0.0f) {
+      lp[r] = static_cast<float>(std::log(exp_sum<false>(x, m, vocab)) + (static_cast<double>(m) - x_t));
+      continue;
+    }
+    const double s = exp_sum<true>(x, m, vocab);
+    lp[r] = static_cast<float>(std::log(s) + (static_cast<double>(m) - x_t));
+    const float f = static_cast<float>(grad_scale / s);
+    for (std::int64_t i = 0; i < vocab; ++i) x[i] *= f;
+    x[t] -= grad_scale;
+  }
 }
 
 }  // namespace
@@ -73,26 +98,7 @@ void cpu_backend::cross_entropy(tensor& logits, const tensor& targets, tensor& l
   float* xp = logits.data<float>();
   float* lp = losses.data<float>();
   parallel_for(n, std::max<std::int64_t>(1, (1 << 16) / vocab), [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      float* x = xp + r * vocab;
-      const std::int32_t t = tgt[r];
-      if (t < 0) {
-        lp[r] = 0.0f;
-        if (grad_scale != 0.0f) std::fill(x, x + vocab, 0.0f);
-        continue;
-      }
-      const float m = row_max(x, vocab);
-      const float x_t = x[t];
-      if (grad_scale == 0.0f) {
-        lp[r] = static_cast<float>(std::log(exp_sum<false>(x, m, vocab)) + (static_cast<double>(m) - x_t));
-        continue;
-      }
-      const double s = exp_sum<true>(x, m, vocab);
-      lp[r] = static_cast<float>(std::log(s) + (static_cast<double>(m) - x_t));
-      const float f = static_cast<float>(grad_scale / s);
-      for (std::int64_t i = 0; i < vocab; ++i) x[i] *= f;
-      x[t] -= grad_scale;
-    }
+    ce_rows(xp, tgt, lp, r0, r1, vocab, grad_scale);
   });
 }
 

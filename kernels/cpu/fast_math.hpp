@@ -16,6 +16,17 @@
 #include <cstdint>
 #include <limits>
 
+// Marks a function whose loops are worth compiling twice: for AVX2 and for the x86-64 baseline
+// (GCC function multi-versioning; the loader picks one per process). With FMA contraction off
+// (kernels/CMakeLists.txt) both versions perform the same IEEE operations on each element, and
+// the lane order of the sums is fixed by the index, so both give the same bits (checked once by
+// comparing every op's output with a build defining TROUPE_NO_SIMD_CLONES; docs/kernels.md).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(TROUPE_NO_SIMD_CLONES)
+#define TROUPE_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TROUPE_SIMD_CLONES
+#endif
+
 namespace troupe::kernels::cpu {
 
 /// e^x, relative error < 3e-7; 0 for x < -87 (true value < 1.7e-38), inf for x > 88.72,

@@ -26,6 +26,25 @@ inline float gelu_e(float x) {
   return fast_exp(a < max_exponent ? a : max_exponent);
 }
 
+TROUPE_SIMD_CLONES void gelu_forward_range(const float* x, float* y, std::int64_t i0,
+                                           std::int64_t i1) {
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float v = x[i];
+    y[i] = v / (1.0f + gelu_e(v));
+  }
+}
+
+TROUPE_SIMD_CLONES void gelu_backward_range(const float* dy, const float* x, float* dx,
+                                            std::int64_t i0, std::int64_t i1) {
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float v = x[i];
+    const float e = gelu_e(v);
+    const float s = 1.0f / (1.0f + e);
+    const float du = sqrt_2_over_pi * (1.0f + 3.0f * gelu_k * v * v);
+    dx[i] += dy[i] * (s + 2.0f * v * (e * s) * s * du);
+  }
+}
+
 }  // namespace
 
 void cpu_backend::gelu_forward(const tensor& x, tensor& y) {
@@ -35,12 +54,8 @@ void cpu_backend::gelu_forward(const tensor& x, tensor& y) {
   c.numel(y, "y", x.numel(), "as many elements as x");
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  parallel_for(x.numel(), grain, [&](std::int64_t i0, std::int64_t i1) {
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const float v = xp[i];
-      yp[i] = v / (1.0f + gelu_e(v));
-    }
-  });
+  parallel_for(x.numel(), grain,
+               [&](std::int64_t i0, std::int64_t i1) { gelu_forward_range(xp, yp, i0, i1); });
 }
 
 void cpu_backend::gelu_backward(const tensor& dy, const tensor& x, tensor& dx) {
@@ -54,13 +69,7 @@ void cpu_backend::gelu_backward(const tensor& dy, const tensor& x, tensor& dx) {
   const float* xp = x.data<float>();
   float* dxp = dx.data<float>();
   parallel_for(x.numel(), grain, [&](std::int64_t i0, std::int64_t i1) {
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const float v = xp[i];
-      const float e = gelu_e(v);
-      const float s = 1.0f / (1.0f + e);
-      const float du = sqrt_2_over_pi * (1.0f + 3.0f * gelu_k * v * v);
-      dxp[i] += dyp[i] * (s + 2.0f * v * (e * s) * s * du);
-    }
+    gelu_backward_range(dyp, xp, dxp, i0, i1);
   });
 }
 

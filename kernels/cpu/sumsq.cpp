@@ -11,6 +11,30 @@
 #include "kernels/cpu/parallel.hpp"
 
 namespace troupe::kernels::cpu {
+namespace {
+
+// Blocks [b0, b1) of the n elements at x.
+TROUPE_SIMD_CLONES void sumsq_range(const float* x, std::int64_t n, double* out, std::int64_t b0,
+                                    std::int64_t b1) {
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const float* blk = x + b * norm_block;
+    const std::int64_t len = std::min(norm_block, n - b * norm_block);
+    double l[sum_lanes] = {};
+    std::int64_t i = 0;
+    for (; i + sum_lanes <= len; i += sum_lanes)
+      for (int j = 0; j < sum_lanes; ++j) {
+        const double v = blk[i + j];
+        l[j] += v * v;
+      }
+    for (int j = 0; i + j < len; ++j) {
+      const double v = blk[i + j];
+      l[j] += v * v;
+    }
+    out[b] = combine_lanes(l);
+  }
+}
+
+}  // namespace
 
 void cpu_backend::sumsq_blocks(const tensor& x, tensor& out) {
   op_check c("sumsq_blocks", {{"x", &x}, {"out", &out}});
@@ -20,24 +44,7 @@ void cpu_backend::sumsq_blocks(const tensor& x, tensor& out) {
   c.numel(out, "out", blocks, "ceil(x.numel() / norm_block), norm_block = " + std::to_string(norm_block));
   const float* xp = x.data<float>();
   double* op = out.data<double>();
-  parallel_for(blocks, 64, [&](std::int64_t b0, std::int64_t b1) {
-    for (std::int64_t b = b0; b < b1; ++b) {
-      const float* blk = xp + b * norm_block;
-      const std::int64_t len = std::min(norm_block, n - b * norm_block);
-      double l[sum_lanes] = {};
-      std::int64_t i = 0;
-      for (; i + sum_lanes <= len; i += sum_lanes)
-        for (int j = 0; j < sum_lanes; ++j) {
-          const double v = blk[i + j];
-          l[j] += v * v;
-        }
-      for (int j = 0; i + j < len; ++j) {
-        const double v = blk[i + j];
-        l[j] += v * v;
-      }
-      op[b] = combine_lanes(l);
-    }
-  });
+  parallel_for(blocks, 64, [&](std::int64_t b0, std::int64_t b1) { sumsq_range(xp, n, op, b0, b1); });
 }
 
 }  // namespace troupe::kernels::cpu

@@ -10,6 +10,25 @@ namespace {
 
 constexpr std::int64_t grain = 1 << 15;
 
+TROUPE_SIMD_CLONES void swiglu_forward_range(const float* gate, const float* up, float* y,
+                                             std::int64_t i0, std::int64_t i1) {
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float g = gate[i];
+    y[i] = g * fast_sigmoid(g) * up[i];
+  }
+}
+
+TROUPE_SIMD_CLONES void swiglu_backward_range(const float* dy, const float* gate, const float* up,
+                                              float* dgate, float* dup, std::int64_t i0,
+                                              std::int64_t i1) {
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const float g = gate[i];
+    const float s = fast_sigmoid(g);
+    dgate[i] += dy[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
+    dup[i] += dy[i] * (g * s);
+  }
+}
+
 }  // namespace
 
 void cpu_backend::swiglu_forward(const tensor& gate, const tensor& up, tensor& y) {
@@ -23,10 +42,7 @@ void cpu_backend::swiglu_forward(const tensor& gate, const tensor& up, tensor& y
   const float* up_p = up.data<float>();
   float* yp = y.data<float>();
   parallel_for(gate.numel(), grain, [&](std::int64_t i0, std::int64_t i1) {
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const float g = gp[i];
-      yp[i] = g * fast_sigmoid(g) * up_p[i];
-    }
+    swiglu_forward_range(gp, up_p, yp, i0, i1);
   });
 }
 
@@ -50,12 +66,7 @@ void cpu_backend::swiglu_backward(const tensor& dy, const tensor& gate, const te
   float* dgp = dgate.data<float>();
   float* dup_p = dup.data<float>();
   parallel_for(n, grain, [&](std::int64_t i0, std::int64_t i1) {
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const float g = gp[i];
-      const float s = fast_sigmoid(g);
-      dgp[i] += dyp[i] * up_p[i] * (s * (1.0f + g * (1.0f - s)));
-      dup_p[i] += dyp[i] * (g * s);
-    }
+    swiglu_backward_range(dyp, gp, up_p, dgp, dup_p, i0, i1);
   });
 }
 
