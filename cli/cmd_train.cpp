@@ -1,10 +1,13 @@
-// `troupe train CONFIG [--set key=value]... [--resume RUN_DIR|CKPT_DIR] [--steps N]`: trains on
-// one rank with the plain loop of model/trainer.hpp. With --resume and no CONFIG, the config saved
-// in the checkpoint is used (with --set applied on top).
+// `troupe train CONFIG [--set key=value]... [--resume RUN_DIR|CKPT_DIR] [--steps N] [--single-rank]`:
+// trains the job as actors (actors/runtime.hpp): every stage, optimizer shard, data loader and the
+// checkpoint writer of the data_parallel × pipeline_stage layout, in this process. --single-rank
+// runs the plain loop of model/trainer.hpp instead — the oracle the actors match bit for bit.
+// With --resume and no CONFIG, the config saved in the checkpoint is used (--set applies on top).
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "actors/runtime.hpp"
 #include "cli/command.hpp"
 #include "core/config.hpp"
 #include "model/checkpoint.hpp"
@@ -18,6 +21,7 @@ struct train_args {
   std::vector<std::string> sets;
   std::string resume;
   int steps = -1;
+  bool single_rank = false;
 };
 
 core::result<core::config> resolve_config(const train_args& a) {
@@ -46,10 +50,18 @@ int run_train(const train_args& a) {
     print_error(st.err().to_string());
     return 1;
   }
-  model::train_options opt;
-  opt.resume = a.resume;
-  opt.max_steps = a.steps;
-  auto summary = model::train_single_rank(cfg.value(), opt);
+  core::result<model::train_summary> summary = core::error::make("not run");
+  if (a.single_rank) {
+    model::train_options opt;
+    opt.resume = a.resume;
+    opt.max_steps = a.steps;
+    summary = model::train_single_rank(cfg.value(), opt);
+  } else {
+    actors::run_options opt;
+    opt.resume = a.resume;
+    opt.max_steps = a.steps;
+    summary = actors::run_actor_job(cfg.value(), opt);
+  }
   if (!summary) {
     print_error(summary.err().to_string());
     return 1;
@@ -65,7 +77,7 @@ int run_train(const train_args& a) {
 }
 
 const command_registrar reg{command{
-    "train", "Train a model from a TOML config (one rank for now)", [](CLI::App& app) {
+    "train", "Train a model from a TOML config: every stage, optimizer shard and loader as an actor", [](CLI::App& app) {
       auto a = std::make_shared<train_args>();
       app.add_option("config", a->config, "run configuration (TOML); optional with --resume");
       app.add_option("--set", a->sets,
@@ -77,6 +89,9 @@ const command_registrar reg{command{
                      "stop after N steps in this invocation (the learning-rate schedule still "
                      "spans train.steps)")
           ->check(CLI::NonNegativeNumber);
+      app.add_flag("--single-rank", a->single_rank,
+                   "run the plain single-rank loop (the reference the actor runtime matches bit "
+                   "for bit) over the same global batch");
       return [a] { return run_train(*a); };
     }}};
 
