@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -19,6 +20,19 @@ namespace {
 
 int all_cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
+// How long an idle worker polls for the next job before it sleeps. Ops of a training step follow
+// each other within microseconds, while waking a sleeping thread costs tens to hundreds of them
+// (more on a virtual machine), which would eat the gain of splitting a 1 ms GEMM.
+constexpr auto spin_time = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
 std::atomic<int> g_threads{all_cores()};
 
 struct job {
@@ -26,10 +40,12 @@ struct job {
   std::int64_t tasks = 0;
   int max_helpers = 0;
   std::atomic<std::int64_t> next{0};
-  // Guarded by pool::mu_.
-  std::int64_t finished = 0;
-  int helpers = 0;
-  std::exception_ptr error;
+  // Written under pool::mu_; atomic so that the caller can poll them without it.
+  std::atomic<std::int64_t> finished{0};
+  std::atomic<int> helpers{0};
+  std::exception_ptr error;  // guarded by pool::mu_
+
+  bool done() const { return finished.load() == tasks && helpers.load() == 0; }
 };
 
 class pool {
@@ -59,10 +75,15 @@ class pool {
         workers_.emplace_back([this] { worker_loop(); });
       queue_.push_back(&j);
     }
+    posted_.fetch_add(1, std::memory_order_release);
     work_cv_.notify_all();
     work_on(j);
+    // A helper still running a task usually finishes within microseconds of the caller; poll for
+    // it before sleeping, since being woken costs more than that.
+    const auto until = std::chrono::steady_clock::now() + spin_time;
+    while (!j.done() && std::chrono::steady_clock::now() < until) cpu_relax();
     std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait(lk, [&] { return j.finished == j.tasks && j.helpers == 0; });
+    done_cv_.wait(lk, [&] { return j.done(); });
     std::erase(queue_, &j);
     if (j.error) std::rethrow_exception(j.error);
   }
@@ -101,11 +122,17 @@ class pool {
   }
 
   void worker_loop() {
-    std::unique_lock<std::mutex> lk(mu_);
+    std::uint64_t seen = posted_.load(std::memory_order_acquire);
     for (;;) {
+      const auto until = std::chrono::steady_clock::now() + spin_time;
+      while (posted_.load(std::memory_order_acquire) == seen &&
+             std::chrono::steady_clock::now() < until)
+        cpu_relax();
+      std::unique_lock<std::mutex> lk(mu_);
       job* j = nullptr;
       work_cv_.wait(lk, [&] { return stop_ || (j = pick()) != nullptr; });
       if (stop_) return;
+      seen = posted_.load(std::memory_order_acquire);
       ++j->helpers;
       lk.unlock();
       work_on(*j);
@@ -120,6 +147,7 @@ class pool {
   std::deque<job*> queue_;
   std::vector<std::thread> workers_;
   bool stop_ = false;
+  std::atomic<std::uint64_t> posted_{0};  // jobs ever queued; idle workers poll it
 };
 
 }  // namespace

@@ -83,6 +83,24 @@ TEST_CASE("parallel_tasks runs every task once, on two threads when allowed") {
   CHECK(ids == std::set<std::thread::id>{std::this_thread::get_id()});
 }
 
+TEST_CASE("parallel_tasks called from several threads at once runs every task of every call once") {
+  with_threads(2, [&] {
+    std::vector<std::thread> callers;
+    std::atomic<int> wrong{0};
+    for (int c = 0; c < 4; ++c)
+      callers.emplace_back([&] {
+        for (int call = 0; call < 300; ++call) {
+          std::vector<std::atomic<int>> runs(5);
+          cpu::parallel_tasks(5, [&](std::int64_t i) { runs[i]++; });
+          for (auto& r : runs)
+            if (r.load() != 1) wrong++;
+        }
+      });
+    for (auto& t : callers) t.join();
+    CHECK(wrong.load() == 0);
+  });
+}
+
 TEST_CASE("parallel_tasks rethrows a task's exception after all tasks finished") {
   std::atomic<int> done{0};
   with_threads(2, [&] {
