@@ -2,8 +2,9 @@
 //
 // The actor runtime calls ops from several threads at once, so a call never waits for the pool:
 // the caller runs tasks itself and idle workers help it; with every worker busy the caller simply
-// does all of its tasks. Workers sleep on a condition variable (no spinning), so the pool does not
-// steal the cores of the two-core build machine from the BLAS or from other actors.
+// does all of its tasks. An idle worker polls for new work for 200 µs and then sleeps on a
+// condition variable: the ops of a training step follow each other faster than a sleeping thread
+// wakes, yet a pool with nothing to do does not keep a core of the two-core build machine busy.
 //
 // Determinism is the caller's contract: each task (or each item of a range) must write outputs no
 // other task writes and compute them the same way whatever the split, so results do not depend on
