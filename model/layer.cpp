@@ -83,7 +83,7 @@ void layer_ops::recompute_attention(layer_acts& a) {
 }
 
 tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const tensor& dy,
-                                 layer_stash& s, const layer_tensors* norm_grads) {
+                                 layer_stash& s, layer_tensors* norm_grads) {
   const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
   TROUPE_CHECK(dy.shape() == a.x.shape(), "layer gradient " + core::shape_string(dy.shape()) +
                                               " does not match its input " +

@@ -99,7 +99,7 @@ class layer_ops {
   /// `norm_grads` is given, the norm weight gradients are accumulated into it right away (one
   /// norm backward instead of two when the weight phase follows immediately).
   tensor backward_input(const layer_tensors& w, layer_acts& a, const tensor& dy, layer_stash& s,
-                        const layer_tensors* norm_grads);
+                        layer_tensors* norm_grads);
   /// Accumulates every parameter gradient of the layer into g from a and s.
   void backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
                        layer_tensors& g);
