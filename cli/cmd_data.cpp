@@ -134,7 +134,10 @@ int run_prepare(const prepare_args& a) {
   }
 
   std::uint64_t total_bytes = 0;
-  for (const auto& f : files.value()) total_bytes += fs::file_size(f, ec);
+  for (const auto& f : files.value()) {
+    auto size = fs::file_size(f, ec);
+    if (!ec) total_bytes += size;  // an unreadable file is reported when it is read
+  }
   progress bar(total_bytes);
   std::vector<int> stream;
   std::uint64_t done_bytes = 0;
