@@ -41,8 +41,9 @@ core::result<simulation> simulate(const schedule& s, const cost_model& costs) {
   if (!run.complete()) {
     std::vector<grid_mark> marks;
     for (auto& st : run.stuck) marks.push_back({st.rank, st.step});
-    return core::error::make("schedule '" + s.name + "' cannot be simulated: " + run.describe_deadlock() + "\n" +
-                                 format_grid(s, marks),
+    std::string grid = format_grid(s, marks);
+    grid.pop_back();
+    return core::error::make("schedule '" + s.name + "' cannot be simulated: " + run.describe_deadlock() + "\n" + grid,
                              "run `troupe schedule check` for the full diagnosis");
   }
   simulation out;

@@ -18,8 +18,8 @@ struct site {
   bool found() const { return rank >= 0; }
 };
 
-// One slot per kind that occurs once per (chunk, micro-batch) or once per chunk.
-enum slot { F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE, slots };
+// One slot per kind that occurs once per (chunk, micro-batch).
+enum slot { F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, slots };
 
 int slot_of(op_kind k) {
   switch (k) {
@@ -31,7 +31,7 @@ int slot_of(op_kind k) {
     case op_kind::RECV_F: return RECV_F;
     case op_kind::SEND_B: return SEND_B;
     case op_kind::RECV_B: return RECV_B;
-    case op_kind::REDUCE_GRAD: return REDUCE;
+    case op_kind::REDUCE_GRAD:
     case op_kind::STEP: return -1;
   }
   return -1;
@@ -78,6 +78,7 @@ class checker {
     std::vector<grid_mark> gm;
     for (auto& at : marks) gm.push_back({at.rank, at.step});
     text += format_grid(s_, gm);
+    text.pop_back();  // the grid's last newline; the hint follows on its own line
     return core::error::make(std::move(text), std::move(hint));
   }
   site& at(int slot, int c, int j) { return sites_[slot][static_cast<std::size_t>(c) * m_ + j]; }
