@@ -400,6 +400,24 @@ TEST_CASE("an evaluation forward (grad_scale 0) reports the loss, keeps nothing,
   CHECK(chunks[0].saved_activation_bytes() == 0);
 }
 
+TEST_CASE("a bf16 chunk keeps fp32 master weights and gradients and wants bf16 activations") {
+  auto be = kernels::make_backend("cpu");
+  core::model_config cfg = tiny_config(arch_kind::llama, 2);
+  auto fp32 = model_of(cfg, *be, 2);
+  std::vector<chunk> low;
+  for (const auto& s : partition(cfg, 2)) low.emplace_back(cfg, s, *be, core::precision_kind::bf16);
+  for (auto& c : low) {
+    c.init(42);
+    CHECK(c.flat_params().type() == core::dtype::f32);
+    CHECK(c.flat_grads().type() == core::dtype::f32);
+  }
+  CHECK(differing(by_name(fp32, *be, false), by_name(low, *be, false)).empty());
+  const tensor hidden32 = tensor::zeros({16, cfg.hidden_size});
+  CHECK_THROWS_AS(low[1].forward(0, hidden32, random_tokens(cfg, 2, 1), 1), core::failure);
+  // The CPU backend computes in fp32 only: a low-precision forward is refused, not approximated.
+  CHECK_THROWS_AS(low[0].forward(0, random_tokens(cfg, 2, 1)), core::failure);
+}
+
 TEST_CASE("misuse is reported: repeated forward, unknown micro-batch, wrong input") {
   auto be = kernels::make_backend("cpu");
   core::model_config cfg = tiny_config(arch_kind::gpt2, 2);
