@@ -1,7 +1,7 @@
 // Times every CPU op at the tiny demo's shapes (GPT-2: 4 layers, C = 128, 4 heads, T = 64,
 // 16 sequences = 1024 rows per micro-batch, vocabulary 50257; LLaMA ops at the same width), prints
-// a table and an estimate of one micro-batch's forward + backward, and checks the determinism claims
-// the backend rests on (OpenBLAS's own threads change bits; our blocked GEMM does not).
+// a table and an estimate of one micro-batch's forward + backward, and checks the determinism
+// claims the backend rests on (OpenBLAS's own threads change bits; our blocked GEMM does not).
 //
 //   cpu_ops_bench [--threads N] [--reps R] [--json FILE]
 //
@@ -39,16 +39,17 @@ tensor randn(const troupe::core::shape_t& shape, std::uint64_t seed, float scale
 tensor tokens(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
   tensor t = tensor::zeros({n}, dtype::i32);
   troupe::core::rng_stream r(troupe::core::stream_key(seed, 98));
-  for (std::int64_t i = 0; i < n; ++i) t.data<std::int32_t>()[i] = static_cast<std::int32_t>(r.below(vocab));
+  for (std::int64_t i = 0; i < n; ++i)
+    t.data<std::int32_t>()[i] = static_cast<std::int32_t>(r.below(vocab));
   return t;
 }
 
 struct row {
   std::string op, shape;
   double ms = 0;
-  double work = 0;           // flops, or bytes when `bytes` is set
+  double work = 0;  // flops, or bytes when `bytes` is set
   bool bytes = false;
-  int per_microbatch = 0;    // calls in one micro-batch of the GPT-2 demo (forward + backward)
+  int per_microbatch = 0;  // calls in one micro-batch of the GPT-2 demo (forward + backward)
 };
 
 // Median wall time of `reps` calls after one warm-up; `reset` (untimed) runs before each call.
@@ -97,9 +98,12 @@ int main(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
-    else if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--threads" && i + 1 < argc)
+      threads = std::stoi(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::stoi(argv[++i]);
+    else if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
     else {
       std::fprintf(stderr, "usage: cpu_ops_bench [--threads N] [--reps R] [--json FILE]\n");
       return 2;
@@ -113,12 +117,14 @@ int main(int argc, char** argv) {
     const bool raw = openblas_threads_change_bits(s[0], s[1], s[2]);
     const bool ours = backend_threads_change_bits(*be, s[0], s[1], s[2]);
     std::printf("  [%d,%d]x[%d,%d]^T  OpenBLAS threads: %s   backend linear_forward: %s\n", s[0],
-                s[2], s[1], s[2], raw ? "bits differ" : "same bits", ours ? "bits differ" : "same bits");
+                s[2], s[1], s[2], raw ? "bits differ" : "same bits",
+                ours ? "bits differ" : "same bits");
   }
   troupe::kernels::set_cpu_threads(threads);
 
   std::vector<row> rows;
-  auto add = [&](std::string op, std::string shape, double ms, double work, bool bytes, int per_mb) {
+  auto add = [&](std::string op, std::string shape, double ms, double work, bool bytes,
+                 int per_mb) {
     rows.push_back({std::move(op), std::move(shape), ms, work, bytes, per_mb});
   };
   tensor none;
@@ -139,74 +145,109 @@ int main(int argc, char** argv) {
     char shape[64];
     std::snprintf(shape, sizeof shape, "[%d,%d]x[%d,%d]^T", N, l.in, l.out, l.in);
     add(std::string(l.name) + " forward", shape,
-        time_ms(reps, [&] { be->linear_forward(x, w, bias ? b : none, y); }), flops, false, l.count);
+        time_ms(reps, [&] { be->linear_forward(x, w, bias ? b : none, y); }), flops, false,
+        l.count);
     add(std::string(l.name) + " backward_input", shape,
         time_ms(reps, [&] { be->linear_backward_input(dy, w, dx); }), flops, false, l.count);
     add(std::string(l.name) + " backward_weight", shape,
-        time_ms(reps, [&] { be->linear_backward_weight(dy, x, dw, bias ? db : none); }), flops, false, l.count);
+        time_ms(reps, [&] { be->linear_backward_weight(dy, x, dw, bias ? db : none); }), flops,
+        false, l.count);
   }
 
   {
     tensor tok = tokens(N, V, 20), wte = randn({V, C}, 21), wpe = randn({T, C}, 22);
-    tensor out = be->empty({N, C}, dtype::f32), dwte = be->empty({V, C}, dtype::f32), dwpe = be->empty({T, C}, dtype::f32);
+    tensor out = be->empty({N, C}, dtype::f32), dwte = be->empty({V, C}, dtype::f32),
+           dwpe = be->empty({T, C}, dtype::f32);
     const double bytes = 3.0 * N * C * 4;
-    add("embedding forward", "[1024] -> [1024,128]", time_ms(reps, [&] { be->embedding_forward(tok, wte, wpe, T, out); }), bytes, true, 1);
-    add("embedding backward", "[1024,128]", time_ms(reps, [&] { be->embedding_backward(out, tok, T, dwte, dwpe); }), bytes, true, 1);
+    add("embedding forward", "[1024] -> [1024,128]",
+        time_ms(reps, [&] { be->embedding_forward(tok, wte, wpe, T, out); }), bytes, true, 1);
+    add("embedding backward", "[1024,128]",
+        time_ms(reps, [&] { be->embedding_backward(out, tok, T, dwte, dwpe); }), bytes, true, 1);
   }
   {
-    tensor x = randn({N, C}, 30), w = randn({C}, 31), b = randn({C}, 32), y = be->empty({N, C}, dtype::f32);
-    tensor mean = be->empty({N}, dtype::f32), rstd = be->empty({N}, dtype::f32), dx = be->empty({N, C}, dtype::f32);
+    tensor x = randn({N, C}, 30), w = randn({C}, 31), b = randn({C}, 32),
+           y = be->empty({N, C}, dtype::f32);
+    tensor mean = be->empty({N}, dtype::f32), rstd = be->empty({N}, dtype::f32),
+           dx = be->empty({N, C}, dtype::f32);
     tensor dw = be->empty({C}, dtype::f32), db = be->empty({C}, dtype::f32);
     const double bytes = 2.0 * N * C * 4;
-    add("layernorm forward", "[1024,128]", time_ms(reps, [&] { be->layernorm_forward(x, w, b, 1e-5f, y, mean, rstd); }), bytes, true, 2 * L + 1);
-    add("layernorm backward", "[1024,128]", time_ms(reps, [&] { be->layernorm_backward(y, x, w, mean, rstd, dx, dw, db); }), 1.5 * bytes, true, 2 * L + 1);
-    add("rmsnorm forward", "[1024,128]", time_ms(reps, [&] { be->rmsnorm_forward(x, w, 1e-5f, y, rstd); }), bytes, true, 0);
-    add("rmsnorm backward", "[1024,128]", time_ms(reps, [&] { be->rmsnorm_backward(y, x, w, rstd, dx, dw); }), 1.5 * bytes, true, 0);
-    add("residual add", "[1024,128]", time_ms(reps, [&] { be->add(x, y, dx); }), 3.0 * N * C * 4, true, 2 * L);
-    add("accumulate", "[1024,128]", time_ms(reps, [&] { be->accumulate(x, dx); }), 3.0 * N * C * 4, true, 2 * L);
+    add("layernorm forward", "[1024,128]",
+        time_ms(reps, [&] { be->layernorm_forward(x, w, b, 1e-5f, y, mean, rstd); }), bytes, true,
+        2 * L + 1);
+    add("layernorm backward", "[1024,128]",
+        time_ms(reps, [&] { be->layernorm_backward(y, x, w, mean, rstd, dx, dw, db); }),
+        1.5 * bytes, true, 2 * L + 1);
+    add("rmsnorm forward", "[1024,128]",
+        time_ms(reps, [&] { be->rmsnorm_forward(x, w, 1e-5f, y, rstd); }), bytes, true, 0);
+    add("rmsnorm backward", "[1024,128]",
+        time_ms(reps, [&] { be->rmsnorm_backward(y, x, w, rstd, dx, dw); }), 1.5 * bytes, true, 0);
+    add("residual add", "[1024,128]", time_ms(reps, [&] { be->add(x, y, dx); }), 3.0 * N * C * 4,
+        true, 2 * L);
+    add("accumulate", "[1024,128]", time_ms(reps, [&] { be->accumulate(x, dx); }), 3.0 * N * C * 4,
+        true, 2 * L);
   }
   {
-    tensor x = randn({N, F}, 40), y = be->empty({N, F}, dtype::f32), dx = be->empty({N, F}, dtype::f32);
+    tensor x = randn({N, F}, 40), y = be->empty({N, F}, dtype::f32),
+           dx = be->empty({N, F}, dtype::f32);
     tensor up = randn({N, F}, 41), du = be->empty({N, F}, dtype::f32);
     const double bytes = 2.0 * N * F * 4;
-    add("gelu forward", "[1024,512]", time_ms(reps, [&] { be->gelu_forward(x, y); }), bytes, true, L);
-    add("gelu backward", "[1024,512]", time_ms(reps, [&] { be->gelu_backward(y, x, dx); }), 1.5 * bytes, true, L);
-    add("swiglu forward", "[1024,512]", time_ms(reps, [&] { be->swiglu_forward(x, up, y); }), 1.5 * bytes, true, 0);
-    add("swiglu backward", "[1024,512]", time_ms(reps, [&] { be->swiglu_backward(y, x, up, dx, du); }), 3.0 * bytes, true, 0);
+    add("gelu forward", "[1024,512]", time_ms(reps, [&] { be->gelu_forward(x, y); }), bytes, true,
+        L);
+    add("gelu backward", "[1024,512]", time_ms(reps, [&] { be->gelu_backward(y, x, dx); }),
+        1.5 * bytes, true, L);
+    add("swiglu forward", "[1024,512]", time_ms(reps, [&] { be->swiglu_forward(x, up, y); }),
+        1.5 * bytes, true, 0);
+    add("swiglu backward", "[1024,512]",
+        time_ms(reps, [&] { be->swiglu_backward(y, x, up, dx, du); }), 3.0 * bytes, true, 0);
   }
   {
-    tensor qkv = randn({N, 3 * C}, 50), y = be->empty({N, 3 * C}, dtype::f32), dx = be->empty({N, 3 * C}, dtype::f32);
+    tensor qkv = randn({N, 3 * C}, 50), y = be->empty({N, 3 * C}, dtype::f32),
+           dx = be->empty({N, 3 * C}, dtype::f32);
     const double bytes = 2.0 * N * 3 * C * 4;
-    add("rope forward (q,k)", "[1024,384] 8 of 12 heads", time_ms(reps, [&] { be->rope_forward(qkv, T, 3 * H, 2 * H, D, 10000.0f, y); }), bytes, true, 0);
-    add("rope backward (q,k)", "[1024,384] 8 of 12 heads", time_ms(reps, [&] { be->rope_backward(y, T, 3 * H, 2 * H, D, 10000.0f, dx); }), 1.5 * bytes, true, 0);
+    add("rope forward (q,k)", "[1024,384] 8 of 12 heads",
+        time_ms(reps, [&] { be->rope_forward(qkv, T, 3 * H, 2 * H, D, 10000.0f, y); }), bytes, true,
+        0);
+    add("rope backward (q,k)", "[1024,384] 8 of 12 heads",
+        time_ms(reps, [&] { be->rope_backward(y, T, 3 * H, 2 * H, D, 10000.0f, dx); }), 1.5 * bytes,
+        true, 0);
     const troupe::kernels::attention_dims d{B, T, H, H, D};
-    tensor out = be->empty({N, C}, dtype::f32), lse = be->empty({B, H, T}, dtype::f32), dout = randn({N, C}, 51);
+    tensor out = be->empty({N, C}, dtype::f32), lse = be->empty({B, H, T}, dtype::f32),
+           dout = randn({N, C}, 51);
     const double flops = 4.0 * B * H * (T * (T + 1) / 2.0) * D;  // QKᵀ and PV, causal half
-    add("attention forward", "B16 T64 H4 D32", time_ms(reps, [&] { be->attention_forward(qkv, d, out, lse); }), flops, false, L);
-    add("attention backward", "B16 T64 H4 D32", time_ms(reps, [&] { be->attention_backward(dout, qkv, out, lse, d, dx); }), 2.5 * flops, false, L);
+    add("attention forward", "B16 T64 H4 D32",
+        time_ms(reps, [&] { be->attention_forward(qkv, d, out, lse); }), flops, false, L);
+    add("attention backward", "B16 T64 H4 D32",
+        time_ms(reps, [&] { be->attention_backward(dout, qkv, out, lse, d, dx); }), 2.5 * flops,
+        false, L);
   }
-  tensor logits = randn({N, V}, 60, 2.0f), targets = tokens(N, V, 61), losses = be->empty({N}, dtype::f32);
+  tensor logits = randn({N, V}, 60, 2.0f), targets = tokens(N, V, 61),
+         losses = be->empty({N}, dtype::f32);
   {
     tensor work = logits.clone();
     add("cross_entropy (+grad)", "[1024,50257]",
-        time_ms(reps, [&] { be->cross_entropy(work, targets, losses, 1.0f / N); },
-                [&] { std::memcpy(work.raw(), logits.raw(), logits.bytes()); }),
+        time_ms(
+            reps, [&] { be->cross_entropy(work, targets, losses, 1.0f / N); },
+            [&] { std::memcpy(work.raw(), logits.raw(), logits.bytes()); }),
         2.0 * N * V * 4, true, 1);
   }
   // Per optimizer step (not per micro-batch): the tiny model's ~7.2 M parameters in one buffer.
-  const std::int64_t params = static_cast<std::int64_t>(V) * C + T * C +
-                              L * (12LL * C * C + 13LL * C) + 2 * C;
+  const std::int64_t params =
+      static_cast<std::int64_t>(V) * C + T * C + L * (12LL * C * C + 13LL * C) + 2 * C;
   {
-    tensor p = randn({params}, 70, 0.02f), g = randn({params}, 71, 1e-3f), m = be->empty({params}, dtype::f32);
-    const std::int64_t nblocks = (params + troupe::kernels::norm_block - 1) / troupe::kernels::norm_block;
+    tensor p = randn({params}, 70, 0.02f), g = randn({params}, 71, 1e-3f),
+           m = be->empty({params}, dtype::f32);
+    const std::int64_t nblocks =
+        (params + troupe::kernels::norm_block - 1) / troupe::kernels::norm_block;
     tensor v = be->empty({params}, dtype::f32), blocks = be->empty({nblocks}, dtype::f64);
     troupe::kernels::adamw_params hp;
     hp.lr = 1e-3f;
     hp.weight_decay = 0.1f;
     char shape[32];
     std::snprintf(shape, sizeof shape, "[%lld]", static_cast<long long>(params));
-    add("adamw (per step)", shape, time_ms(reps, [&] { be->adamw(p, g, m, v, hp, none); }), 7.0 * params * 4, true, 0);
-    add("sumsq_blocks (per step)", shape, time_ms(reps, [&] { be->sumsq_blocks(g, blocks); }), 1.0 * params * 4, true, 0);
+    add("adamw (per step)", shape, time_ms(reps, [&] { be->adamw(p, g, m, v, hp, none); }),
+        7.0 * params * 4, true, 0);
+    add("sumsq_blocks (per step)", shape, time_ms(reps, [&] { be->sumsq_blocks(g, blocks); }),
+        1.0 * params * 4, true, 0);
   }
   // The head and loss over 8 row chunks of 128: the chunk's logits (26 MB) stay in the L3 cache
   // between the forward GEMM, the loss and the two backward GEMMs.
@@ -256,22 +297,27 @@ int main(int argc, char** argv) {
                 r.bytes ? "GB/s" : "GF/s", r.per_microbatch);
     mb_ms += r.ms * r.per_microbatch;
   }
-  std::printf("\nGPT-2 tiny, one micro-batch (1024 tokens) forward + backward, sum of the ops: %.1f ms"
-              " = %.0f tokens/s\n", mb_ms, N / (mb_ms * 1e-3));
-  std::printf("lm head + cross_entropy + both backward GEMMs: whole %.1f ms, in 8 row chunks %.1f ms\n",
-              head_whole, head_chunked);
-  std::printf("lm head forward as one sgemm on %d OpenBLAS threads (not used: bits vary): %.1f ms\n",
-              threads, native_ms);
+  std::printf(
+      "\nGPT-2 tiny, one micro-batch (1024 tokens) forward + backward, sum of the ops: %.1f ms"
+      " = %.0f tokens/s\n",
+      mb_ms, N / (mb_ms * 1e-3));
+  std::printf(
+      "lm head + cross_entropy + both backward GEMMs: whole %.1f ms, in 8 row chunks %.1f ms\n",
+      head_whole, head_chunked);
+  std::printf(
+      "lm head forward as one sgemm on %d OpenBLAS threads (not used: bits vary): %.1f ms\n",
+      threads, native_ms);
 
   if (!json_path.empty()) {
     std::ofstream js(json_path);
     js << "{\"threads\": " << threads << ", \"reps\": " << reps << ", \"ops\": [";
     for (std::size_t i = 0; i < rows.size(); ++i)
       js << (i ? ", " : "") << "{\"op\": \"" << rows[i].op << "\", \"shape\": \"" << rows[i].shape
-         << "\", \"ms\": " << rows[i].ms << ", \"per_microbatch\": " << rows[i].per_microbatch << "}";
+         << "\", \"ms\": " << rows[i].ms << ", \"per_microbatch\": " << rows[i].per_microbatch
+         << "}";
     js << "], \"microbatch_ms\": " << mb_ms << ", \"head_whole_ms\": " << head_whole
-       << ", \"head_chunked_ms\": " << head_chunked << ", \"head_forward_openblas_threads_ms\": "
-       << native_ms << "}\n";
+       << ", \"head_chunked_ms\": " << head_chunked
+       << ", \"head_forward_openblas_threads_ms\": " << native_ms << "}\n";
   }
   return 0;
 }

@@ -21,8 +21,8 @@ struct adamw_coeffs {
   float b1, b2, one_minus_b1, one_minus_b2, bc1, bc2, lr, eps, wd, grad_scale;
 };
 
-TROUPE_SIMD_CLONES void adamw_range(float* p, const float* grad, float* m, float* v,
-                                    adamw_coeffs k, std::int64_t i0, std::int64_t i1) {
+TROUPE_SIMD_CLONES void adamw_range(float* p, const float* grad, float* m, float* v, adamw_coeffs k,
+                                    std::int64_t i0, std::int64_t i1) {
   for (std::int64_t i = i0; i < i1; ++i) {
     const float g = grad[i] * k.grad_scale;
     const float mi = k.b1 * m[i] + k.one_minus_b1 * g;
@@ -47,8 +47,9 @@ void cpu_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
   c.numel(m, "m", n, "as many elements as param");
   c.numel(v, "v", n, "as many elements as param");
   if (low.defined()) {
-    c.require(low.dev().is_cpu() && (low.type() == core::dtype::bf16 || low.type() == core::dtype::f16),
-              "low must be a bf16 or fp16 host tensor");
+    c.require(
+        low.dev().is_cpu() && (low.type() == core::dtype::bf16 || low.type() == core::dtype::f16),
+        "low must be a bf16 or fp16 host tensor");
     c.numel(low, "low", n, "as many elements as param");
   }
   c.require(p.step >= 1, "step must be >= 1 (1-based), got " + std::to_string(p.step));

@@ -1,7 +1,7 @@
 // Causal scaled-dot-product attention on fused qkv, flash-style: the forward keeps only the
-// log-sum-exp of each query's scores, lse[b,h,t] = log Σ_{j<=t} exp(s_tj), s_tj = q_t·k_j / sqrt(D);
-// the backward recomputes the probabilities p_tj = exp(s_tj - lse) from q, k and lse. Neither
-// direction holds more than one row of T scores per thread; the T×T matrix never exists.
+// log-sum-exp of each query's scores, lse[b,h,t] = log Σ_{j<=t} exp(s_tj), s_tj = q_t·k_j /
+// sqrt(D); the backward recomputes the probabilities p_tj = exp(s_tj - lse) from q, k and lse.
+// Neither direction holds more than one row of T scores per thread; the T×T matrix never exists.
 //
 // Layout: qkv[B*T, (H + 2*Hkv)*D] holds, per row, H query heads, then Hkv key heads, then Hkv value
 // heads; query head h reads kv head h / (H/Hkv) (grouped-query attention; Hkv = H is plain
@@ -47,14 +47,14 @@ std::string dims_note(const attention_dims& d) {
 // What the per-task functions read and write; the backward leaves the forward-only fields null.
 struct attn_view {
   const float* qkv = nullptr;
-  const float* out = nullptr;   // forward output, read by the backward
+  const float* out = nullptr;  // forward output, read by the backward
   const float* dout = nullptr;
   const float* lse = nullptr;
   float* out_w = nullptr;
   float* lse_w = nullptr;
   float* dqkv = nullptr;
   int T = 0, D = 0, H = 0, Hkv = 0;
-  std::int64_t w = 0, ow = 0;   // row widths of qkv and out
+  std::int64_t w = 0, ow = 0;  // row widths of qkv and out
   float scale = 0;
 };
 

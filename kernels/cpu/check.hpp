@@ -1,6 +1,7 @@
 // Argument checks shared by the CPU ops. A failed check throws core::failure with the op's name,
 // what was expected, and every argument's dtype and shape, e.g.
-//   "layernorm_forward: w must be [C] = [8] (C = last dim of x); got x fp32 [4, 8], w fp32 [7], ..."
+//   "layernorm_forward: w must be [C] = [8] (C = last dim of x); got x fp32 [4, 8], w fp32 [7],
+//   ..."
 // so that a wrong call is diagnosed from the message alone.
 #pragma once
 
@@ -38,16 +39,16 @@ class op_check {
       msg += std::string(core::dtype_name(t->type())) + " " + core::shape_string(t->shape());
       if (!t->dev().is_cpu()) msg += " on " + t->dev().to_string();
     }
-    throw core::failure(msg + " (the cpu backend takes contiguous host tensors; see "
-                              "kernels/backend.hpp for each op's shapes)");
+    throw core::failure(msg +
+                        " (the cpu backend takes contiguous host tensors; see "
+                        "kernels/backend.hpp for each op's shapes)");
   }
 
   /// `t` is defined, on the host and of type `type`.
   void host(const core::tensor& t, const char* name, core::dtype type) const {
     require(t.defined(), std::string(name) + " must be defined");
     require(t.dev().is_cpu(), std::string(name) + " must be a host tensor");
-    require(t.type() == type,
-            std::string(name) + " must be " + core::dtype_name(type));
+    require(t.type() == type, std::string(name) + " must be " + core::dtype_name(type));
   }
 
   /// Like host(), but an undefined tensor is allowed (optional argument).
@@ -74,8 +75,8 @@ class op_check {
   void matrix(const core::tensor& t, const char* name, std::int64_t rows, std::int64_t cols,
               const std::string& meaning) const {
     require(t.rank() >= 1 && t.dim(-1) == cols && t.numel() == rows * cols,
-            std::string(name) + " must be [" + std::to_string(rows) + ", " +
-                std::to_string(cols) + "] (" + meaning + ")");
+            std::string(name) + " must be [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                "] (" + meaning + ")");
   }
 
  private:

@@ -46,17 +46,26 @@ bool is_float_type(core::dtype t) {
 
 float load_as_f32(const void* p, std::int64_t i, core::dtype t) {
   switch (t) {
-    case core::dtype::bf16: return core::bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-    case core::dtype::f16: return core::f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case core::dtype::bf16:
+      return core::bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    case core::dtype::f16:
+      return core::f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
   }
 }
 
 void store_from_f32(void* p, std::int64_t i, core::dtype t, float v) {
   switch (t) {
-    case core::dtype::bf16: static_cast<std::uint16_t*>(p)[i] = core::f32_to_bf16(v); break;
-    case core::dtype::f16: static_cast<std::uint16_t*>(p)[i] = core::f32_to_f16(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
+    case core::dtype::bf16:
+      static_cast<std::uint16_t*>(p)[i] = core::f32_to_bf16(v);
+      break;
+    case core::dtype::f16:
+      static_cast<std::uint16_t*>(p)[i] = core::f32_to_f16(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+      break;
   }
 }
 

@@ -65,7 +65,8 @@ TROUPE_SIMD_CLONES void ce_rows(float* xp, const std::int32_t* tgt, float* lp, s
     const float m = row_max(x, vocab);
     const float x_t = x[t];
     if (grad_scale == 0.0f) {
-      lp[r] = static_cast<float>(std::log(exp_sum<false>(x, m, vocab)) + (static_cast<double>(m) - x_t));
+      lp[r] = static_cast<float>(std::log(exp_sum<false>(x, m, vocab)) +
+                                 (static_cast<double>(m) - x_t));
       continue;
     }
     const double s = exp_sum<true>(x, m, vocab);
@@ -97,9 +98,9 @@ void cpu_backend::cross_entropy(tensor& logits, const tensor& targets, tensor& l
                           ") (hint: negative targets are ignored; others must index a logit)");
   float* xp = logits.data<float>();
   float* lp = losses.data<float>();
-  parallel_for(n, std::max<std::int64_t>(1, (1 << 16) / vocab), [&](std::int64_t r0, std::int64_t r1) {
-    ce_rows(xp, tgt, lp, r0, r1, vocab, grad_scale);
-  });
+  parallel_for(
+      n, std::max<std::int64_t>(1, (1 << 16) / vocab),
+      [&](std::int64_t r0, std::int64_t r1) { ce_rows(xp, tgt, lp, r0, r1, vocab, grad_scale); });
 }
 
 }  // namespace troupe::kernels::cpu

@@ -29,7 +29,8 @@ void check_tokens(const char* op, const std::int32_t* tok, std::int64_t n, std::
 
 void cpu_backend::embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe,
                                     int seq, tensor& out) {
-  op_check c("embedding_forward", {{"tokens", &tokens}, {"wte", &wte}, {"wpe", &wpe}, {"out", &out}});
+  op_check c("embedding_forward",
+             {{"tokens", &tokens}, {"wte", &wte}, {"wpe", &wpe}, {"out", &out}});
   c.host(tokens, "tokens", core::dtype::i32);
   c.host(wte, "wte", core::dtype::f32);
   c.optional(wpe, "wpe", core::dtype::f32);
@@ -78,9 +79,9 @@ void cpu_backend::embedding_backward(const tensor& dout, const tensor& tokens, i
   if (dwte.defined())
     c.require(dwte.rank() == 2 && dwte.dim(1) == ch, "dwte must be [V, C] with C = dout.dim(-1)");
   if (dwpe.defined())
-    c.require(dwpe.rank() == 2 && dwpe.dim(0) >= seq && dwpe.dim(1) == ch,
-              "dwpe must be [P, C] with P >= seq = " + std::to_string(seq) +
-                  " and C = dout.dim(-1)");
+    c.require(
+        dwpe.rank() == 2 && dwpe.dim(0) >= seq && dwpe.dim(1) == ch,
+        "dwpe must be [P, C] with P >= seq = " + std::to_string(seq) + " and C = dout.dim(-1)");
   const std::int32_t* tok = tokens.data<std::int32_t>();
   if (dwte.defined()) check_tokens("embedding_backward", tok, n, dwte.dim(0));
   const float* d = dout.data<float>();

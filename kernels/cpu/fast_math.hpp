@@ -21,7 +21,8 @@
 // (kernels/CMakeLists.txt) both versions perform the same IEEE operations on each element, and
 // the lane order of the sums is fixed by the index, so both give the same bits (checked once by
 // comparing every op's output with a build defining TROUPE_NO_SIMD_CLONES; docs/kernels.md).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(TROUPE_NO_SIMD_CLONES)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(TROUPE_NO_SIMD_CLONES)
 #define TROUPE_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define TROUPE_SIMD_CLONES
@@ -42,7 +43,8 @@ inline float fast_exp(float x) {
   xc = xc < lo ? lo : xc;
   const float t = xc * log2e + round_magic;
   const float n = t - round_magic;
-  const std::uint32_t n_bits = std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(round_magic);
+  const std::uint32_t n_bits =
+      std::bit_cast<std::uint32_t>(t) - std::bit_cast<std::uint32_t>(round_magic);
   const float r = (xc - n * ln2_hi) - n * ln2_lo;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;

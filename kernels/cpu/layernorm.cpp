@@ -57,10 +57,16 @@ void cpu_backend::layernorm_forward(const tensor& x, const tensor& w, const tens
 }
 
 void cpu_backend::layernorm_backward(const tensor& dy, const tensor& x, const tensor& w,
-                                     const tensor& mean, const tensor& rstd, tensor& dx,
-                                     tensor& dw, tensor& db) {
-  op_check c("layernorm_backward", {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean},
-                                    {"rstd", &rstd}, {"dx", &dx}, {"dw", &dw}, {"db", &db}});
+                                     const tensor& mean, const tensor& rstd, tensor& dx, tensor& dw,
+                                     tensor& db) {
+  op_check c("layernorm_backward", {{"dy", &dy},
+                                    {"x", &x},
+                                    {"w", &w},
+                                    {"mean", &mean},
+                                    {"rstd", &rstd},
+                                    {"dx", &dx},
+                                    {"dw", &dw},
+                                    {"db", &db}});
   c.host(dy, "dy", core::dtype::f32);
   c.host(x, "x", core::dtype::f32);
   c.host(w, "w", core::dtype::f32);

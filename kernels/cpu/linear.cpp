@@ -30,9 +30,11 @@ void blocked_sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, s
   if (m == 0 || n == 0) return;
   const bool cut_rows = m >= n;
   const std::int64_t len = cut_rows ? m : n;
-  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  std::int64_t blocks = std::min<std::int64_t>({max_blocks, std::max<std::int64_t>(1, len / min_block_len),
-                                                std::max<std::int64_t>(1, static_cast<std::int64_t>(flops / min_block_flops))});
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  std::int64_t blocks = std::min<std::int64_t>(
+      {max_blocks, std::max<std::int64_t>(1, len / min_block_len),
+       std::max<std::int64_t>(1, static_cast<std::int64_t>(flops / min_block_flops))});
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
   parallel_tasks(blocks, [&](std::int64_t i) {

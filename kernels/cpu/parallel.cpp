@@ -169,7 +169,8 @@ void parallel_tasks(std::int64_t tasks, const std::function<void(std::int64_t)>&
 void parallel_for(std::int64_t n, std::int64_t grain,
                   const std::function<void(std::int64_t, std::int64_t)>& fn) {
   if (n <= 0) return;
-  const std::int64_t parts = std::min<std::int64_t>(threads(), n / std::max<std::int64_t>(grain, 1));
+  const std::int64_t parts =
+      std::min<std::int64_t>(threads(), n / std::max<std::int64_t>(grain, 1));
   if (parts <= 1) {
     fn(0, n);
     return;

@@ -25,8 +25,7 @@ constexpr std::size_t max_cached_tables = 8;
 
 // Shape checks shared by forward and backward; returns the row count.
 std::int64_t check_rope(const op_check& c, const tensor& x, const char* x_name, const tensor& y,
-                        const char* y_name, int seq, int heads_total, int rot_heads,
-                        int head_dim) {
+                        const char* y_name, int seq, int heads_total, int rot_heads, int head_dim) {
   c.host(x, x_name, core::dtype::f32);
   c.host(y, y_name, core::dtype::f32);
   c.require(head_dim > 0 && head_dim % 2 == 0,
@@ -35,11 +34,12 @@ std::int64_t check_rope(const op_check& c, const tensor& x, const char* x_name, 
             "0 <= rot_heads <= heads_total is required, got rot_heads = " +
                 std::to_string(rot_heads) + ", heads_total = " + std::to_string(heads_total));
   const std::int64_t width = static_cast<std::int64_t>(heads_total) * head_dim;
-  c.require(x.rank() >= 1 && x.dim(-1) == width,
-            std::string(x_name) + " must be [N, heads_total * head_dim] = [N, " +
-                std::to_string(width) + "]");
+  c.require(x.rank() >= 1 && x.dim(-1) == width, std::string(x_name) +
+                                                     " must be [N, heads_total * head_dim] = [N, " +
+                                                     std::to_string(width) + "]");
   const std::int64_t n = rows_of(x);
-  c.require(seq > 0 && n % seq == 0, "the row count must be a multiple of seq = " + std::to_string(seq));
+  c.require(seq > 0 && n % seq == 0,
+            "the row count must be a multiple of seq = " + std::to_string(seq));
   c.matrix(y, y_name, n, width, std::string("the shape of ") + x_name);
   return n;
 }
@@ -47,7 +47,7 @@ std::int64_t check_rope(const op_check& c, const tensor& x, const char* x_name, 
 }  // namespace
 
 std::shared_ptr<const cpu_backend::rope_table> cpu_backend::rope_angles(int seq, int head_dim,
-                                                                         float theta) {
+                                                                        float theta) {
   std::lock_guard<std::mutex> lk(rope_mu_);
   for (const auto& t : rope_tables_)
     if (t->seq >= seq && t->head_dim == head_dim && t->theta == theta) return t;
@@ -80,24 +80,26 @@ void cpu_backend::rope_forward(const tensor& x, int seq, int heads_total, int ro
   const int half = head_dim / 2;
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  parallel_for(n, std::max<std::int64_t>(1, (1 << 14) / width), [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const float* cs = table->cos.data() + (r % seq) * half;
-      const float* sn = table->sin.data() + (r % seq) * half;
-      const float* xr = xp + r * width;
-      float* yr = yp + r * width;
-      for (int h = 0; h < rot_heads; ++h) {
-        const float* a = xr + h * head_dim;
-        float* b = yr + h * head_dim;
-        for (int i = 0; i < half; ++i) {
-          const float x1 = a[i], x2 = a[i + half];
-          b[i] = x1 * cs[i] - x2 * sn[i];
-          b[i + half] = x2 * cs[i] + x1 * sn[i];
-        }
-      }
-      if (yr != xr) std::copy(xr + rot_heads * head_dim, xr + width, yr + rot_heads * head_dim);
-    }
-  });
+  parallel_for(n, std::max<std::int64_t>(1, (1 << 14) / width),
+               [&](std::int64_t r0, std::int64_t r1) {
+                 for (std::int64_t r = r0; r < r1; ++r) {
+                   const float* cs = table->cos.data() + (r % seq) * half;
+                   const float* sn = table->sin.data() + (r % seq) * half;
+                   const float* xr = xp + r * width;
+                   float* yr = yp + r * width;
+                   for (int h = 0; h < rot_heads; ++h) {
+                     const float* a = xr + h * head_dim;
+                     float* b = yr + h * head_dim;
+                     for (int i = 0; i < half; ++i) {
+                       const float x1 = a[i], x2 = a[i + half];
+                       b[i] = x1 * cs[i] - x2 * sn[i];
+                       b[i + half] = x2 * cs[i] + x1 * sn[i];
+                     }
+                   }
+                   if (yr != xr)
+                     std::copy(xr + rot_heads * head_dim, xr + width, yr + rot_heads * head_dim);
+                 }
+               });
 }
 
 void cpu_backend::rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
@@ -109,25 +111,26 @@ void cpu_backend::rope_backward(const tensor& dy, int seq, int heads_total, int 
   const int half = head_dim / 2;
   const float* dyp = dy.data<float>();
   float* dxp = dx.data<float>();
-  parallel_for(n, std::max<std::int64_t>(1, (1 << 14) / width), [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const float* cs = table->cos.data() + (r % seq) * half;
-      const float* sn = table->sin.data() + (r % seq) * half;
-      const float* gr = dyp + r * width;
-      float* dr = dxp + r * width;
-      for (int h = 0; h < rot_heads; ++h) {
-        const float* g = gr + h * head_dim;
-        float* d = dr + h * head_dim;
-        for (int i = 0; i < half; ++i) {
-          const float g1 = g[i], g2 = g[i + half];
-          d[i] += g1 * cs[i] + g2 * sn[i];
-          d[i + half] += g2 * cs[i] - g1 * sn[i];
+  parallel_for(
+      n, std::max<std::int64_t>(1, (1 << 14) / width), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const float* cs = table->cos.data() + (r % seq) * half;
+          const float* sn = table->sin.data() + (r % seq) * half;
+          const float* gr = dyp + r * width;
+          float* dr = dxp + r * width;
+          for (int h = 0; h < rot_heads; ++h) {
+            const float* g = gr + h * head_dim;
+            float* d = dr + h * head_dim;
+            for (int i = 0; i < half; ++i) {
+              const float g1 = g[i], g2 = g[i + half];
+              d[i] += g1 * cs[i] + g2 * sn[i];
+              d[i + half] += g2 * cs[i] - g1 * sn[i];
+            }
+          }
+          for (std::int64_t j = static_cast<std::int64_t>(rot_heads) * head_dim; j < width; ++j)
+            dr[j] += gr[j];
         }
-      }
-      for (std::int64_t j = static_cast<std::int64_t>(rot_heads) * head_dim; j < width; ++j)
-        dr[j] += gr[j];
-    }
-  });
+      });
 }
 
 }  // namespace troupe::kernels::cpu

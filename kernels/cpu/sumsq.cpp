@@ -41,10 +41,12 @@ void cpu_backend::sumsq_blocks(const tensor& x, tensor& out) {
   c.host(x, "x", core::dtype::f32);
   c.host(out, "out", core::dtype::f64);
   const std::int64_t n = x.numel(), blocks = (n + norm_block - 1) / norm_block;
-  c.numel(out, "out", blocks, "ceil(x.numel() / norm_block), norm_block = " + std::to_string(norm_block));
+  c.numel(out, "out", blocks,
+          "ceil(x.numel() / norm_block), norm_block = " + std::to_string(norm_block));
   const float* xp = x.data<float>();
   double* op = out.data<double>();
-  parallel_for(blocks, 64, [&](std::int64_t b0, std::int64_t b1) { sumsq_range(xp, n, op, b0, b1); });
+  parallel_for(blocks, 64,
+               [&](std::int64_t b0, std::int64_t b1) { sumsq_range(xp, n, op, b0, b1); });
 }
 
 }  // namespace troupe::kernels::cpu

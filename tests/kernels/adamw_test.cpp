@@ -39,7 +39,8 @@ TEST_CASE("adamw follows the decoupled-weight-decay update over several steps") 
 
 TEST_CASE("adamw with zero gradient only decays the weights") {
   auto be = make_backend("cpu");
-  tensor p = randn({10}, 2), g = be->empty({10}, dtype::f32), m = be->empty({10}, dtype::f32), v = be->empty({10}, dtype::f32);
+  tensor p = randn({10}, 2), g = be->empty({10}, dtype::f32), m = be->empty({10}, dtype::f32),
+         v = be->empty({10}, dtype::f32);
   const vec p0 = to_vec(p);
   adamw_params hp;
   hp.lr = 0.1f;
@@ -54,7 +55,8 @@ TEST_CASE("adamw with zero gradient only decays the weights") {
 TEST_CASE("adamw writes the updated params rounded to bf16 and fp16 into low") {
   auto be = make_backend("cpu");
   for (dtype t : {dtype::bf16, dtype::f16}) {
-    tensor p = randn({100}, 3), g = randn({100}, 4), m = be->empty({100}, dtype::f32), v = be->empty({100}, dtype::f32);
+    tensor p = randn({100}, 3), g = randn({100}, 4), m = be->empty({100}, dtype::f32),
+           v = be->empty({100}, dtype::f32);
     tensor low = be->empty({100}, t);
     adamw_params hp;
     hp.lr = 1e-3f;
@@ -89,14 +91,16 @@ TEST_CASE("adamw gives the same bits with 1 or 2 threads") {
 
 TEST_CASE("adamw rejects mismatched sizes and step 0") {
   auto be = make_backend("cpu");
-  tensor p = randn({8}, 1), g = randn({7}, 2), m = be->empty({8}, dtype::f32), v = be->empty({8}, dtype::f32), none;
+  tensor p = randn({8}, 1), g = randn({7}, 2), m = be->empty({8}, dtype::f32),
+         v = be->empty({8}, dtype::f32), none;
   adamw_params hp;
   const std::string msg = failure_message([&] { be->adamw(p, g, m, v, hp, none); });
   CHECK(msg.find("adamw: grad must have 8 elements") != std::string::npos);
   CHECK(msg.find("grad fp32 [7]") != std::string::npos);
   tensor g8 = randn({8}, 3);
   hp.step = 0;
-  CHECK(failure_message([&] { be->adamw(p, g8, m, v, hp, none); }).find("step must be >= 1") != std::string::npos);
+  CHECK(failure_message([&] { be->adamw(p, g8, m, v, hp, none); }).find("step must be >= 1") !=
+        std::string::npos);
 }
 
 }  // namespace troupe::kernels::cpu_test

@@ -15,7 +15,8 @@ struct attn_out {
 attn_out attention_ref(const vec& qkv, const attention_dims& d) {
   const int B = d.batch, T = d.seq, H = d.heads, G = d.kv_heads, D = d.head_dim;
   const int W = (H + 2 * G) * D;
-  attn_out r{vec(static_cast<std::size_t>(B) * T * H * D), vec(static_cast<std::size_t>(B) * H * T)};
+  attn_out r{vec(static_cast<std::size_t>(B) * T * H * D),
+             vec(static_cast<std::size_t>(B) * H * T)};
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h) {
       const int g = h / (H / G);
@@ -87,7 +88,8 @@ TEST_CASE("attention backward matches central differences of the forward, for MH
   for (attention_dims d : {attention_dims{2, 5, 2, 2, 4}, attention_dims{2, 5, 4, 2, 4}}) {
     CAPTURE(d.kv_heads);
     const int w = (d.heads + 2 * d.kv_heads) * d.head_dim;
-    tensor qkv = randn({d.batch * d.seq, w}, 3), dout = randn({d.batch * d.seq, d.heads * d.head_dim}, 4);
+    tensor qkv = randn({d.batch * d.seq, w}, 3),
+           dout = randn({d.batch * d.seq, d.heads * d.head_dim}, 4);
     tensor out = make_out(*be, d), lse = make_lse(*be, d);
     be->attention_forward(qkv, d, out, lse);
     tensor dqkv = randn({d.batch * d.seq, w}, 5);
@@ -103,7 +105,8 @@ TEST_CASE("attention gives the same bits with 1 or 2 threads at the tiny demo's 
   const attention_dims d{16, 64, 4, 4, 32};
   tensor qkv = randn({1024, 384}, 6), dout = randn({1024, 128}, 7);
   auto run = [&] {
-    tensor out = make_out(*be, d), lse = make_lse(*be, d), dqkv = be->empty({1024, 384}, dtype::f32);
+    tensor out = make_out(*be, d), lse = make_lse(*be, d),
+           dqkv = be->empty({1024, 384}, dtype::f32);
     be->attention_forward(qkv, d, out, lse);
     be->attention_backward(dout, qkv, out, lse, d, dqkv);
     return std::vector<tensor>{out, lse, dqkv};
@@ -123,12 +126,14 @@ TEST_CASE("attention shape errors name the op, the dims and the shapes") {
   tensor qkv = randn({8, 64}, 1), out = make_out(*be, d), lse = make_lse(*be, d);
   CHECK(failure_message([&] { be->attention_forward(qkv, d, out, lse); }).empty());
   tensor narrow = randn({8, 48}, 2);
-  const std::string narrow_msg = failure_message([&] { be->attention_forward(narrow, d, out, lse); });
+  const std::string narrow_msg =
+      failure_message([&] { be->attention_forward(narrow, d, out, lse); });
   CHECK(narrow_msg.find("attention_forward: qkv must be [8, 64]") != std::string::npos);
   CHECK(narrow_msg.find("qkv fp32 [8, 48]") != std::string::npos);
   const attention_dims bad{2, 4, 3, 2, 8};
-  CHECK(failure_message([&] { be->attention_forward(qkv, bad, out, lse); }).find("heads % kv_heads == 0") !=
-        std::string::npos);
+  CHECK(failure_message([&] {
+          be->attention_forward(qkv, bad, out, lse);
+        }).find("heads % kv_heads == 0") != std::string::npos);
 }
 
 }  // namespace troupe::kernels::cpu_test

@@ -1,11 +1,11 @@
 // Backend selection, memory primitives and the thread pool of the CPU backend.
+#include <cblas.h>
+
 #include <atomic>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <thread>
-
-#include <cblas.h>
 
 #include "kernels/cpu/parallel.hpp"
 #include "tests/kernels/cpu_test_util.hpp"
@@ -16,9 +16,12 @@ TEST_CASE("make_backend gives a cpu backend for \"cpu\" and explains other devic
   auto be = make_backend("cpu");
   CHECK(be->name() == "cpu");
   CHECK(be->dev().is_cpu());
-  CHECK(failure_message([] { make_backend("tpu"); }).find("unknown device \"tpu\"") != std::string::npos);
-  CHECK(failure_message([] { make_backend("cuda:x"); }).find("unknown device") != std::string::npos);
-  CHECK(failure_message([] { make_backend("cuda:-1"); }).find("unknown device") != std::string::npos);
+  CHECK(failure_message([] { make_backend("tpu"); }).find("unknown device \"tpu\"") !=
+        std::string::npos);
+  CHECK(failure_message([] { make_backend("cuda:x"); }).find("unknown device") !=
+        std::string::npos);
+  CHECK(failure_message([] { make_backend("cuda:-1"); }).find("unknown device") !=
+        std::string::npos);
 #ifndef TROUPE_HAVE_CUDA
   CHECK_FALSE(cuda_available());
   const std::string msg = failure_message([] { make_backend("cuda:1"); });
@@ -53,10 +56,12 @@ TEST_CASE("cpu memory primitives: empty is zeroed, copy, zero, convert and host 
   for (int i = 0; i < 15; ++i)
     CHECK(again.data<float>()[i] == core::bf16_to_f32(core::f32_to_bf16(x.data<float>()[i])));
   tensor wrong = be->empty({4}, dtype::f32);
-  CHECK(failure_message([&] { be->copy(x, wrong); }).find("copy: src and dst must have the same byte size") !=
-        std::string::npos);
-  CHECK(failure_message([&] { be->convert(x, wrong); }).find("convert: src and dst must have the same shape") !=
-        std::string::npos);
+  CHECK(failure_message([&] {
+          be->copy(x, wrong);
+        }).find("copy: src and dst must have the same byte size") != std::string::npos);
+  CHECK(failure_message([&] {
+          be->convert(x, wrong);
+        }).find("convert: src and dst must have the same shape") != std::string::npos);
 }
 
 TEST_CASE("parallel_tasks runs every task once, on two threads when allowed") {

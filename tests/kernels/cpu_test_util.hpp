@@ -79,8 +79,8 @@ inline void check_close(const tensor& got, const vec& want, double rtol, double 
       at = i;
     }
   }
-  INFO(what << ": worst element " << at << " got " << g[at] << " want " << want[at]
-            << " (rtol " << rtol << ", atol " << atol << ")");
+  INFO(what << ": worst element " << at << " got " << g[at] << " want " << want[at] << " (rtol "
+            << rtol << ", atol " << atol << ")");
   CHECK(worst <= 1.0);
 }
 

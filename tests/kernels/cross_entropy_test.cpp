@@ -27,7 +27,8 @@ tensor targets_of(const std::vector<int>& t) {
 
 }  // namespace
 
-TEST_CASE("cross_entropy losses match float64, gradients match central differences times grad_scale") {
+TEST_CASE(
+    "cross_entropy losses match float64, gradients match central differences times grad_scale") {
   auto be = make_backend("cpu");
   const int vocab = 13;
   const std::vector<int> tgt = {3, 0, 12, 7, 5};
@@ -111,10 +112,13 @@ TEST_CASE("cross_entropy propagates NaN logits into the loss") {
 TEST_CASE("cross_entropy rejects targets past the vocabulary and mismatched shapes") {
   auto be = make_backend("cpu");
   tensor logits = randn({2, 10}, 8), losses = be->empty({2}, dtype::f32);
-  CHECK(failure_message([&] { be->cross_entropy(logits, targets_of({1, 10}), losses, 1.0f); })
-            .find("target 10 at row 1 is outside the vocabulary [0, 10)") != std::string::npos);
+  CHECK(failure_message([&] {
+          be->cross_entropy(logits, targets_of({1, 10}), losses, 1.0f);
+        }).find("target 10 at row 1 is outside the vocabulary [0, 10)") != std::string::npos);
   tensor three = be->empty({3}, dtype::f32);
-  const std::string msg = failure_message([&] { be->cross_entropy(logits, targets_of({1, 2}), three, 1.0f); });
+  const std::string msg = failure_message([&] {
+    be->cross_entropy(logits, targets_of({1, 2}), three, 1.0f);
+  });
   CHECK(msg.find("cross_entropy: losses must have 2 elements") != std::string::npos);
   CHECK(msg.find("logits fp32 [2, 10]") != std::string::npos);
 }

@@ -31,7 +31,8 @@ TEST_CASE("embedding forward adds token and position rows, position = row % seq"
   const vec pv = to_vec(wpe);
   check_close(out, embedding_ref(ints(tok), to_vec(wte), &pv, seq, ch), 1.2e-7, 0, "out with wpe");
   be->embedding_forward(tok, wte, tensor(), seq, out);
-  check_close(out, embedding_ref(ints(tok), to_vec(wte), nullptr, seq, ch), 0, 0, "out without wpe");
+  check_close(out, embedding_ref(ints(tok), to_vec(wte), nullptr, seq, ch), 0, 0,
+              "out without wpe");
 }
 
 TEST_CASE("embedding backward matches central differences and adds repeated tokens") {
@@ -44,8 +45,10 @@ TEST_CASE("embedding backward matches central differences and adds repeated toke
   tensor wte = randn({vocab, ch}, 4), wpe = randn({seq, ch}, 5), dout = randn({batch * seq, ch}, 6);
   const vec tev = to_vec(wte), pev = to_vec(wpe), dv = to_vec(dout);
   const auto t = ints(tok);
-  const vec want_te = numeric_grad([&](const vec& v) { return embedding_ref(t, v, &pev, seq, ch); }, tev, dv);
-  const vec want_pe = numeric_grad([&](const vec& v) { return embedding_ref(t, tev, &v, seq, ch); }, pev, dv);
+  const vec want_te =
+      numeric_grad([&](const vec& v) { return embedding_ref(t, v, &pev, seq, ch); }, tev, dv);
+  const vec want_pe =
+      numeric_grad([&](const vec& v) { return embedding_ref(t, tev, &v, seq, ch); }, pev, dv);
   tensor dwte = randn({vocab, ch}, 7), dwpe = randn({seq, ch}, 8);
   const vec te0 = to_vec(dwte), pe0 = to_vec(dwpe);
   be->embedding_backward(dout, tok, seq, dwte, dwpe);
@@ -72,7 +75,10 @@ TEST_CASE("embedding backward over 2B rows equals two calls over B rows, with an
   };
   std::pair<tensor, tensor> one, two, split;
   with_threads(1, [&] { one = run(false); });
-  with_threads(2, [&] { two = run(false); split = run(true); });
+  with_threads(2, [&] {
+    two = run(false);
+    split = run(true);
+  });
   CHECK(same_bits(one.first, two.first));
   CHECK(same_bits(one.second, two.second));
   CHECK(same_bits(two.first, split.first));
@@ -84,7 +90,8 @@ TEST_CASE("embedding rejects tokens outside the vocabulary and mismatched shapes
   tensor tok = tensor::zeros({4}, dtype::i32);
   tok.data<std::int32_t>()[2] = 9;
   tensor wte = randn({9, 3}, 1), out = be->empty({4, 3}, dtype::f32);
-  const std::string msg = failure_message([&] { be->embedding_forward(tok, wte, tensor(), 2, out); });
+  const std::string msg =
+      failure_message([&] { be->embedding_forward(tok, wte, tensor(), 2, out); });
   CHECK(msg.find("token 9 at row 2") != std::string::npos);
   tok.data<std::int32_t>()[2] = 0;
   tensor narrow = be->empty({4, 2}, dtype::f32);
@@ -92,8 +99,9 @@ TEST_CASE("embedding rejects tokens outside the vocabulary and mismatched shapes
       failure_message([&] { be->embedding_forward(tok, wte, tensor(), 2, narrow); });
   CHECK(shape_msg.find("embedding_forward: out must be [4, 3]") != std::string::npos);
   CHECK(shape_msg.find("out fp32 [4, 2]") != std::string::npos);
-  CHECK(failure_message([&] { be->embedding_forward(tok, wte, tensor(), 3, out); })
-            .find("multiple of seq = 3") != std::string::npos);
+  CHECK(failure_message([&] {
+          be->embedding_forward(tok, wte, tensor(), 3, out);
+        }).find("multiple of seq = 3") != std::string::npos);
 }
 
 }  // namespace troupe::kernels::cpu_test

@@ -9,7 +9,8 @@ namespace {
 vec gelu_ref(const vec& x) {
   vec y(x.size());
   for (std::size_t i = 0; i < x.size(); ++i)
-    y[i] = 0.5 * x[i] * (1 + std::tanh(std::sqrt(2 / M_PI) * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+    y[i] =
+        0.5 * x[i] * (1 + std::tanh(std::sqrt(2 / M_PI) * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
   return y;
 }
 

@@ -18,7 +18,8 @@ ln_out layernorm_ref(const vec& x, const vec& w, const vec* b, int n, int ch, do
     m /= ch;
     for (int j = 0; j < ch; ++j) v += (x[r * ch + j] - m) * (x[r * ch + j] - m);
     const double s = 1.0 / std::sqrt(v / ch + eps);
-    for (int j = 0; j < ch; ++j) o.y[r * ch + j] = (x[r * ch + j] - m) * s * w[j] + (b ? (*b)[j] : 0.0);
+    for (int j = 0; j < ch; ++j)
+      o.y[r * ch + j] = (x[r * ch + j] - m) * s * w[j] + (b ? (*b)[j] : 0.0);
     o.mean[r] = m;
     o.rstd[r] = s;
   }
@@ -33,7 +34,8 @@ TEST_CASE("layernorm forward matches a float64 reference and saves mean and rstd
   // An offset mean tests the two-pass variance.
   tensor x = randn({n, ch}, 1, 2.0f), w = randn({ch}, 2), b = randn({ch}, 3);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += 5.0f;
-  tensor y = be->empty({n, ch}, dtype::f32), mean = be->empty({n}, dtype::f32), rstd = be->empty({n}, dtype::f32);
+  tensor y = be->empty({n, ch}, dtype::f32), mean = be->empty({n}, dtype::f32),
+         rstd = be->empty({n}, dtype::f32);
   be->layernorm_forward(x, w, b, 1e-5f, y, mean, rstd);
   const vec bv = to_vec(b);
   const ln_out want = layernorm_ref(to_vec(x), to_vec(w), &bv, n, ch, 1e-5);
@@ -41,7 +43,8 @@ TEST_CASE("layernorm forward matches a float64 reference and saves mean and rstd
   check_close(mean, want.mean, 1e-6, 1e-6, "mean");
   check_close(rstd, want.rstd, 1e-5, 0, "rstd");
   be->layernorm_forward(x, w, tensor(), 1e-5f, y, mean, rstd);
-  check_close(y, layernorm_ref(to_vec(x), to_vec(w), nullptr, n, ch, 1e-5).y, 1e-5, 1e-5, "y without bias");
+  check_close(y, layernorm_ref(to_vec(x), to_vec(w), nullptr, n, ch, 1e-5).y, 1e-5, 1e-5,
+              "y without bias");
 }
 
 TEST_CASE("layernorm backward matches central differences and accumulates") {
@@ -53,7 +56,8 @@ TEST_CASE("layernorm backward matches central differences and accumulates") {
   auto f_x = [&](const vec& v) { return layernorm_ref(v, wv, &bv, n, ch, eps).y; };
   auto f_w = [&](const vec& v) { return layernorm_ref(xv, v, &bv, n, ch, eps).y; };
   auto f_b = [&](const vec& v) { return layernorm_ref(xv, wv, &v, n, ch, eps).y; };
-  tensor y = be->empty({n, ch}, dtype::f32), mean = be->empty({n}, dtype::f32), rstd = be->empty({n}, dtype::f32);
+  tensor y = be->empty({n, ch}, dtype::f32), mean = be->empty({n}, dtype::f32),
+         rstd = be->empty({n}, dtype::f32);
   be->layernorm_forward(x, w, b, static_cast<float>(eps), y, mean, rstd);
   tensor dx = randn({n, ch}, 8), dw = randn({ch}, 9), db = randn({ch}, 10);
   const vec dx0 = to_vec(dx), dw0 = to_vec(dw), db0 = to_vec(db);
@@ -68,8 +72,10 @@ TEST_CASE("layernorm gives the same bits with 1 or 2 threads") {
   const int n = 1024, ch = 128;
   tensor x = randn({n, ch}, 11), w = randn({ch}, 12), b = randn({ch}, 13), dy = randn({n, ch}, 14);
   auto run = [&] {
-    tensor y = be->empty({n, ch}, dtype::f32), mean = be->empty({n}, dtype::f32), rstd = be->empty({n}, dtype::f32);
-    tensor dx = be->empty({n, ch}, dtype::f32), dw = be->empty({ch}, dtype::f32), db = be->empty({ch}, dtype::f32);
+    tensor y = be->empty({n, ch}, dtype::f32), mean = be->empty({n}, dtype::f32),
+           rstd = be->empty({n}, dtype::f32);
+    tensor dx = be->empty({n, ch}, dtype::f32), dw = be->empty({ch}, dtype::f32),
+           db = be->empty({ch}, dtype::f32);
     be->layernorm_forward(x, w, b, 1e-5f, y, mean, rstd);
     be->layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
     return std::vector<tensor>{y, mean, rstd, dx, dw, db};
@@ -87,12 +93,14 @@ TEST_CASE("layernorm shape errors name the op and the shapes") {
   auto be = make_backend("cpu");
   tensor x = randn({4, 8}, 1), w = randn({7}, 2), y = be->empty({4, 8}, dtype::f32);
   tensor mean = be->empty({4}, dtype::f32), rstd = be->empty({4}, dtype::f32);
-  const std::string msg = failure_message([&] { be->layernorm_forward(x, w, tensor(), 1e-5f, y, mean, rstd); });
+  const std::string msg =
+      failure_message([&] { be->layernorm_forward(x, w, tensor(), 1e-5f, y, mean, rstd); });
   CHECK(msg.find("layernorm_forward: w must be [8]") != std::string::npos);
   CHECK(msg.find("w fp32 [7]") != std::string::npos);
   tensor w8 = randn({8}, 3), short_rstd = be->empty({3}, dtype::f32);
-  CHECK(failure_message([&] { be->layernorm_forward(x, w8, tensor(), 1e-5f, y, mean, short_rstd); })
-            .find("rstd must have 4 elements") != std::string::npos);
+  CHECK(failure_message([&] {
+          be->layernorm_forward(x, w8, tensor(), 1e-5f, y, mean, short_rstd);
+        }).find("rstd must have 4 elements") != std::string::npos);
 }
 
 }  // namespace troupe::kernels::cpu_test

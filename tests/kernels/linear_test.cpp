@@ -30,7 +30,8 @@ TEST_CASE("linear forward matches a float64 reference, with and without bias") {
     const vec bv = to_vec(b);
     check_close(y, linear_ref(to_vec(x), to_vec(w), &bv, n, ic, oc), 1e-5, 1e-5, "y with bias");
     be->linear_forward(x, w, tensor(), y);
-    check_close(y, linear_ref(to_vec(x), to_vec(w), nullptr, n, ic, oc), 1e-5, 1e-5, "y without bias");
+    check_close(y, linear_ref(to_vec(x), to_vec(w), nullptr, n, ic, oc), 1e-5, 1e-5,
+                "y without bias");
   }
 }
 
@@ -39,9 +40,12 @@ TEST_CASE("linear backward matches central differences of the forward and accumu
   const int n = 6, ic = 5, oc = 4;
   tensor x = randn({n, ic}, 4), w = randn({oc, ic}, 5), b = randn({oc}, 6), dy = randn({n, oc}, 7);
   const vec xv = to_vec(x), wv = to_vec(w), bv = to_vec(b), dyv = to_vec(dy);
-  const vec want_dx = numeric_grad([&](const vec& v) { return linear_ref(v, wv, &bv, n, ic, oc); }, xv, dyv);
-  const vec want_dw = numeric_grad([&](const vec& v) { return linear_ref(xv, v, &bv, n, ic, oc); }, wv, dyv);
-  const vec want_db = numeric_grad([&](const vec& v) { return linear_ref(xv, wv, &v, n, ic, oc); }, bv, dyv);
+  const vec want_dx =
+      numeric_grad([&](const vec& v) { return linear_ref(v, wv, &bv, n, ic, oc); }, xv, dyv);
+  const vec want_dw =
+      numeric_grad([&](const vec& v) { return linear_ref(xv, v, &bv, n, ic, oc); }, wv, dyv);
+  const vec want_db =
+      numeric_grad([&](const vec& v) { return linear_ref(xv, wv, &v, n, ic, oc); }, bv, dyv);
   // Start from non-zero gradients: every backward adds.
   tensor dx = randn({n, ic}, 8), dw = randn({oc, ic}, 9), db = randn({oc}, 10);
   const vec dx0 = to_vec(dx), dw0 = to_vec(dw), db0 = to_vec(db);
@@ -82,7 +86,10 @@ TEST_CASE("linear gives the same bits with 1 or 2 threads and on a repeated call
     };
     std::vector<tensor> one, two, again;
     with_threads(1, [&] { one = run(); });
-    with_threads(2, [&] { two = run(); again = run(); });
+    with_threads(2, [&] {
+      two = run();
+      again = run();
+    });
     for (std::size_t i = 0; i < one.size(); ++i) {
       CAPTURE(i);
       CHECK(same_bits(one[i], two[i]));
@@ -116,12 +123,14 @@ TEST_CASE("linear shape errors name the op and the shapes") {
   CHECK(msg.find("x fp32 [7, 4]") != std::string::npos);
   CHECK(msg.find("w fp32 [6, 5]") != std::string::npos);
   tensor dx = be->empty({7, 4}, dtype::f32), dy = randn({7, 5}, 3);
-  CHECK(failure_message([&] { be->linear_backward_input(dy, w, dx); }).find("linear_backward_input") !=
-        std::string::npos);
+  CHECK(failure_message([&] {
+          be->linear_backward_input(dy, w, dx);
+        }).find("linear_backward_input") != std::string::npos);
   tensor dw = be->empty({6, 5}, dtype::f32), bad_db = be->empty({5}, dtype::f32);
   tensor dy_ok = randn({7, 6}, 4), x_ok = randn({7, 5}, 5);
-  CHECK(failure_message([&] { be->linear_backward_weight(dy_ok, x_ok, dw, bad_db); })
-            .find("db must be [6]") != std::string::npos);
+  CHECK(failure_message([&] {
+          be->linear_backward_weight(dy_ok, x_ok, dw, bad_db);
+        }).find("db must be [6]") != std::string::npos);
   tensor half = be->empty({7, 5}, dtype::bf16);
   CHECK(failure_message([&] { be->linear_forward(half, w, tensor(), y); }).find("x must be fp32") !=
         std::string::npos);

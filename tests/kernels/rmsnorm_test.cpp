@@ -71,7 +71,8 @@ TEST_CASE("rmsnorm gives the same bits with 1 or 2 threads") {
 TEST_CASE("rmsnorm shape errors name the op and the shapes") {
   auto be = make_backend("cpu");
   tensor x = randn({3, 4}, 1), w = randn({4}, 2), y = be->empty({3, 4}, dtype::f32);
-  tensor rstd = be->empty({3}, dtype::f32), dx = be->empty({3, 5}, dtype::f32), dw = be->empty({4}, dtype::f32);
+  tensor rstd = be->empty({3}, dtype::f32), dx = be->empty({3, 5}, dtype::f32),
+         dw = be->empty({4}, dtype::f32);
   const std::string msg = failure_message([&] { be->rmsnorm_backward(y, x, w, rstd, dx, dw); });
   CHECK(msg.find("rmsnorm_backward: dx must be [3, 4]") != std::string::npos);
   CHECK(msg.find("dx fp32 [3, 5]") != std::string::npos);

@@ -56,7 +56,8 @@ TEST_CASE("rope uses theta^(-2i/D) per pair at long positions") {
 TEST_CASE("rope backward matches central differences and accumulates") {
   auto be = make_backend("cpu");
   const int seq = 3, heads = 3, rot = 2, d = 4, rows = 6;
-  tensor x = randn({rows, heads * d}, 3), dy = randn({rows, heads * d}, 4), dx = randn({rows, heads * d}, 5);
+  tensor x = randn({rows, heads * d}, 3), dy = randn({rows, heads * d}, 4),
+         dx = randn({rows, heads * d}, 5);
   const vec dx0 = to_vec(dx);
   be->rope_backward(dy, seq, heads, rot, d, 100.0f, dx);
   auto f = [&](const vec& v) { return rope_ref(v, rows, seq, heads, rot, d, 100.0); };
@@ -65,7 +66,8 @@ TEST_CASE("rope backward matches central differences and accumulates") {
 
 TEST_CASE("rope backward of rope forward returns the input (the rotation is orthogonal)") {
   auto be = make_backend("cpu");
-  tensor x = randn({32, 64}, 6), y = be->empty({32, 64}, dtype::f32), back = be->empty({32, 64}, dtype::f32);
+  tensor x = randn({32, 64}, 6), y = be->empty({32, 64}, dtype::f32),
+         back = be->empty({32, 64}, dtype::f32);
   be->rope_forward(x, 16, 2, 2, 32, 10000.0f, y);
   be->rope_backward(y, 16, 2, 2, 32, 10000.0f, back);
   check_close(back, to_vec(x), 1e-5, 1e-6, "Rᵀ R x");
@@ -90,12 +92,15 @@ TEST_CASE("rope gives the same bits with 1 or 2 threads") {
 TEST_CASE("rope rejects odd head_dim, too many rotated heads and wrong widths") {
   auto be = make_backend("cpu");
   tensor x = randn({4, 12}, 1), y = be->empty({4, 12}, dtype::f32);
-  CHECK(failure_message([&] { be->rope_forward(x, 4, 4, 4, 3, 1e4f, y); }).find("head_dim must be even") !=
-        std::string::npos);
-  CHECK(failure_message([&] { be->rope_forward(x, 4, 3, 4, 4, 1e4f, y); }).find("rot_heads <= heads_total") !=
-        std::string::npos);
+  CHECK(failure_message([&] {
+          be->rope_forward(x, 4, 4, 4, 3, 1e4f, y);
+        }).find("head_dim must be even") != std::string::npos);
+  CHECK(failure_message([&] {
+          be->rope_forward(x, 4, 3, 4, 4, 1e4f, y);
+        }).find("rot_heads <= heads_total") != std::string::npos);
   const std::string msg = failure_message([&] { be->rope_forward(x, 4, 2, 2, 4, 1e4f, y); });
-  CHECK(msg.find("rope_forward: x must be [N, heads_total * head_dim] = [N, 8]") != std::string::npos);
+  CHECK(msg.find("rope_forward: x must be [N, heads_total * head_dim] = [N, 8]") !=
+        std::string::npos);
   CHECK(msg.find("x fp32 [4, 12]") != std::string::npos);
 }
 

@@ -6,7 +6,8 @@
 
 namespace troupe::kernels::cpu_test {
 
-TEST_CASE("sumsq_blocks sums squares per block of norm_block elements in fp64, last block partial") {
+TEST_CASE(
+    "sumsq_blocks sums squares per block of norm_block elements in fp64, last block partial") {
   auto be = make_backend("cpu");
   const std::int64_t n = 3 * norm_block + 100;
   tensor x = randn({n}, 1), out = be->empty({4}, dtype::f64);
@@ -14,7 +15,8 @@ TEST_CASE("sumsq_blocks sums squares per block of norm_block elements in fp64, l
   const vec xv = to_vec(x);
   for (int b = 0; b < 4; ++b) {
     double want = 0;
-    for (std::int64_t i = b * norm_block; i < std::min(n, (b + 1) * norm_block); ++i) want += xv[i] * xv[i];
+    for (std::int64_t i = b * norm_block; i < std::min(n, (b + 1) * norm_block); ++i)
+      want += xv[i] * xv[i];
     CAPTURE(b);
     CHECK(std::abs(out.data<double>()[b] - want) <= 1e-13 * want);
   }
@@ -37,13 +39,16 @@ TEST_CASE("sumsq_blocks of a buffer equals the sums of its block-aligned parts, 
 TEST_CASE("sumsq_blocks checks the output size") {
   auto be = make_backend("cpu");
   tensor x = randn({norm_block + 1}, 3), out = be->empty({1}, dtype::f64);
-  CHECK(failure_message([&] { be->sumsq_blocks(x, out); }).find("sumsq_blocks: out must have 2 elements") !=
-        std::string::npos);
+  CHECK(failure_message([&] {
+          be->sumsq_blocks(x, out);
+        }).find("sumsq_blocks: out must have 2 elements") != std::string::npos);
 }
 
-TEST_CASE("has_nonfinite finds NaN and infinities in fp32, bf16 and fp16, and nothing in finite data") {
+TEST_CASE(
+    "has_nonfinite finds NaN and infinities in fp32, bf16 and fp16, and nothing in finite data") {
   auto be = make_backend("cpu");
-  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(),
                        -std::numeric_limits<float>::infinity()};
   for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
     CAPTURE(core::dtype_name(t));

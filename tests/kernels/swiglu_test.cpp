@@ -28,17 +28,21 @@ TEST_CASE("swiglu backward matches central differences and accumulates") {
   auto be = make_backend("cpu");
   tensor gate = randn({40}, 3, 2.0f), up = randn({40}, 4), dy = randn({40}, 5);
   tensor dgate = randn({40}, 6), dup = randn({40}, 7);
-  const vec g = to_vec(gate), u = to_vec(up), d = to_vec(dy), dg0 = to_vec(dgate), du0 = to_vec(dup);
+  const vec g = to_vec(gate), u = to_vec(up), d = to_vec(dy), dg0 = to_vec(dgate),
+            du0 = to_vec(dup);
   be->swiglu_backward(dy, gate, up, dgate, dup);
-  check_close(dgate, plus(dg0, numeric_grad([&](const vec& v) { return swiglu_ref(v, u); }, g, d)), 1e-5, 1e-6, "dgate");
-  check_close(dup, plus(du0, numeric_grad([&](const vec& v) { return swiglu_ref(g, v); }, u, d)), 1e-5, 1e-6, "dup");
+  check_close(dgate, plus(dg0, numeric_grad([&](const vec& v) { return swiglu_ref(v, u); }, g, d)),
+              1e-5, 1e-6, "dgate");
+  check_close(dup, plus(du0, numeric_grad([&](const vec& v) { return swiglu_ref(g, v); }, u, d)),
+              1e-5, 1e-6, "dup");
 }
 
 TEST_CASE("swiglu gives the same bits with 1 or 2 threads") {
   auto be = make_backend("cpu");
   tensor gate = randn({512, 344}, 8), up = randn({512, 344}, 9), dy = randn({512, 344}, 10);
   auto run = [&] {
-    tensor y = be->empty({512, 344}, dtype::f32), dg = be->empty({512, 344}, dtype::f32), du = be->empty({512, 344}, dtype::f32);
+    tensor y = be->empty({512, 344}, dtype::f32), dg = be->empty({512, 344}, dtype::f32),
+           du = be->empty({512, 344}, dtype::f32);
     be->swiglu_forward(gate, up, y);
     be->swiglu_backward(dy, gate, up, dg, du);
     return std::vector<tensor>{y, dg, du};
