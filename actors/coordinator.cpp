@@ -28,7 +28,7 @@ struct coord_state {
   double lr = 0;
   std::vector<stage_report> reports;
   int shard_reports = 0;
-  std::uint64_t shard_state_bytes_max = 0;
+  std::map<std::pair<int, int>, std::uint64_t> shard_bytes;  // (pp, part) -> optimizer state
   clock_t_::time_point t_step;
   // run
   clock_t_::time_point t_start;
@@ -86,10 +86,28 @@ void fail(self_t* self, const job& j, core::error e) {
   shutdown(self, j);
 }
 
+/// The memory each stage and shard held: what recompute and ZeRO are for.
+void print_memory(const coord_state& st, const job& j) {
+  if (!j.log || st.reports.empty()) return;
+  auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  std::fprintf(j.log, "memory: peak saved activations per stage (recompute %s):",
+               j.cfg.recompute.mode == core::recompute_mode::none   ? "none"
+               : j.cfg.recompute.mode == core::recompute_mode::full ? "full"
+                                                                     : "selective");
+  for (const auto& r : st.reports)
+    if (r.dp == 0) std::fprintf(j.log, " pp%d %.2f MiB", r.pp, mib(r.peak_activation_bytes));
+  std::fprintf(j.log, "\nmemory: optimizer state (fp32 master + AdamW moments) per shard (ZeRO-%d):",
+               j.layout.zero_stage);
+  for (const auto& [k, b] : st.shard_bytes)
+    std::fprintf(j.log, " pp%d/part%d %.2f MiB", k.first, k.second, mib(b));
+  std::fprintf(j.log, "\n");
+}
+
 void complete(self_t* self, const job& j) {
   auto& st = self->state;
   if (st.done) return;
   st.done = true;
+  print_memory(st, j);
   close_trace(st);
   st.summary.seconds = st.train_seconds;
   st.s.done->set_value(st.summary);
@@ -346,7 +364,7 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
         auto& st = self->state;
         st.last_progress = clock_t_::now();
         ++st.shard_reports;
-        st.shard_state_bytes_max = std::max<std::uint64_t>(st.shard_state_bytes_max, r.state_bytes);
+        st.shard_bytes[{r.pp, r.part}] = r.state_bytes;
         maybe_finish_step(self, *j);
       },
       [=](stage_report& r) {
