@@ -10,13 +10,17 @@
 // steps is reported, after warm-up steps that also fill the allocator's cache.
 //
 // Usage: gpu_gpt2_bench [--layers 12] [--embd 768] [--heads 12] [--seq 1024] [--batch 16]
-//                       [--vocab 50304] [--steps 10] [--warmup 3] [--fp32] [--tag NAME]
+//                       [--vocab 50304] [--steps 10] [--warmup 3] [--fp32] [--profile]
+//                       [--tag NAME]
+// --profile adds one step run through a backend wrapper that times each op (synchronising after
+// every op) and prints the per-op breakdown.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +40,7 @@ struct options {
   int layers = 12, embd = 768, heads = 12, seq = 1024, batch = 16, vocab = 50304;
   int steps = 10, warmup = 3;
   bool fp32 = false;
+  bool profile = false;
   std::string tag;
 };
 
@@ -59,11 +64,12 @@ options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = std::stoi(next());
     else if (a == "--warmup") o.warmup = std::stoi(next());
     else if (a == "--fp32") o.fp32 = true;
+    else if (a == "--profile") o.profile = true;
     else if (a == "--tag") o.tag = next();
     else {
       std::fprintf(stderr,
                    "gpu_gpt2_bench: unknown option %s (options: --layers --embd --heads --seq "
-                   "--batch --vocab --steps --warmup --fp32 --tag)\n",
+                   "--batch --vocab --steps --warmup --fp32 --profile --tag)\n",
                    a.c_str());
       std::exit(2);
     }
@@ -89,14 +95,149 @@ std::vector<decay_run> decay_runs(std::vector<model::param_info> ps) {
   return runs;
 }
 
+
+/// Forwards every op to another backend and adds up the wall time of each op kind, synchronising
+/// after each call: a per-op breakdown of one step (the sync per op adds launch latency, so the
+/// sum exceeds the unprofiled step time).
+class profiling_backend final : public kernels::backend {
+ public:
+  explicit profiling_backend(kernels::backend& inner) : in_(inner) {}
+  core::device dev() const override { return in_.dev(); }
+  std::string name() const override { return in_.name(); }
+
+  tensor empty(const core::shape_t& s, core::dtype t) override { return in_.empty(s, t); }
+  void zero(tensor& x) override { timed("zero", [&] { in_.zero(x); }); }
+  void copy(const tensor& a, tensor& b) override { timed("copy", [&] { in_.copy(a, b); }); }
+  void convert(const tensor& a, tensor& b) override { timed("convert", [&] { in_.convert(a, b); }); }
+  void synchronize() override { in_.synchronize(); }
+  void linear_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y) override {
+    timed("linear_forward", [&] { in_.linear_forward(x, w, b, y); });
+  }
+  void linear_backward_input(const tensor& dy, const tensor& w, tensor& dx) override {
+    timed("linear_backward_input", [&] { in_.linear_backward_input(dy, w, dx); });
+  }
+  void linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw, tensor& db) override {
+    timed("linear_backward_weight", [&] { in_.linear_backward_weight(dy, x, dw, db); });
+  }
+  void embedding_forward(const tensor& t, const tensor& wte, const tensor& wpe, int seq,
+                         tensor& out) override {
+    timed("embedding_forward", [&] { in_.embedding_forward(t, wte, wpe, seq, out); });
+  }
+  void embedding_backward(const tensor& d, const tensor& t, int seq, tensor& dwte,
+                          tensor& dwpe) override {
+    timed("embedding_backward", [&] { in_.embedding_backward(d, t, seq, dwte, dwpe); });
+  }
+  void layernorm_forward(const tensor& x, const tensor& w, const tensor& b, float eps, tensor& y,
+                         tensor& m, tensor& r) override {
+    timed("layernorm_forward", [&] { in_.layernorm_forward(x, w, b, eps, y, m, r); });
+  }
+  void layernorm_backward(const tensor& dy, const tensor& x, const tensor& w, const tensor& m,
+                          const tensor& r, tensor& dx, tensor& dw, tensor& db) override {
+    timed("layernorm_backward", [&] { in_.layernorm_backward(dy, x, w, m, r, dx, dw, db); });
+  }
+  void rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y, tensor& r) override {
+    timed("rmsnorm_forward", [&] { in_.rmsnorm_forward(x, w, eps, y, r); });
+  }
+  void rmsnorm_backward(const tensor& dy, const tensor& x, const tensor& w, const tensor& r,
+                        tensor& dx, tensor& dw) override {
+    timed("rmsnorm_backward", [&] { in_.rmsnorm_backward(dy, x, w, r, dx, dw); });
+  }
+  void gelu_forward(const tensor& x, tensor& y) override {
+    timed("gelu_forward", [&] { in_.gelu_forward(x, y); });
+  }
+  void gelu_backward(const tensor& dy, const tensor& x, tensor& dx) override {
+    timed("gelu_backward", [&] { in_.gelu_backward(dy, x, dx); });
+  }
+  void swiglu_forward(const tensor& g, const tensor& u, tensor& y) override {
+    timed("swiglu_forward", [&] { in_.swiglu_forward(g, u, y); });
+  }
+  void swiglu_backward(const tensor& dy, const tensor& g, const tensor& u, tensor& dg,
+                       tensor& du) override {
+    timed("swiglu_backward", [&] { in_.swiglu_backward(dy, g, u, dg, du); });
+  }
+  void add(const tensor& a, const tensor& b, tensor& y) override {
+    timed("add", [&] { in_.add(a, b, y); });
+  }
+  void accumulate(const tensor& x, tensor& y) override {
+    timed("accumulate", [&] { in_.accumulate(x, y); });
+  }
+  void scale(tensor& x, float s) override { timed("scale", [&] { in_.scale(x, s); }); }
+  void rope_forward(const tensor& x, int seq, int ht, int rh, int hd, float th, tensor& y) override {
+    timed("rope_forward", [&] { in_.rope_forward(x, seq, ht, rh, hd, th, y); });
+  }
+  void rope_backward(const tensor& dy, int seq, int ht, int rh, int hd, float th,
+                     tensor& dx) override {
+    timed("rope_backward", [&] { in_.rope_backward(dy, seq, ht, rh, hd, th, dx); });
+  }
+  void attention_forward(const tensor& qkv, const kernels::attention_dims& d, tensor& out,
+                         tensor& lse) override {
+    timed("attention_forward", [&] { in_.attention_forward(qkv, d, out, lse); });
+  }
+  void attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
+                          const tensor& lse, const kernels::attention_dims& d,
+                          tensor& dqkv) override {
+    timed("attention_backward", [&] { in_.attention_backward(dout, qkv, out, lse, d, dqkv); });
+  }
+  void cross_entropy(tensor& logits, const tensor& t, tensor& l, float gs) override {
+    timed("cross_entropy", [&] { in_.cross_entropy(logits, t, l, gs); });
+  }
+  void sumsq_blocks(const tensor& x, tensor& out) override {
+    timed("sumsq_blocks", [&] { in_.sumsq_blocks(x, out); });
+  }
+  void adamw(tensor& p, const tensor& g, tensor& m, tensor& v, const kernels::adamw_params& ap,
+             tensor& low) override {
+    timed("adamw", [&] { in_.adamw(p, g, m, v, ap, low); });
+  }
+  bool has_nonfinite(const tensor& x) override { return in_.has_nonfinite(x); }
+
+  /// Prints "op  calls  ms" rows, largest first, and clears the counters.
+  void report() {
+    std::vector<std::pair<std::string, std::pair<int, double>>> rows(ops_.begin(), ops_.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+    double total = 0;
+    for (const auto& r : rows) total += r.second.second;
+    std::printf("profile (one step, synchronised after every op): %.2f ms in ops\n", total * 1e3);
+    for (const auto& r : rows)
+      std::printf("  %-24s %5d calls %9.3f ms\n", r.first.c_str(), r.second.first,
+                  r.second.second * 1e3);
+    ops_.clear();
+  }
+
+  /// Timing on or off (off: plain forwarding, no synchronisation).
+  void enable(bool on) { on_ = on; }
+
+ private:
+  template <class F>
+  void timed(const char* op, F&& f) {
+    if (!on_) {
+      f();
+      return;
+    }
+    in_.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    in_.synchronize();
+    auto& slot = ops_[op];
+    ++slot.first;
+    slot.second += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  kernels::backend& in_;
+  bool on_ = false;
+  std::map<std::string, std::pair<int, double>> ops_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
     auto be_owner = kernels::make_backend("cuda");
-    kernels::backend& be = *be_owner;
-    auto* cuda_be = dynamic_cast<kernels::cuda::cuda_backend*>(&be);
+    auto* cuda_be = dynamic_cast<kernels::cuda::cuda_backend*>(be_owner.get());
+    profiling_backend prof(*be_owner);
+    // The model and optimizer always go through the wrapper; it times only when asked to.
+    kernels::backend& be = prof;
 
     core::model_config cfg;
     cfg.arch = core::arch_kind::gpt2;
@@ -188,14 +329,20 @@ int main(int argc, char** argv) {
       std::printf("step %d: %.2f ms loss %.4f grad norm %.3f\n", i, times.back() * 1e3, last_loss,
                   last_norm);
     }
+    kernels::cuda::memory_stats ms;
+    if (cuda_be) ms = cuda_be->memory();
+    if (o.profile) {
+      prof.enable(true);
+      step(o.warmup + o.steps);
+      prof.enable(false);
+      prof.report();
+    }
     std::sort(times.begin(), times.end());
     const double med = times[times.size() / 2];
     const std::int64_t params = core::parameter_count(cfg);
     const double flops_tok = 6.0 * params + 12.0 * o.layers * o.embd * o.seq;
     const double tok_s = rows / med;
     const double tflops = flops_tok * rows / med / 1e12;
-    kernels::cuda::memory_stats ms;
-    if (cuda_be) ms = cuda_be->memory();
     const double gib = 1024.0 * 1024.0 * 1024.0;
     std::printf(
         "%-10s params %lld  B %d T %d L %d C %d  step %.2f ms  %.0f tok/s  %.1f TFLOP/s  peak %.2f "
