@@ -134,11 +134,34 @@ int main(int argc, char** argv) {
     if (!parsed.ok()) { std::fprintf(stderr, "%s\n", parsed.err().to_string().c_str()); return 1; }
     c = parsed.value();
     seconds_of(c, true);  // warm caches and the allocator
-    double t_actor = seconds_of(c, true);
     double t_loop = seconds_of(c, false);
+    double t_actor = seconds_of(c, true);
     // F and B per micro-batch, plus REDUCE_GRAD and STEP, per step
     int instructions = steps * (2 * c.parallel.micro_batch_num + 2);
     double per_instr_us = (t_actor - t_loop) / instructions * 1e6;
+    // From the stage's own timeline: the step's span minus its kernel time, per instruction.
+    double span_us = 0, compute_us = 0;
+    int count = 0;
+    {
+      std::ifstream in(c.runtime.run_dir + "/trace.json");
+      auto tj = nlohmann::json::parse(in);
+      std::map<int, std::pair<double, double>> bounds;
+      for (const auto& e : tj["traceEvents"]) {
+        int st = e["args"]["step"].get<int>();
+        double a = e["ts"].get<double>(), b = a + e["dur"].get<double>();
+        auto it = bounds.find(st);
+        if (it == bounds.end()) bounds[st] = {a, b};
+        else it->second = {std::min(it->second.first, a), std::max(it->second.second, b)};
+        if (e["cat"] == "compute") compute_us += e["dur"].get<double>();
+        if (e["cat"] != "wait") ++count;
+      }
+      for (auto& [st, ab] : bounds) span_us += ab.second - ab.first;
+    }
+    double engine_us = (span_us - compute_us) / std::max(count, 1);
+    std::printf("overhead: stage timeline: %.1f us per instruction outside the kernels "
+                "(%d instructions, %.1f ms span, %.1f ms kernels)\n",
+                engine_us, count, span_us / 1000, compute_us / 1000);
+    report["overhead_timeline_us_per_instruction"] = engine_us;
     std::printf("overhead: %d steps of %d micro-batches, 1 stage: actors %.3f s, plain loop %.3f s -> "
                 "%.1f us per instruction beyond the kernels\n",
                 steps, c.parallel.micro_batch_num, t_actor, t_loop, per_instr_us);
