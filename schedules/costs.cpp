@@ -37,7 +37,7 @@ core::result<cost_model> parse_costs(std::string_view text) {
     if (fields.size() > 4) return bad(text, "at most four numbers: F,B,W,comm");
     double v[4] = {c.f, c.b, -1, c.comm};
     for (std::size_t k = 0; k < fields.size(); ++k)
-      if (!read_number(fields[k], v[k])) return bad(text, "'" + std::string(fields[k]) + "' is not a number >= 0");
+      if (!read_number(fields[k], v[k])) return bad(text, std::string("'") + std::string(fields[k]) + "' is not a number >= 0");
     c.f = v[0];
     c.b = v[1];
     c.w = v[2] >= 0 ? v[2] : c.b / 2;
@@ -49,7 +49,7 @@ core::result<cost_model> parse_costs(std::string_view text) {
   bool got_b = false, got_i = false, got_w = false;
   for (auto field : fields) {
     const auto eq = field.find('=');
-    if (eq == std::string_view::npos) return bad(text, "'" + std::string(field) + "' is not key=value");
+    if (eq == std::string_view::npos) return bad(text, std::string("'") + std::string(field) + "' is not key=value");
     const std::string_view key = field.substr(0, eq);
     double value = 0;
     if (!read_number(field.substr(eq + 1), value))

@@ -15,8 +15,8 @@ std::string format_grid(const schedule& s, const std::vector<grid_mark>& marks, 
   };
   auto cell = [&](int r, int k) {
     std::string text = k < static_cast<int>(s.ranks[r].size()) ? to_string(s.ranks[r][k]) : "";
-    if (marked(r, k)) return ">" + (text.empty() ? std::string("(end)") : text) + "<";
-    return " " + text;
+    if (marked(r, k)) return std::string(">").append(text.empty() ? "(end)" : text).append("<");
+    return std::string(" ").append(text);
   };
   std::size_t width = 8;
   for (int r = 0; r < p; ++r)

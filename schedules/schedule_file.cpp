@@ -115,7 +115,7 @@ std::string format_schedule_text(const schedule& s) {
                     std::to_string(s.microbatches) + " v=" + std::to_string(s.virtual_stages) + "\n";
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
     out += "rank " + std::to_string(r) + ":";
-    for (auto& op : s.ranks[r]) out += " " + to_string(op);
+    for (auto& op : s.ranks[r]) out.append(" ").append(to_string(op));
     out += "\n";
   }
   return out;
