@@ -156,7 +156,8 @@ std::unique_ptr<backend> make_backend(const std::string& device);
 /// True when this build has the CUDA backend and a GPU is visible.
 bool cuda_available();
 
-/// Sets the threads the CPU BLAS may use (0 = all cores); results do not depend on it.
+/// Sets the threads a CPU op may use, the caller included (0 = all cores, the default); results do
+/// not depend on it (docs/kernels.md, "Determinism").
 void set_cpu_threads(int n);
 
 }  // namespace troupe::kernels
