@@ -1,0 +1,640 @@
+// The rendezvous server runs on its own IO thread and keeps every decision there (who holds which
+// rank, which phase the job is in); wait() only reads the outcome once it is published. The
+// client is synchronous: it runs its own io_context in the caller's thread until each step is done
+// or its deadline passes.
+#include "transport/rendezvous.hpp"
+
+#include <array>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "transport/tcp_asio.hpp"
+
+namespace troupe::transport {
+
+namespace asio = boost::asio;
+using boost::asio::ip::tcp;
+using clock_type = std::chrono::steady_clock;
+
+std::vector<char> rendezvous_frame::encode(type t, const std::vector<char>& body) {
+  wire_writer w;
+  w.put(magic);
+  w.put(version);
+  w.put(static_cast<std::uint16_t>(t));
+  w.put(static_cast<std::uint32_t>(body.size()));
+  auto out = std::move(w.bytes());
+  out.insert(out.end(), body.begin(), body.end());
+  return out;
+}
+
+std::vector<endpoint> job_table::data_endpoints() const {
+  std::vector<endpoint> out;
+  for (const auto& w : workers) out.push_back(w.data);
+  return out;
+}
+
+namespace {
+
+struct frame_head {
+  std::uint16_t type = 0;
+  std::uint32_t length = 0;
+};
+
+// Why the 12 header bytes are not a rendezvous frame this side accepts ("" when they are).
+std::string parse_head(const std::array<char, rendezvous_frame::header_size>& hdr,
+                       std::uint32_t max_body, frame_head& out) {
+  wire_reader r(hdr.data(), hdr.size());
+  if (r.get<std::uint32_t>() != rendezvous_frame::magic)
+    return "bad magic (not a troupe rendezvous frame)";
+  auto v = r.get<std::uint16_t>();
+  if (v != rendezvous_frame::version)
+    return "protocol version " + std::to_string(v) + ", expected " +
+           std::to_string(rendezvous_frame::version);
+  out.type = r.get<std::uint16_t>();
+  out.length = r.get<std::uint32_t>();
+  if (out.length > max_body)
+    return "a frame of " + std::to_string(out.length) + " bytes, over the limit of " +
+           std::to_string(max_body);
+  return {};
+}
+
+std::string describe(const worker_entry& w) {
+  return "rank " + std::to_string(w.rank) + " (node " + std::to_string(w.node_rank) +
+         ", local rank " + std::to_string(w.local_rank) + ", host " + w.data.host + ")";
+}
+
+struct session {
+  explicit session(asio::io_context& io) : sock(io), hello_timer(io) {}
+  tcp::socket sock;
+  asio::steady_timer hello_timer;
+  std::string name;  // ip:port as seen here
+  std::string ip;
+  std::array<char, rendezvous_frame::header_size> hdr{};
+  frame_head head;
+  std::vector<char> body;
+  int rank = -1;
+  bool ready = false;
+  std::deque<std::vector<char>> outq;
+  bool writing = false;
+  bool close_when_sent = false;
+  bool awaited = false;  // its last frame must leave before wait() returns
+};
+
+}  // namespace
+
+// --- server ------------------------------------------------------------------------------------
+
+struct rendezvous_server::impl {
+  explicit impl(rendezvous_server_options o)
+      : opt(std::move(o)),
+        log(detail::logger_or_stderr(opt.log, "rendezvous")),
+        token(token_hash(opt.job_token)),
+        nodes(opt.world_size / opt.local_world_size),
+        slots(opt.world_size),
+        entries(opt.world_size) {}
+
+  rendezvous_server_options opt;
+  std::function<void(const std::string&)> log;
+  std::uint64_t token;
+  int nodes;
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  std::optional<tcp::acceptor> acceptor;
+  asio::steady_timer deadline{io};
+  std::uint16_t port = 0;
+  std::thread thread;
+
+  // IO thread only.
+  enum class phase { registering, forming, done } ph = phase::registering;
+  std::vector<std::shared_ptr<session>> slots;
+  std::vector<worker_entry> entries;
+  int registered = 0;
+  std::set<std::shared_ptr<session>> sessions;
+  int awaiting = 0;
+  std::optional<core::result<job_table>> decided;
+  bool closing = false;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<core::result<job_table>> outcome;
+
+  std::string where() const { return opt.listen.host + ":" + std::to_string(port); }
+
+  void begin() {
+    deadline.expires_after(opt.timeout);
+    deadline.async_wait([this](boost::system::error_code ec) {
+      if (!ec && !closing) timed_out();
+    });
+    accept_next();
+  }
+
+  void accept_next() {
+    auto s = std::make_shared<session>(io);
+    acceptor->async_accept(s->sock, [this, s](boost::system::error_code ec) {
+      if (closing || ec == asio::error::operation_aborted) return;
+      if (ec) {
+        log("accepting a connection failed: " + ec.message());
+        auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(100));
+        t->async_wait([this, t](boost::system::error_code e) {
+          if (!e && !closing) accept_next();
+        });
+        return;
+      }
+      s->name = detail::remote_name(s->sock);
+      boost::system::error_code ignored;
+      s->ip = s->sock.remote_endpoint(ignored).address().to_string();
+      sessions.insert(s);
+      s->hello_timer.expires_after(opt.hello_timeout);
+      s->hello_timer.async_wait([this, s](boost::system::error_code e) {
+        if (!e && !closing && s->rank < 0 && sessions.count(s))
+          refuse(s, "it did not register within " + std::to_string(opt.hello_timeout.count()) +
+                        " ms");
+      });
+      read_frame(s);
+      accept_next();
+    });
+  }
+
+  void read_frame(const std::shared_ptr<session>& s) {
+    asio::async_read(s->sock, asio::buffer(s->hdr), [this, s](boost::system::error_code ec, std::size_t) {
+      if (closing || !sessions.count(s)) return;
+      if (ec) return ended(s, ec);
+      std::string why = parse_head(s->hdr, opt.max_frame_bytes, s->head);
+      if (!why.empty()) return refuse(s, why);
+      s->body.resize(s->head.length);
+      asio::async_read(s->sock, asio::buffer(s->body), [this, s](boost::system::error_code ec, std::size_t) {
+        if (closing || !sessions.count(s)) return;
+        if (ec) return ended(s, ec);
+        on_frame(s);
+      });
+    });
+  }
+
+  void on_frame(const std::shared_ptr<session>& s) {
+    switch (s->head.type) {
+      case rendezvous_frame::register_worker:
+        return on_register(s);
+      case rendezvous_frame::ready:
+        if (s->rank < 0) return refuse(s, "it reported ready without registering");
+        if (ph != phase::forming)
+          return refuse(s, "rank " + std::to_string(s->rank) + " reported ready before the table");
+        s->ready = true;
+        read_frame(s);
+        for (auto& slot : slots)
+          if (!slot || !slot->ready) return;
+        return launch();
+      default:
+        return refuse(s, "unexpected frame type " + std::to_string(s->head.type));
+    }
+  }
+
+  void on_register(const std::shared_ptr<session>& s) {
+    if (s->rank >= 0) return refuse(s, "rank " + std::to_string(s->rank) + " registered twice");
+    wire_reader r(s->body.data(), s->body.size());
+    auto tok = r.get<std::uint64_t>();
+    worker_entry w;
+    w.node_rank = r.get<std::int32_t>();
+    w.local_rank = r.get<std::int32_t>();
+    w.data.host = r.get_bytes();
+    w.data.port = r.get<std::uint16_t>();
+    w.blob = r.get_bytes();
+    if (r.failed() || !r.at_end()) return refuse(s, "a malformed registration");
+    if (tok != token) return reject(s, "wrong job token");
+    if (w.node_rank < 0 || w.node_rank >= nodes)
+      return reject(s, "node rank " + std::to_string(w.node_rank) + " is outside 0.." +
+                           std::to_string(nodes - 1) + " (" + std::to_string(opt.world_size) +
+                           " workers, " + std::to_string(opt.local_world_size) + " per node)");
+    if (w.local_rank < 0 || w.local_rank >= opt.local_world_size)
+      return reject(s, "local rank " + std::to_string(w.local_rank) + " is outside 0.." +
+                           std::to_string(opt.local_world_size - 1));
+    if (ph != phase::registering) return reject(s, "the job has already formed");
+    w.rank = w.node_rank * opt.local_world_size + w.local_rank;
+    if (slots[w.rank])
+      return reject(s, "rank " + std::to_string(w.rank) + " (node " + std::to_string(w.node_rank) +
+                           ", local rank " + std::to_string(w.local_rank) +
+                           ") is already registered from " + entries[w.rank].data.host);
+    if (w.data.host.empty()) w.data.host = s->ip;
+    s->rank = w.rank;
+    s->hello_timer.cancel();
+    slots[w.rank] = s;
+    entries[w.rank] = std::move(w);
+    ++registered;
+    log(describe(entries[s->rank]) + " registered from " + s->name + " (" +
+        std::to_string(registered) + " of " + std::to_string(opt.world_size) + ")");
+    read_frame(s);
+    if (registered == opt.world_size) form();
+  }
+
+  void form() {
+    ph = phase::forming;
+    for (int r = 0; r < opt.world_size; ++r) {
+      wire_writer w;
+      w.put(static_cast<std::int32_t>(r));
+      w.put(static_cast<std::int32_t>(opt.world_size));
+      for (const auto& e : entries) {
+        w.put(static_cast<std::int32_t>(e.node_rank));
+        w.put(static_cast<std::int32_t>(e.local_rank));
+        w.put_bytes(e.data.host);
+        w.put(e.data.port);
+        w.put_bytes(e.blob);
+      }
+      send(slots[r], rendezvous_frame::encode(rendezvous_frame::table, w.bytes()), false, false);
+    }
+    deadline.expires_after(opt.timeout);
+    deadline.async_wait([this](boost::system::error_code ec) {
+      if (!ec && !closing) timed_out();
+    });
+  }
+
+  void launch() {
+    ph = phase::done;
+    deadline.cancel();
+    for (auto& s : slots) send(s, rendezvous_frame::encode(rendezvous_frame::start, {}), true, true);
+    decided = job_table{entries};
+    publish_when_sent();
+  }
+
+  void fail(const std::string& why, const std::string& hint) {
+    ph = phase::done;
+    deadline.cancel();
+    wire_writer w;
+    w.put_bytes(why);
+    for (auto& s : slots)
+      if (s) send(s, rendezvous_frame::encode(rendezvous_frame::abort, w.bytes()), true, true);
+    log(why);
+    decided = core::error::make(why, hint);
+    publish_when_sent();
+  }
+
+  void timed_out() {
+    std::string took = " after " + std::to_string(opt.timeout.count()) + " ms";
+    if (ph == phase::registering) {
+      std::string missing, arrived;
+      auto add = [](std::string& list, const std::string& item) {
+        list += (list.empty() ? "" : ", ") + item;
+      };
+      for (int node = 0; node < nodes; ++node) {
+        int base = node * opt.local_world_size;
+        std::string host;
+        for (int l = 0; l < opt.local_world_size; ++l)
+          if (slots[base + l]) host = entries[base + l].data.host;
+        if (host.empty()) {
+          add(missing, "node " + std::to_string(node) + " (ranks " + std::to_string(base) + "-" +
+                           std::to_string(base + opt.local_world_size - 1) +
+                           "; none of its workers arrived)");
+          continue;
+        }
+        for (int l = 0; l < opt.local_world_size; ++l) {
+          if (slots[base + l])
+            add(arrived, describe(entries[base + l]));
+          else
+            add(missing, "rank " + std::to_string(base + l) + " (node " + std::to_string(node) +
+                             ", local rank " + std::to_string(l) + ", on host " + host + ")");
+        }
+      }
+      return fail("rendezvous at " + where() + " timed out" + took + " with " +
+                      std::to_string(registered) + " of " + std::to_string(opt.world_size) +
+                      " workers registered; missing: " + missing +
+                      "; arrived: " + (arrived.empty() ? "none" : arrived),
+                  "start every node's launcher with the same --master_addr, --master_port, "
+                  "--worker_num and job token and its own --node_rank; a worker that crashed "
+                  "while starting says why in its log");
+    }
+    std::string late;
+    for (auto& s : slots)
+      if (!s->ready) late += (late.empty() ? "" : ", ") + describe(entries[s->rank]);
+    fail("rendezvous at " + where() + " timed out" + took +
+             " waiting for workers to report ready: " + late,
+         "these workers received the table but did not set up their transports; see their logs");
+  }
+
+  void send(const std::shared_ptr<session>& s, std::vector<char> frame, bool last, bool awaited) {
+    s->outq.push_back(std::move(frame));
+    if (last) s->close_when_sent = true;
+    if (awaited && !s->awaited) {
+      s->awaited = true;
+      ++awaiting;
+    }
+    write_next(s);
+  }
+
+  void write_next(const std::shared_ptr<session>& s) {
+    if (s->writing || s->outq.empty()) return;
+    s->writing = true;
+    asio::async_write(s->sock, asio::buffer(s->outq.front()),
+                      [this, s](boost::system::error_code ec, std::size_t) {
+                        if (closing || !sessions.count(s)) return;
+                        s->writing = false;
+                        s->outq.pop_front();
+                        if (ec) return ended(s, ec);
+                        if (s->outq.empty() && s->close_when_sent) return drop(s);
+                        write_next(s);
+                      });
+  }
+
+  // Tells a worker why it cannot join, then closes; the others are not affected.
+  void reject(const std::shared_ptr<session>& s, const std::string& why) {
+    log("refused a worker from " + s->name + ": " + why);
+    wire_writer w;
+    w.put_bytes(why);
+    send(s, rendezvous_frame::encode(rendezvous_frame::reject, w.bytes()), true, false);
+  }
+
+  // Garbage or a protocol violation: close without an answer.
+  void refuse(const std::shared_ptr<session>& s, const std::string& why) {
+    log("refused a connection from " + s->name + ": " + why);
+    depart(s, why);
+  }
+
+  void ended(const std::shared_ptr<session>& s, boost::system::error_code ec) {
+    if (s->rank < 0 && !s->close_when_sent)
+      log("connection from " + s->name + " ended before it registered (" + ec.message() + ")");
+    depart(s, ec.message());
+  }
+
+  // A session goes away; a worker that held a rank is missing again (while registering) or
+  // breaks the job (once the table is out).
+  void depart(const std::shared_ptr<session>& s, const std::string& why) {
+    int r = s->rank;
+    drop(s);
+    if (r < 0 || slots[r] != s || ph == phase::done) return;
+    if (ph == phase::registering) {
+      log(describe(entries[r]) + " left before the job formed (" + why + "); waiting for it again");
+      slots[r].reset();
+      --registered;
+      return;
+    }
+    slots[r].reset();
+    fail(describe(entries[r]) + " left the rendezvous at " + where() +
+             " before the job started (" + why + ")",
+         "see that worker's log");
+  }
+
+  void drop(const std::shared_ptr<session>& s) {
+    boost::system::error_code ignored;
+    s->sock.close(ignored);
+    s->hello_timer.cancel();
+    sessions.erase(s);
+    if (s->awaited) {
+      s->awaited = false;
+      --awaiting;
+      publish_when_sent();
+    }
+  }
+
+  void publish_when_sent() {
+    if (!decided || awaiting > 0) return;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (!outcome) outcome = std::move(*decided);
+    }
+    cv.notify_all();
+  }
+
+  void close_all() {
+    closing = true;
+    boost::system::error_code ignored;
+    if (acceptor) acceptor->close(ignored);
+    deadline.cancel();
+    for (auto& s : sessions) {
+      s->sock.close(ignored);
+      s->hello_timer.cancel();
+    }
+    sessions.clear();
+    slots.clear();
+  }
+};
+
+rendezvous_server::rendezvous_server(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+core::result<std::unique_ptr<rendezvous_server>> rendezvous_server::bind(
+    rendezvous_server_options opt) {
+  if (opt.world_size < 1 || opt.local_world_size < 1 ||
+      opt.world_size % opt.local_world_size != 0)
+    return core::error::make("a job of " + std::to_string(opt.world_size) + " workers with " +
+                                 std::to_string(opt.local_world_size) +
+                                 " per node does not split into whole nodes",
+                             "--worker_num must be a multiple of --local_worker_num");
+  auto p = std::make_unique<impl>(std::move(opt));
+  auto acc = detail::open_acceptor(p->io, p->opt.listen, "pick another --master_port");
+  if (!acc) return acc.err();
+  p->acceptor.emplace(std::move(acc.value()));
+  p->port = p->acceptor->local_endpoint().port();
+  impl* raw = p.get();
+  asio::post(raw->io, [raw] { raw->begin(); });
+  p->thread = std::thread([raw] { raw->io.run(); });
+  return std::unique_ptr<rendezvous_server>(new rendezvous_server(std::move(p)));
+}
+
+rendezvous_server::~rendezvous_server() {
+  auto& m = *impl_;
+  asio::post(m.io, [&m] {
+    m.close_all();
+    m.work.reset();
+  });
+  m.thread.join();
+}
+
+std::uint16_t rendezvous_server::port() const { return impl_->port; }
+
+core::result<job_table> rendezvous_server::wait() {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  impl_->cv.wait(lk, [&] { return impl_->outcome.has_value(); });
+  return *impl_->outcome;
+}
+
+// --- client ------------------------------------------------------------------------------------
+
+struct rendezvous_client::impl {
+  explicit impl(rendezvous_client_options o) : opt(std::move(o)) {}
+  rendezvous_client_options opt;
+  asio::io_context io;
+  tcp::socket sock{io};
+  int rank = -1;
+  job_table table;
+
+  std::string master() const { return opt.master.to_string(); }
+  std::string me() const {
+    return "node " + std::to_string(opt.node_rank) + ", local rank " + std::to_string(opt.local_rank);
+  }
+
+  // Runs one asynchronous operation (started by `op`, which calls its argument when done) on
+  // this thread until it completes or `until` passes; then it is cancelled and reports timed_out.
+  template <class Op>
+  boost::system::error_code run(clock_type::time_point until, Op op) {
+    boost::system::error_code result = asio::error::would_block;
+    bool late = false;
+    asio::steady_timer timer(io, until);
+    timer.async_wait([&](boost::system::error_code ec) {
+      if (ec) return;
+      late = true;
+      boost::system::error_code ignored;
+      sock.cancel(ignored);
+    });
+    op([&](boost::system::error_code ec) {
+      result = ec;
+      timer.cancel();
+    });
+    io.restart();
+    io.run();
+    return late && result == asio::error::operation_aborted ? asio::error::timed_out : result;
+  }
+
+  core::status connect(clock_type::time_point until) {
+    std::string last;
+    while (true) {
+      boost::system::error_code ec;
+      tcp::resolver resolver(io);
+      auto found = resolver.resolve(opt.master.host, std::to_string(opt.master.port),
+                                    tcp::resolver::numeric_service, ec);
+      if (!ec)
+        ec = run(until, [&](auto done) {
+          asio::async_connect(sock, found,
+                              [done](boost::system::error_code e, const tcp::endpoint&) { done(e); });
+        });
+      if (!ec) {
+        boost::system::error_code ignored;
+        sock.set_option(tcp::no_delay(true), ignored);
+        return {};
+      }
+      last = ec.message();
+      boost::system::error_code ignored;
+      sock.close(ignored);
+      // The launcher that serves the rendezvous may start after this worker: try again.
+      if (clock_type::now() + std::chrono::milliseconds(100) >= until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return core::error::make("cannot reach the rendezvous at " + master() + " within " +
+                                 std::to_string(opt.timeout.count()) + " ms: " + last,
+                             "start the launcher of node 0 first, and check --master_addr and "
+                             "--master_port");
+  }
+
+  core::status write(clock_type::time_point until, const std::vector<char>& frame) {
+    auto ec = run(until, [&](auto done) {
+      asio::async_write(sock, asio::buffer(frame),
+                        [done](boost::system::error_code e, std::size_t) { done(e); });
+    });
+    if (ec)
+      return core::error::make("lost the rendezvous at " + master() + " while writing (" +
+                               ec.message() + ")");
+    return {};
+  }
+
+  // The next frame from the server: its type and body, or an error saying what came instead.
+  core::result<std::pair<std::uint16_t, std::vector<char>>> read(clock_type::time_point until,
+                                                                 const std::string& awaited) {
+    std::array<char, rendezvous_frame::header_size> hdr{};
+    auto ec = run(until, [&](auto done) {
+      asio::async_read(sock, asio::buffer(hdr),
+                       [done](boost::system::error_code e, std::size_t) { done(e); });
+    });
+    frame_head head;
+    std::string why;
+    if (!ec) why = parse_head(hdr, opt.max_frame_bytes, head);
+    std::vector<char> body;
+    if (!ec && why.empty()) {
+      body.resize(head.length);
+      ec = run(until, [&](auto done) {
+        asio::async_read(sock, asio::buffer(body),
+                         [done](boost::system::error_code e, std::size_t) { done(e); });
+      });
+    }
+    if (ec == asio::error::timed_out)
+      return core::error::make("no " + awaited + " from the rendezvous at " + master() +
+                                   " within " + std::to_string(opt.timeout.count()) +
+                                   " ms (this is " + me() + ")",
+                               "the launcher serving the rendezvous names the workers that did "
+                               "not arrive");
+    if (ec)
+      return core::error::make("lost the rendezvous at " + master() + " while waiting for " +
+                               awaited + " (" + ec.message() + "; this is " + me() + ")");
+    if (!why.empty())
+      return core::error::make("the rendezvous at " + master() + " sent " + why);
+    if (head.type == rendezvous_frame::reject || head.type == rendezvous_frame::abort) {
+      wire_reader r(body.data(), body.size());
+      std::string reason = r.get_bytes();
+      if (head.type == rendezvous_frame::reject)
+        return core::error::make("the rendezvous at " + master() + " refused this worker (" +
+                                     me() + "): " + reason,
+                                 "every process of a job needs the same job token and launch "
+                                 "arguments");
+      return core::error::make("the job could not form: " + reason);
+    }
+    return std::pair{head.type, std::move(body)};
+  }
+
+  core::status parse_table(const std::vector<char>& body) {
+    wire_reader r(body.data(), body.size());
+    rank = r.get<std::int32_t>();
+    int world = r.get<std::int32_t>();
+    if (r.failed() || world < 1 || rank < 0 || rank >= world ||
+        static_cast<std::size_t>(world) > body.size())
+      return core::error::make("the rendezvous at " + master() + " sent a malformed table");
+    table.workers.resize(world);
+    for (int w = 0; w < world; ++w) {
+      auto& e = table.workers[w];
+      e.rank = w;
+      e.node_rank = r.get<std::int32_t>();
+      e.local_rank = r.get<std::int32_t>();
+      e.data.host = r.get_bytes();
+      e.data.port = r.get<std::uint16_t>();
+      e.blob = r.get_bytes();
+    }
+    if (r.failed() || !r.at_end())
+      return core::error::make("the rendezvous at " + master() + " sent a malformed table");
+    return {};
+  }
+};
+
+rendezvous_client::rendezvous_client(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+rendezvous_client::~rendezvous_client() = default;
+
+core::result<std::unique_ptr<rendezvous_client>> rendezvous_client::join(
+    rendezvous_client_options opt) {
+  auto p = std::make_unique<impl>(std::move(opt));
+  auto until = clock_type::now() + p->opt.timeout;
+  if (auto st = p->connect(until); !st) return st.err();
+  wire_writer w;
+  w.put(token_hash(p->opt.job_token));
+  w.put(static_cast<std::int32_t>(p->opt.node_rank));
+  w.put(static_cast<std::int32_t>(p->opt.local_rank));
+  w.put_bytes(p->opt.host);
+  w.put(p->opt.data_port);
+  w.put_bytes(p->opt.blob);
+  if (auto st = p->write(until, rendezvous_frame::encode(rendezvous_frame::register_worker, w.bytes()));
+      !st)
+    return st.err();
+  auto got = p->read(until, "job table");
+  if (!got) return got.err();
+  if (got->first != rendezvous_frame::table)
+    return core::error::make("the rendezvous at " + p->master() + " sent frame type " +
+                             std::to_string(got->first) + " instead of the job table");
+  if (auto st = p->parse_table(got->second); !st) return st.err();
+  return std::unique_ptr<rendezvous_client>(new rendezvous_client(std::move(p)));
+}
+
+int rendezvous_client::rank() const { return impl_->rank; }
+
+const job_table& rendezvous_client::table() const { return impl_->table; }
+
+core::status rendezvous_client::start() {
+  auto& m = *impl_;
+  auto until = clock_type::now() + m.opt.timeout;
+  if (auto st = m.write(until, rendezvous_frame::encode(rendezvous_frame::ready, {})); !st)
+    return st.err();
+  auto got = m.read(until, "start signal");
+  if (!got) return got.err();
+  if (got->first != rendezvous_frame::start)
+    return core::error::make("the rendezvous at " + m.master() + " sent frame type " +
+                             std::to_string(got->first) + " instead of the start signal");
+  boost::system::error_code ignored;
+  m.sock.close(ignored);
+  return {};
+}
+
+}  // namespace troupe::transport
