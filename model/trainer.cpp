@@ -189,11 +189,11 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
   const auto& par = cfg.parallel;
   if (par.data_parallel > 1 || par.model_parallel > 1 || par.pipeline_stage > 1 ||
       par.virtual_pipeline > 1)
-    note(log, "note: the actor runtime is not available yet; training data_parallel=" +
+    note(log, "note: single-rank loop: training data_parallel=" +
                   std::to_string(par.data_parallel) + " × pipeline_stage=" +
                   std::to_string(par.pipeline_stage) + " × model_parallel=" +
                   std::to_string(par.model_parallel) +
-                  " as the same global batch on one rank");
+                  " as the same global batch on one rank (the actor runtime runs the layout)");
 
   kernels::set_cpu_threads(cfg.runtime.threads);
   std::unique_ptr<kernels::backend> be = kernels::make_backend(cfg.runtime.device);
