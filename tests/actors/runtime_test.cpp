@@ -181,3 +181,20 @@ TEST_CASE("a failing stage stops the job naming the actor, rank, step and instru
   CHECK(m.find("1B2") != std::string::npos);
   CHECK(m.find("injected fault") != std::string::npos);
 }
+
+TEST_CASE("a non-finite loss stops the job naming the step and micro-batch, before any update") {
+  scratch_dir tmp("rt_nan");
+  auto cfg = pipeline_config(tmp, 2, 1);
+  cfg.optimizer.lr = 1e30;  // the first update sends the weights to infinity
+  cfg.train.warmup_steps = 0;
+  cfg.train.grad_clip = 0;
+  actors::run_options opt;
+  opt.log = nullptr;
+  auto r = actors::run_actor_job(cfg, opt);
+  REQUIRE_FALSE(r.ok());
+  std::string m = r.err().to_string();
+  CHECK((m.find("the loss is NaN") != std::string::npos ||
+         m.find("the loss is infinite") != std::string::npos));
+  CHECK(m.find("step 1, micro-batch 0") != std::string::npos);
+  CHECK(m.find("not updated") != std::string::npos);
+}
