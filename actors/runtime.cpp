@@ -100,10 +100,11 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
     val_data = std::make_shared<model::loader>(std::move(v.value()));
   }
 
-  // Several stages share the cores: each actor computes on one thread, so BLAS must not fan out.
+  // CPU ops split work by shape only (same bits for any thread count); a caller runs its own tasks
+  // and idle pool threads help, so a busy stage borrows the cores an idle stage leaves.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : cores;
-  kernels::set_cpu_threads(layout.workers() == 1 ? threads : 1);
+  kernels::set_cpu_threads(threads);
 
   auto j = std::make_shared<job>();
   j->cfg = cfg;
