@@ -23,6 +23,22 @@ bool read_number(std::string_view field, double& out) {
 
 }  // namespace
 
+double cost_model::of(op_kind k) const {
+  switch (k) {
+    case op_kind::F: return f;
+    case op_kind::B: return b;
+    case op_kind::I: return i;
+    case op_kind::W: return w;
+    case op_kind::SEND_F:
+    case op_kind::RECV_F:
+    case op_kind::SEND_B:
+    case op_kind::RECV_B: return comm;
+    case op_kind::REDUCE_GRAD: return reduce;
+    case op_kind::STEP: return step;
+  }
+  return 0;
+}
+
 core::result<cost_model> parse_costs(std::string_view text) {
   std::vector<std::string_view> fields;
   for (std::size_t pos = 0; pos <= text.size();) {

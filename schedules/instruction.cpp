@@ -43,22 +43,6 @@ core::error bad(std::string_view text, std::string why) {
 
 }  // namespace
 
-double cost_model::of(op_kind k) const {
-  switch (k) {
-    case op_kind::F: return f;
-    case op_kind::B: return b;
-    case op_kind::I: return i;
-    case op_kind::W: return w;
-    case op_kind::SEND_F:
-    case op_kind::RECV_F:
-    case op_kind::SEND_B:
-    case op_kind::RECV_B: return comm;
-    case op_kind::REDUCE_GRAD: return reduce;
-    case op_kind::STEP: return step;
-  }
-  return 0;
-}
-
 bool is_compute(op_kind k) {
   return k == op_kind::F || k == op_kind::B || k == op_kind::I || k == op_kind::W;
 }
