@@ -241,7 +241,7 @@ void log_line(self_t* self, const job& j, model::step_metrics m) {
 
 void next_or_finish(self_t* self, const job& j) {
   auto& st = self->state;
-  if (st.step + 1 < st.s.end_step) {
+  if (st.step + 1 < st.s.end_step && st.step != st.s.halt_after) {
     begin_step(self, j, st.step + 1);
     return;
   }

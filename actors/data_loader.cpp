@@ -15,15 +15,20 @@ struct loader_state {
 void feed(caf::stateful_actor<loader_state>* self, const job& j, int dp, std::int64_t step) {
   auto& st = self->state;
   const int last_chunk = j.layout.chunks() - 1;
-  const int src = j.layout.worker(dp, 0);
+  const address me{role::loader, dp, 0};
+  const auto& o = st.data->options();
   for (int mb = 0; mb < j.layout.microbatches; ++mb) {
     model::batch b = st.data->cut(static_cast<std::uint64_t>(step), dp, mb);
-    route(self, j, src, address{role::stage, dp, 0},
+    // The global sequences this cut holds (model/loader.hpp), for the message log.
+    const sample_key key{o.seed, step,
+                         static_cast<std::int64_t>(dp * j.layout.microbatches + mb) * o.micro_batch_size,
+                         o.micro_batch_size};
+    route(self, j, me, address{role::stage, dp, 0},
           transport::tag{step, static_cast<std::uint32_t>(tensor_kind::tokens), 0, mb, 0},
-          std::move(b.tokens));
-    route(self, j, src, address{role::stage, dp, j.layout.rank_of_chunk(last_chunk)},
+          std::move(b.tokens), send_note{nullptr, &key});
+    route(self, j, me, address{role::stage, dp, j.layout.rank_of_chunk(last_chunk)},
           transport::tag{step, static_cast<std::uint32_t>(tensor_kind::targets), last_chunk, mb, 0},
-          std::move(b.targets));
+          std::move(b.targets), send_note{nullptr, &key});
   }
   st.sent_through = step;
 }

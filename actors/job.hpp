@@ -1,6 +1,7 @@
 // What every actor of one process shares, read-only once the job has started: the resolved
-// config, the layout, each rank's instruction list, the transport hub, and the directory of actor
-// handles (filled before the first step). Includes CAF: only actor sources include it.
+// config, the layout, each rank's instruction list, the transport endpoint of each worker, the
+// message sink (recording or replay), and the directory of actor handles (filled before the first
+// step). Includes CAF: only actor sources include it.
 #pragma once
 
 #include <chrono>
@@ -12,9 +13,11 @@
 
 #include "actors/layout.hpp"
 #include "actors/protocol.hpp"
+#include "actors/recorder.hpp"
 #include "core/config.hpp"
+#include "core/error.hpp"
 #include "schedules/schedule.hpp"
-#include "transport/local.hpp"
+#include "transport/transport.hpp"
 
 namespace troupe::actors {
 
@@ -22,7 +25,12 @@ struct job {
   core::config cfg;
   job_layout layout;
   schedules::schedule program;  // lowered; program.ranks[pp]
-  std::shared_ptr<transport::local_hub> hub;
+  /// Transport endpoint of each worker, indexed by worker rank; null for workers hosted by
+  /// another process (in one process every worker has a `local` endpoint on one hub).
+  std::vector<std::unique_ptr<transport::transport>> endpoints;
+  /// Sees every tensor sent (and, when it asks, received): the recorder, replay's verifier, or
+  /// null.
+  std::shared_ptr<message_sink> sink;
   std::chrono::steady_clock::time_point epoch;
   std::chrono::milliseconds recv_timeout{60000};
   std::FILE* log = stdout;
@@ -44,31 +52,41 @@ struct job {
     }
     return coordinator;
   }
-  /// The worker rank an address lives on.
-  int worker_of(const address& a) const {
-    switch (a.who) {
-      case role::stage: return layout.worker(a.a, a.b);
-      case role::shard: return layout.worker(a.b, a.a);
-      case role::loader: return layout.worker(a.a, 0);
-      default: return 0;
-    }
+  /// The endpoint of worker `w`. REQUIRES: this process hosts w.
+  transport::transport& endpoint(int w) const {
+    TROUPE_CHECK(w >= 0 && w < static_cast<int>(endpoints.size()) && endpoints[w],
+                 "worker " + std::to_string(w) + " has no transport endpoint in this process");
+    return *endpoints[w];
   }
+  /// The worker rank an address lives on.
+  int worker_of(const address& a) const { return actors::worker_of(layout, a); }
 };
 
-/// Sends a tensor: bytes over the transport, a tensor_ready notice through CAF.
+/// What route() needs beyond the tensor to record it: the sender's backend (to read a device
+/// tensor's final bytes) and, for loader cuts, the data-sampling key.
+struct send_note {
+  kernels::backend* be = nullptr;
+  const sample_key* sample = nullptr;
+};
+
+/// Sends a tensor from the actor at `from`: bytes over the sender worker's transport endpoint, a
+/// tensor_ready notice through CAF. The message sink sees it first, while the bytes are final.
 template <class Self>
-void route(Self* self, const job& j, int src_worker, const address& to, const transport::tag& tg,
-           core::tensor t) {
-  transport::local_transport tr(j.hub, src_worker);
-  int dst = j.worker_of(to);
-  tr.send(dst, std::move(t), tg);
-  self->send(j.actor_of(to), tensor_ready{tg.step, tg.kind, tg.chunk, tg.mb, tg.part, src_worker});
+void route(Self* self, const job& j, const address& from, const address& to,
+           const transport::tag& tg, core::tensor t, const send_note& note = {}) {
+  const int src = j.worker_of(from), dst = j.worker_of(to);
+  if (j.sink) observe_send(*j.sink, from, src, to, dst, tg, t, note.be, note.sample);
+  j.endpoint(src).send(dst, std::move(t), tg);
+  self->send(j.actor_of(to), tensor_ready{tg.step, tg.kind, tg.chunk, tg.mb, tg.part, src});
 }
 
-/// Takes the tensor a tensor_ready announced.
-inline core::tensor receive(const job& j, int dst_worker, const tensor_ready& m) {
-  transport::local_transport tr(j.hub, dst_worker);
-  return tr.recv(m.src, m.tag(), j.recv_timeout);
+/// Takes the tensor a tensor_ready announced, on worker `dst_worker`'s endpoint. `be`: the
+/// receiver's backend, for recording the bytes of a device tensor.
+inline core::tensor receive(const job& j, int dst_worker, const tensor_ready& m,
+                            kernels::backend* be = nullptr) {
+  core::tensor t = j.endpoint(dst_worker).recv(m.src, m.tag(), j.recv_timeout);
+  if (j.sink) observe_receive(*j.sink, m.src, dst_worker, m.tag(), t, be);
+  return t;
 }
 
 }  // namespace troupe::actors

@@ -33,7 +33,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
       [=](tensor_ready& m) {
         auto& eng = *self->state.b->engine;
         int replica = m.src / j->layout.pp;
-        eng.deliver(replica, m.tag(), receive(*j, self->state.worker, m));
+        eng.deliver(replica, m.tag(), receive(*j, self->state.worker, m, self->state.b->be.get()));
         self->state.step = m.step;
         if (eng.reduce(m.step)) {
           for (auto& [chunk, blocks] : eng.take_norm_parts())
@@ -42,9 +42,11 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
       },
       [=](clip_decision& d) {
         auto& eng = *self->state.b->engine;
+        if (j->sink) j->sink->clipped(clip_record{self->state.worker, pp, part, d.step, d.scale, d.lr});
         eng.apply(d.step, d.scale, d.lr);
         for (auto& o : eng.take_outgoing())
-          route(self, *j, self->state.worker, o.to, o.tag, std::move(o.t));
+          route(self, *j, address{role::shard, pp, part}, o.to, o.tag, std::move(o.t),
+                send_note{self->state.b->be.get()});
         self->send(j->coordinator, shard_report{d.step, pp, part, eng.state_bytes()});
       },
       [=](snap_atom, std::int64_t step, std::int32_t) {
@@ -52,13 +54,15 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
         auto& be = *self->state.b->be;
         for (std::size_t i = 0; i < eng.chunks().size(); ++i) {
           int c = eng.chunks()[i].chunk;
-          route(self, *j, self->state.worker, address{role::writer, 0, 0},
+          const address me{role::shard, pp, part};
+          route(self, *j, me, address{role::writer, 0, 0},
                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg), c, -1, part},
                 be.to_host(eng.moments()[i].exp_avg).clone());
-          route(self, *j, self->state.worker, address{role::writer, 0, 0},
+          route(self, *j, me, address{role::writer, 0, 0},
                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg_sq), c, -1, part},
                 be.to_host(eng.moments()[i].exp_avg_sq).clone());
         }
+        if (j->sink) j->sink->flush(self->state.worker);
       },
   };
 }

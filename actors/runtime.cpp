@@ -5,11 +5,11 @@
 #include <thread>
 
 #include "actors/actors.hpp"
+#include "actors/build.hpp"
 #include "model/checkpoint.hpp"
 #include "model/params.hpp"
-#include "schedules/lower.hpp"
-#include "schedules/registry.hpp"
-#include "schedules/validate.hpp"
+#include "model/safetensors.hpp"
+#include "transport/local.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -27,22 +27,6 @@ class actor_config : public caf::actor_system_config {
   }
 };
 
-core::result<schedules::schedule> build_schedule(const core::config& cfg, int microbatches) {
-  schedules::schedule_options o;
-  o.virtual_stages = cfg.parallel.virtual_pipeline;
-  const std::string& which = cfg.schedule.file.empty() ? cfg.schedule.name : cfg.schedule.file;
-  auto s = schedules::make_schedule(which, cfg.parallel.pipeline_stage, microbatches, o);
-  if (!s.ok()) {
-    core::error e = s.err();
-    if (e.where.key.empty()) e.where.key = cfg.schedule.file.empty() ? "schedule.name" : "schedule.file";
-    if (e.where.file.empty()) e.where.file = cfg.source;
-    return e;
-  }
-  schedules::schedule lowered = schedules::lower(s.value());
-  if (auto st = schedules::validate(lowered); !st.ok()) return st.err();
-  return lowered;
-}
-
 }  // namespace
 
 const std::vector<core::tensor>& last_job_parameters() { return final_params(); }
@@ -53,12 +37,7 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
     return core::error::at_key(cfg.source, "parallel.model_parallel", 0, 0,
                                "tensor parallelism (model_parallel > 1) is not implemented yet",
                                "set parallel.model_parallel = 1 and use pipeline_stage / data_parallel");
-  job_layout layout;
-  layout.dp = cfg.parallel.data_parallel;
-  layout.pp = cfg.parallel.pipeline_stage;
-  layout.v = cfg.parallel.virtual_pipeline;
-  layout.zero_stage = cfg.optimizer.zero_stage;
-  layout.microbatches = cfg.parallel.micro_batch_num * cfg.train.gradient_accumulation_steps;
+  const job_layout layout = layout_of(cfg);
 
   auto sched = build_schedule(cfg, layout.microbatches);
   if (!sched.ok()) return sched.err();
@@ -66,6 +45,7 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
   // Resume: the checkpoint decides where training continues.
   std::optional<model::checkpoint::reader> ck;
   int first_step = 0;
+  std::string resumed_from;
   if (!opt.resume.empty()) {
     auto dir = model::checkpoint::resolve(opt.resume);
     if (!dir.ok()) return dir.err();
@@ -73,6 +53,7 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
     if (!r.ok()) return r.err();
     ck.emplace(std::move(r.value()));
     first_step = ck->info().next_step;
+    resumed_from = dir.value();
   }
   int end_step = cfg.train.steps;
   if (opt.max_steps >= 0) end_step = std::min(end_step, first_step + opt.max_steps);
@@ -83,9 +64,10 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
     return core::error::at_key(cfg.source, "runtime.run_dir", 0, 0,
                                "cannot create run directory '" + cfg.runtime.run_dir + "': " + ec.message(),
                                "choose a writable runtime.run_dir");
+  const std::string config_text = core::to_toml(cfg);
   {
     std::ofstream f(cfg.runtime.run_dir + "/config.toml");
-    f << core::to_toml(cfg);
+    f << config_text;
   }
   std::string ckpt_root = cfg.checkpoint.dir.empty() ? cfg.runtime.run_dir + "/checkpoints" : cfg.checkpoint.dir;
 
@@ -110,7 +92,26 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
   j->cfg = cfg;
   j->layout = layout;
   j->program = std::move(sched.value());
-  j->hub = std::make_shared<transport::local_hub>();
+  auto hub = std::make_shared<transport::local_hub>();
+  for (int w = 0; w < layout.workers(); ++w)
+    j->endpoints.push_back(std::make_unique<transport::local_transport>(hub, w));
+  std::shared_ptr<recorder> rec;
+  if (opt.sink) {
+    j->sink = opt.sink;
+  } else if (cfg.runtime.record) {
+    segment_header h;
+    h.workers = layout.workers();
+    h.first_step = first_step;
+    h.end_step = end_step;
+    h.resume = resumed_from;
+    h.config_xxh64 = model::safetensors::xxh64(config_text.data(), config_text.size());
+    std::vector<int> all(layout.workers());
+    for (int w = 0; w < layout.workers(); ++w) all[w] = w;
+    auto r = recorder::open(cfg.runtime.run_dir, all, h, cfg.runtime.record_tensors);
+    if (!r.ok()) return r.err();
+    rec = r.value();
+    j->sink = rec;
+  }
   j->epoch = std::chrono::steady_clock::now();
   j->log = opt.log;
 
@@ -127,25 +128,16 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
   }
 
   // Build every stage's chunks (identically initialised on every replica) and the shards.
-  auto specs = model::partition(cfg.model, layout.chunks());
+  const model::checkpoint::reader* from = ck ? &*ck : nullptr;
   std::map<std::pair<int, int>, std::shared_ptr<stage_bundle>> stages;
   for (int d = 0; d < layout.dp; ++d)
     for (int p = 0; p < layout.pp; ++p) {
       auto b = std::make_shared<stage_bundle>();
       b->be = kernels::make_backend(cfg.runtime.device);
-      std::vector<model::chunk> chunks;
-      for (int i = 0; i < layout.v; ++i) {
-        model::chunk c(cfg.model, specs[p + i * layout.pp], *b->be, cfg.precision.compute);
-        c.init(cfg.train.seed);
-        c.set_recompute(cfg.recompute.mode);
-        if (ck) {
-          auto st = model::checkpoint::restore(*ck, *b->be, cfg.model, c, nullptr);
-          if (!st.ok()) return st.err();
-        }
-        chunks.push_back(std::move(c));
-      }
+      auto chunks = build_stage_chunks(cfg, layout, p, *b->be, from);
+      if (!chunks.ok()) return chunks.err();
       b->engine = std::make_unique<stage_engine>(cfg, layout, d, p, j->program.ranks.at(p), *b->be,
-                                                 std::move(chunks), j->epoch);
+                                                 std::move(chunks.value()), j->epoch);
       stages[{d, p}] = b;
     }
   std::map<std::pair<int, int>, std::shared_ptr<shard_bundle>> shards;
@@ -153,32 +145,10 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
     for (int k = 0; k < layout.dp; ++k) {
       auto b = std::make_shared<shard_bundle>();
       b->be = kernels::make_backend(cfg.runtime.device);
-      auto& owner = *stages.at({k, p})->engine;  // the stage on the shard's own worker
-      std::vector<shard_chunk> sc;
-      for (int i = 0; i < layout.v; ++i) {
-        auto& c = owner.chunks()[i];
-        sc.push_back(shard_chunk{p + i * layout.pp, c.params(), c.flat_params()});
-      }
-      b->engine = std::make_unique<shard_engine>(cfg, layout, p, k, *b->be, std::move(sc));
-      if (ck) {
-        for (auto& slot : b->engine->slots()) {
-          for (auto [suffix, dst] : {std::pair<const char*, core::tensor*>{".exp_avg", &slot.exp_avg},
-                                     {".exp_avg_sq", &slot.exp_avg_sq}}) {
-            std::string name = slot.info.name + suffix;
-            if (slot.info.tied) name = model::embedding_name(cfg.model) + suffix;
-            auto t = ck->load(name);
-            if (!t.ok()) return t.err();
-            // slot.info.offset is where the slice starts in the chunk buffer; the moment tensor in
-            // the checkpoint starts where the whole parameter does.
-            std::int64_t start = -1;
-            for (auto& c : b->engine->chunks())
-              for (auto& pi : c.params)
-                if (pi.name == slot.info.name) start = pi.offset;
-            TROUPE_CHECK(start >= 0, "no parameter named " + slot.info.name);
-            b->be->copy(t.value().reshape({t.value().numel()}).slice(slot.info.offset - start, {slot.info.numel}), *dst);
-          }
-        }
-      }
+      // The stage on the shard's own worker holds the parameters the shard starts from.
+      auto e = build_shard(cfg, layout, p, k, *b->be, stages.at({k, p})->engine->chunks(), from);
+      if (!e.ok()) return e.err();
+      b->engine = std::move(e.value());
       shards[{p, k}] = b;
     }
 
@@ -196,12 +166,18 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
     cs.end_step = end_step;
     cs.val = val_data;
     cs.checkpoint_root = ckpt_root;
+    cs.halt_after = opt.halt_after_step;
     cs.done = done;
     j->coordinator = spawn_coordinator(sys, j, cs);
     caf::anon_send(j->coordinator, start_atom::value);
     future.wait();
   }
   auto result = future.get();
+  if (rec) {
+    // The run itself is not lost when its log is: warn, and let replay report the gap.
+    if (auto st = rec->close(); !st.ok())
+      std::fprintf(stderr, "troupe: warning: %s\n", st.err().to_string().c_str());
+  }
   final_params().clear();
   for (int i = 0; i < layout.chunks(); ++i) {
     auto& b = stages.at({0, layout.rank_of_chunk(i)});

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdio>
+#include <memory>
 #include <string>
 
+#include "actors/recorder.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "model/trainer.hpp"
@@ -17,6 +19,12 @@ struct run_options {
   std::string resume;       // run directory or checkpoint to continue from ("" = fresh)
   int max_steps = -1;       // stop after this many steps in this invocation (-1 = train.steps)
   std::FILE* log = stdout;  // progress lines; null = quiet
+  /// Stop once this step is done, as if the job had been stopped there: unlike max_steps, the
+  /// step is not the last one (no forced checkpoint or evaluation). -1 = never. For replay.
+  int halt_after_step = -1;
+  /// Sees every tensor the job sends instead of the recorder (replay's verifier); null = record
+  /// as runtime.record says.
+  std::shared_ptr<message_sink> sink;
 };
 
 /// Trains `cfg` as actors. Errors name the failed actor, rank, step and instruction.

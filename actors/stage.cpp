@@ -22,7 +22,9 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
   auto& st = self->state;
   auto& eng = *st.b->engine;
   bool done = eng.run();
-  for (auto& o : eng.take_outgoing()) route(self, j, st.worker, o.to, o.tag, std::move(o.t));
+  const address me{role::stage, eng.dp(), eng.pp()};
+  for (auto& o : eng.take_outgoing())
+    route(self, j, me, o.to, o.tag, std::move(o.t), send_note{st.b->be.get()});
   if (eng.losses_ready()) {
     self->send(j.coordinator, loss_report{eng.step(), eng.dp(), eng.losses()});
     eng.losses_reported();
@@ -32,6 +34,7 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
     const auto& t = eng.timing();
     self->send(j.coordinator, stage_report{eng.step(), eng.dp(), eng.pp(), t.busy_s, t.comm_s,
                                            t.wait_s, eng.peak_activation_bytes(), t.events});
+    if (j.sink) j.sink->flush(st.worker);  // the worker's step is over: its log lines go to disk
   }
 }
 
@@ -60,7 +63,8 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
         pump(self, *j);
       },
       [=](tensor_ready& m) {
-        self->state.b->engine->deliver(m.tag(), receive(*j, self->state.worker, m));
+        self->state.b->engine->deliver(m.tag(),
+                                       receive(*j, self->state.worker, m, self->state.b->be.get()));
         if (self->state.running) pump(self, *j);
       },
       [=](snap_atom, std::int64_t step, std::int32_t dests) {
@@ -69,11 +73,12 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
           int c = pp + static_cast<int>(i) * j->layout.pp;
           core::tensor copy = st.b->be->to_host(st.b->engine->chunks()[i].flat_params()).clone();
           transport::tag tg{step, static_cast<std::uint32_t>(tensor_kind::snap_params), c, -1, 0};
-          if (dests & to_writer) route(self, *j, st.worker, address{role::writer, 0, 0}, tg, copy);
+          const address me{role::stage, dp, pp};
+          if (dests & to_writer) route(self, *j, me, address{role::writer, 0, 0}, tg, copy);
           tg.part = 1;  // the writer and the coordinator share worker 0: keep their tags apart
-          if (dests & to_coordinator)
-            route(self, *j, st.worker, address{role::coordinator, 0, 0}, tg, copy);
+          if (dests & to_coordinator) route(self, *j, me, address{role::coordinator, 0, 0}, tg, copy);
         }
+        if (j->sink) j->sink->flush(st.worker);
       },
       [=](status_atom) {
         auto& eng = *self->state.b->engine;

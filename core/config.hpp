@@ -125,6 +125,8 @@ struct runtime_config {
   std::string run_dir = "runs/latest";
   int threads = 0;              // 0 = all cores
   std::string fault_inject;     // test-only: "rank:step:instruction" makes that instruction throw
+  bool record = true;           // message logs in <run_dir>/messages/ (docs/replay.md)
+  bool record_tensors = false;  // also the bytes of every tensor a worker receives from another
 
   bool operator==(const runtime_config&) const = default;
 };

@@ -211,6 +211,8 @@ std::vector<key_spec> make_specs() {
   s.push_back(int_key("runtime", "threads", &C::runtime, &runtime_config::threads, 0, 4096,
                       "0 uses every core"));
   s.push_back(string_key("runtime", "fault_inject", &C::runtime, &runtime_config::fault_inject));
+  s.push_back(bool_key("runtime", "record", &C::runtime, &runtime_config::record));
+  s.push_back(bool_key("runtime", "record_tensors", &C::runtime, &runtime_config::record_tensors));
   return s;
 }
 

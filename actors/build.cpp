@@ -1,0 +1,87 @@
+#include "actors/build.hpp"
+
+#include "model/params.hpp"
+#include "schedules/lower.hpp"
+#include "schedules/registry.hpp"
+#include "schedules/validate.hpp"
+
+namespace troupe::actors {
+
+job_layout layout_of(const core::config& cfg) {
+  job_layout layout;
+  layout.dp = cfg.parallel.data_parallel;
+  layout.pp = cfg.parallel.pipeline_stage;
+  layout.v = cfg.parallel.virtual_pipeline;
+  layout.zero_stage = cfg.optimizer.zero_stage;
+  layout.microbatches = cfg.parallel.micro_batch_num * cfg.train.gradient_accumulation_steps;
+  return layout;
+}
+
+core::result<schedules::schedule> build_schedule(const core::config& cfg, int microbatches) {
+  schedules::schedule_options o;
+  o.virtual_stages = cfg.parallel.virtual_pipeline;
+  const std::string& which = cfg.schedule.file.empty() ? cfg.schedule.name : cfg.schedule.file;
+  auto s = schedules::make_schedule(which, cfg.parallel.pipeline_stage, microbatches, o);
+  if (!s.ok()) {
+    core::error e = s.err();
+    if (e.where.key.empty()) e.where.key = cfg.schedule.file.empty() ? "schedule.name" : "schedule.file";
+    if (e.where.file.empty()) e.where.file = cfg.source;
+    return e;
+  }
+  schedules::schedule lowered = schedules::lower(s.value());
+  if (auto st = schedules::validate(lowered); !st.ok()) return st.err();
+  return lowered;
+}
+
+core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& cfg,
+                                                           const job_layout& l, int pp,
+                                                           kernels::backend& be,
+                                                           const model::checkpoint::reader* ck) {
+  auto specs = model::partition(cfg.model, l.chunks());
+  std::vector<model::chunk> chunks;
+  for (int i = 0; i < l.v; ++i) {
+    model::chunk c(cfg.model, specs[pp + i * l.pp], be, cfg.precision.compute);
+    c.init(cfg.train.seed);
+    c.set_recompute(cfg.recompute.mode);
+    if (ck) {
+      auto st = model::checkpoint::restore(*ck, be, cfg.model, c, nullptr);
+      if (!st.ok()) return st.err();
+    }
+    chunks.push_back(std::move(c));
+  }
+  return chunks;
+}
+
+core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
+                                                        const job_layout& l, int pp, int part,
+                                                        kernels::backend& be,
+                                                        std::vector<model::chunk>& owner,
+                                                        const model::checkpoint::reader* ck) {
+  std::vector<shard_chunk> sc;
+  for (int i = 0; i < l.v; ++i) {
+    auto& c = owner[i];
+    sc.push_back(shard_chunk{pp + i * l.pp, c.params(), c.flat_params()});
+  }
+  auto e = std::make_unique<shard_engine>(cfg, l, pp, part, be, std::move(sc));
+  if (!ck) return e;
+  for (auto& slot : e->slots()) {
+    for (auto [suffix, dst] : {std::pair<const char*, core::tensor*>{".exp_avg", &slot.exp_avg},
+                               {".exp_avg_sq", &slot.exp_avg_sq}}) {
+      std::string name = slot.info.name + suffix;
+      if (slot.info.tied) name = model::embedding_name(cfg.model) + suffix;
+      auto t = ck->load(name);
+      if (!t.ok()) return t.err();
+      // slot.info.offset is where the slice starts in the chunk buffer; the moment tensor in
+      // the checkpoint starts where the whole parameter does.
+      std::int64_t start = -1;
+      for (auto& c : e->chunks())
+        for (auto& pi : c.params)
+          if (pi.name == slot.info.name) start = pi.offset;
+      TROUPE_CHECK(start >= 0, "no parameter named " + slot.info.name);
+      be.copy(t.value().reshape({t.value().numel()}).slice(slot.info.offset - start, {slot.info.numel}), *dst);
+    }
+  }
+  return e;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,43 @@
+// Building the pieces of a job from its config: the layout, the lowered schedule, a pipeline
+// rank's model chunks and an optimizer shard, fresh or restored from a checkpoint. Shared by the
+// in-process runtime (actors/runtime.cpp), which builds every worker's, and by code that builds
+// one worker's only (`replay --rank`, a process per worker). No CAF here.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "actors/layout.hpp"
+#include "actors/shard_engine.hpp"
+#include "actors/stage_engine.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "model/checkpoint.hpp"
+#include "schedules/schedule.hpp"
+
+namespace troupe::actors {
+
+/// The data_parallel × pipeline_stage layout `cfg` describes.
+job_layout layout_of(const core::config& cfg);
+
+/// cfg's schedule for `microbatches` per replica, lowered and validated; errors name the
+/// schedule.name / schedule.file key.
+core::result<schedules::schedule> build_schedule(const core::config& cfg, int microbatches);
+
+/// The chunks of pipeline rank `pp` in forward order (global ids pp, pp + P, ...) on `be`:
+/// initialised from train.seed, identically on every replica, or restored from `ck` when given.
+core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& cfg,
+                                                           const job_layout& l, int pp,
+                                                           kernels::backend& be,
+                                                           const model::checkpoint::reader* ck);
+
+/// Optimizer shard (pp, part) on `be`. Its master slices start from `owner`, the chunks of the
+/// stage on the shard's own worker; its AdamW moments are restored from `ck` when given.
+/// REQUIRES: cfg outlives the shard (the engine keeps a reference).
+core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
+                                                        const job_layout& l, int pp, int part,
+                                                        kernels::backend& be,
+                                                        std::vector<model::chunk>& owner,
+                                                        const model::checkpoint::reader* ck);
+
+}  // namespace troupe::actors

@@ -1,0 +1,568 @@
+#include "actors/recorder.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors.hpp"
+
+namespace troupe::actors {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::uint32_t kind_count = 12;
+const char* const kind_names[kind_count] = {
+    "",            "tokens",       "targets",     "activation",   "gradient",     "tied_grad",
+    "grad_slice",  "reduced_grad", "param_slice", "snap_params",  "snap_exp_avg", "snap_exp_avg_sq"};
+
+std::optional<std::uint32_t> kind_of_name(const std::string& s) {
+  for (std::uint32_t k = 1; k < kind_count; ++k)
+    if (s == kind_names[k]) return k;
+  return std::nullopt;
+}
+
+std::optional<core::dtype> dtype_of_name(const std::string& s) {
+  for (auto t : {core::dtype::f32, core::dtype::bf16, core::dtype::f16, core::dtype::f64,
+                 core::dtype::i32, core::dtype::u16})
+    if (s == core::dtype_name(t)) return t;
+  return std::nullopt;
+}
+
+// Eight bytes that open every .tensors file (the format's name and version).
+constexpr char tensors_magic[8] = {'T', 'R', 'P', 'T', 'N', 'S', '0', '1'};
+
+std::string log_path(const std::string& dir, int rank) {
+  return dir + "/rank_" + std::to_string(rank) + ".log";
+}
+std::string tensors_path(const std::string& dir, int rank) {
+  return dir + "/rank_" + std::to_string(rank) + ".tensors";
+}
+
+std::string hex_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
+
+std::string tag_fields(const transport::tag& tg) {
+  return "\"kind\":\"" + kind_name(tg.kind) + "\",\"chunk\":" + std::to_string(tg.chunk) +
+         ",\"mb\":" + std::to_string(tg.mb) + ",\"part\":" + std::to_string(tg.part);
+}
+
+std::string shape_json(const core::shape_t& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(s[i]);
+  }
+  out += ']';
+  return out;
+}
+
+/// The frame header of a stored tensor (the bytes follow it).
+std::string frame_header(int src, int dst, const transport::tag& tg, const core::tensor& t) {
+  return "{\"src\":" + std::to_string(src) + ",\"dst\":" + std::to_string(dst) +
+         ",\"step\":" + std::to_string(tg.step) + "," + tag_fields(tg) + ",\"dtype\":\"" +
+         core::dtype_name(t.type()) + "\",\"shape\":" + shape_json(t.shape()) +
+         ",\"bytes\":" + std::to_string(t.bytes()) + "}";
+}
+
+core::error log_error(const std::string& file, int line, const std::string& what) {
+  return core::error::at_key(file, "", line, 0, what,
+                             "the message log is damaged; record the run again");
+}
+
+// Reads a tag's fields from a JSON object (a log record or a frame header).
+bool read_tag(const nlohmann::json& j, transport::tag& tg, std::string& why) {
+  auto kind = kind_of_name(j.at("kind").get<std::string>());
+  if (!kind) {
+    why = "unknown kind '" + j.at("kind").get<std::string>() + "'";
+    return false;
+  }
+  tg.step = j.at("step").get<std::int64_t>();
+  tg.kind = *kind;
+  tg.chunk = j.at("chunk").get<std::int32_t>();
+  tg.mb = j.at("mb").get<std::int32_t>();
+  tg.part = j.at("part").get<std::int32_t>();
+  return true;
+}
+
+/// Keeps the lines of a log whose step is before `first_step` (and every header): a resumed
+/// invocation runs the later steps again.
+core::status truncate_log(const std::string& path, int first_step) {
+  std::ifstream in(path);
+  if (!in) return core::status::success();
+  std::string kept, line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      return log_error(path, n, "line " + std::to_string(n) + " is not a JSON object");
+    if (j.contains("step") && j["step"].get<std::int64_t>() >= first_step) continue;
+    kept += line;
+    kept += '\n';
+  }
+  in.close();
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept;
+    if (!out) return core::error::at_file(tmp, "cannot write", "check free space and permissions");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return core::error::at_file(path, "cannot replace: " + ec.message());
+  return core::status::success();
+}
+
+/// One frame of a .tensors file: header JSON and where its bytes are.
+struct frame {
+  nlohmann::json header;
+  std::uint64_t offset = 0;  // of the bytes
+  std::uint64_t bytes = 0;
+};
+
+/// Walks the frames of a .tensors file held in `data`.
+core::result<std::vector<frame>> scan_frames(const std::string& path, const std::string& data) {
+  std::vector<frame> frames;
+  if (data.size() < sizeof tensors_magic ||
+      std::memcmp(data.data(), tensors_magic, sizeof tensors_magic) != 0)
+    return core::error::at_file(path, "not a troupe .tensors file (bad magic)",
+                                "record the run again with runtime.record_tensors = true");
+  std::uint64_t at = sizeof tensors_magic;
+  while (at < data.size()) {
+    if (data.size() - at < 4)
+      return core::error::at_file(path, "truncated frame at byte " + std::to_string(at));
+    std::uint32_t n = 0;
+    for (int i = 0; i < 4; ++i)
+      n |= static_cast<std::uint32_t>(static_cast<unsigned char>(data[at + i])) << (8 * i);
+    at += 4;
+    if (data.size() - at < n)
+      return core::error::at_file(path, "truncated frame header at byte " + std::to_string(at));
+    frame f;
+    f.header = nlohmann::json::parse(data.substr(at, n), nullptr, false);
+    if (f.header.is_discarded() || !f.header.is_object() || !f.header.contains("bytes"))
+      return core::error::at_file(path, "malformed frame header at byte " + std::to_string(at));
+    at += n;
+    f.offset = at;
+    f.bytes = f.header["bytes"].get<std::uint64_t>();
+    if (data.size() - at < f.bytes)
+      return core::error::at_file(path, "truncated tensor bytes at byte " + std::to_string(at));
+    at += f.bytes;
+    frames.push_back(std::move(f));
+  }
+  return frames;
+}
+
+std::string read_whole(const std::string& path, bool& ok) {
+  std::ifstream in(path, std::ios::binary);
+  ok = static_cast<bool>(in);
+  return ok ? std::string(std::istreambuf_iterator<char>(in), {}) : std::string();
+}
+
+void put_u32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+core::status truncate_tensors(const std::string& path, int first_step) {
+  bool ok = false;
+  std::string data = read_whole(path, ok);
+  if (!ok || data.empty()) return core::status::success();
+  auto frames = scan_frames(path, data);
+  if (!frames) return frames.err();
+  std::string kept(tensors_magic, sizeof tensors_magic);
+  for (const auto& f : frames.value()) {
+    if (f.header.at("step").get<std::int64_t>() >= first_step) continue;
+    std::string h = f.header.dump();
+    put_u32(kept, static_cast<std::uint32_t>(h.size()));
+    kept += h;
+    kept.append(data, f.offset, f.bytes);
+  }
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept;
+    if (!out) return core::error::at_file(tmp, "cannot write", "check free space and permissions");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return core::error::at_file(path, "cannot replace: " + ec.message());
+  return core::status::success();
+}
+
+}  // namespace
+
+std::string messages_dir(const std::string& run_dir) { return run_dir + "/messages"; }
+
+std::string kind_name(std::uint32_t kind) {
+  if (kind >= 1 && kind < kind_count) return kind_names[kind];
+  return "kind " + std::to_string(kind);
+}
+
+std::string address_name(const address& a) {
+  switch (a.who) {
+    case role::stage:
+      return "stage(dp=" + std::to_string(a.a) + ", pp=" + std::to_string(a.b) + ")";
+    case role::shard:
+      return "optimizer_shard(pp=" + std::to_string(a.a) + ", part=" + std::to_string(a.b) + ")";
+    case role::loader: return "data_loader(dp=" + std::to_string(a.a) + ")";
+    case role::coordinator: return "coordinator";
+    case role::writer: return "checkpoint_writer";
+  }
+  return "?";
+}
+
+std::string producer_of(const address& from, const address& to, const transport::tag& tg) {
+  switch (static_cast<tensor_kind>(tg.kind)) {
+    case tensor_kind::tokens:
+    case tensor_kind::targets: return "loader cut";
+    case tensor_kind::activation:  // the input of chunk tg.chunk: chunk - 1's SEND_F
+      return std::to_string(tg.chunk - 1) + "SEND_F" + std::to_string(tg.mb) + "->" +
+             std::to_string(to.b);
+    case tensor_kind::gradient:  // the gradient of chunk tg.chunk's output: chunk + 1's SEND_B
+      return std::to_string(tg.chunk + 1) + "SEND_B" + std::to_string(tg.mb) + "->" +
+             std::to_string(to.b);
+    case tensor_kind::tied_grad:
+    case tensor_kind::grad_slice: return std::to_string(tg.chunk) + "REDUCE_GRAD";
+    case tensor_kind::reduced_grad:
+    case tensor_kind::param_slice: return "shard update";
+    case tensor_kind::snap_params: return "snapshot";
+    case tensor_kind::snap_exp_avg:
+    case tensor_kind::snap_exp_avg_sq: return "shard snapshot";
+  }
+  return from.who == role::stage ? "stage send" : "send";
+}
+
+std::string describe(const message_record& r) {
+  std::string s = "rank " + std::to_string(r.src) + ", step " + std::to_string(r.tag.step) +
+                  ", micro-batch " + (r.tag.mb >= 0 ? std::to_string(r.tag.mb) : std::string("-")) +
+                  ", instruction " + r.op + " (" + r.from + " -> " + r.to + " on rank " +
+                  std::to_string(r.dst) + ", " + kind_name(r.tag.kind) + " of chunk " +
+                  std::to_string(r.tag.chunk);
+  if (r.tag.part != 0) s += ", part " + std::to_string(r.tag.part);
+  return s + ")";
+}
+
+std::string to_line(const message_record& r) {
+  std::string s = "{\"step\":" + std::to_string(r.tag.step) + ",\"src\":" + std::to_string(r.src) +
+                  ",\"dst\":" + std::to_string(r.dst) + ",\"from\":\"" + r.from + "\",\"to\":\"" +
+                  r.to + "\"," + tag_fields(r.tag) + ",\"op\":\"" + r.op + "\",\"dtype\":\"" +
+                  core::dtype_name(r.dtype) + "\",\"shape\":" + shape_json(r.shape) +
+                  ",\"xxh64\":\"" + model::safetensors::hex64(r.xxh64) + "\"";
+  if (r.sample)
+    s += ",\"sample\":{\"seed\":" + std::to_string(r.sample->seed) +
+         ",\"step\":" + std::to_string(r.sample->step) +
+         ",\"first_seq\":" + std::to_string(r.sample->first_seq) +
+         ",\"count\":" + std::to_string(r.sample->count) + "}";
+  return s + "}";
+}
+
+std::string to_line(const segment_header& h) {
+  nlohmann::json j = {{"troupe_messages", 1},       {"rank", h.rank},
+                      {"workers", h.workers},       {"first_step", h.first_step},
+                      {"end_step", h.end_step},     {"resume", h.resume},
+                      {"config_xxh64", model::safetensors::hex64(h.config_xxh64)}};
+  return j.dump();
+}
+
+std::string to_line(const clip_record& c) {
+  return "{\"step\":" + std::to_string(c.step) + ",\"src\":" + std::to_string(c.src) +
+         ",\"control\":\"clip\",\"pp\":" + std::to_string(c.pp) + ",\"part\":" +
+         std::to_string(c.part) + ",\"scale\":\"" + hex_double(c.scale) + "\",\"lr\":\"" +
+         hex_double(c.lr) + "\"}";
+}
+
+core::result<message_log> read_log(const std::string& dir, int rank) {
+  const std::string path = log_path(dir, rank);
+  std::ifstream in(path);
+  if (!in)
+    return core::error::at_file(path, "no message log for rank " + std::to_string(rank),
+                                "was the run recorded? set runtime.record = true (the default) "
+                                "and train again");
+  message_log out;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      return log_error(path, n, "line " + std::to_string(n) + " is not a JSON object");
+    try {
+      if (j.contains("troupe_messages")) {
+        segment_header h;
+        h.rank = j.at("rank").get<int>();
+        h.workers = j.at("workers").get<int>();
+        h.first_step = j.at("first_step").get<int>();
+        h.end_step = j.at("end_step").get<int>();
+        h.resume = j.at("resume").get<std::string>();
+        h.config_xxh64 = std::stoull(j.at("config_xxh64").get<std::string>(), nullptr, 16);
+        out.segments.push_back(h);
+        continue;
+      }
+      if (j.contains("control")) {
+        clip_record c;
+        c.step = j.at("step").get<std::int64_t>();
+        c.src = j.at("src").get<int>();
+        c.pp = j.at("pp").get<int>();
+        c.part = j.at("part").get<int>();
+        c.scale = static_cast<float>(std::strtod(j.at("scale").get<std::string>().c_str(), nullptr));
+        c.lr = std::strtod(j.at("lr").get<std::string>().c_str(), nullptr);
+        out.clips.push_back(c);
+        continue;
+      }
+      message_record r;
+      std::string why;
+      if (!read_tag(j, r.tag, why)) return log_error(path, n, why);
+      r.src = j.at("src").get<int>();
+      r.dst = j.at("dst").get<int>();
+      r.from = j.at("from").get<std::string>();
+      r.to = j.at("to").get<std::string>();
+      r.op = j.at("op").get<std::string>();
+      auto dt = dtype_of_name(j.at("dtype").get<std::string>());
+      if (!dt) return log_error(path, n, "unknown dtype '" + j.at("dtype").get<std::string>() + "'");
+      r.dtype = *dt;
+      r.shape = j.at("shape").get<core::shape_t>();
+      const std::string h = j.at("xxh64").get<std::string>();
+      if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
+        return log_error(path, n, "xxh64 '" + h + "' is not 16 hex digits");
+      r.xxh64 = std::stoull(h, nullptr, 16);
+      if (j.contains("sample")) {
+        const auto& s = j["sample"];
+        r.sample = sample_key{s.at("seed").get<std::uint64_t>(), s.at("step").get<std::int64_t>(),
+                              s.at("first_seq").get<std::int64_t>(), s.at("count").get<int>()};
+      }
+      r.file = path;
+      r.line = n;
+      out.records.push_back(std::move(r));
+    } catch (const std::exception& e) {
+      return log_error(path, n, "line " + std::to_string(n) + ": " + e.what());
+    }
+  }
+  if (out.segments.empty())
+    return log_error(path, 1, "no header line: this is not a troupe message log");
+  return out;
+}
+
+core::result<std::vector<stored_tensor>> read_tensors(const std::string& dir, int rank) {
+  const std::string path = tensors_path(dir, rank);
+  bool ok = false;
+  std::string data = read_whole(path, ok);
+  if (!ok)
+    return core::error::at_file(path, "no stored tensors for rank " + std::to_string(rank),
+                                "replaying one rank needs its neighbours' tensors: train with "
+                                "runtime.record_tensors = true");
+  auto frames = scan_frames(path, data);
+  if (!frames) return frames.err();
+  std::vector<stored_tensor> out;
+  for (const auto& f : frames.value()) {
+    stored_tensor s;
+    std::string why;
+    try {
+      if (!read_tag(f.header, s.tag, why))
+        return core::error::at_file(path, why + " in the frame at byte " + std::to_string(f.offset));
+      s.src = f.header.at("src").get<int>();
+      s.dst = f.header.at("dst").get<int>();
+      auto dt = dtype_of_name(f.header.at("dtype").get<std::string>());
+      auto shape = f.header.at("shape").get<core::shape_t>();
+      if (!dt || static_cast<std::uint64_t>(core::numel_of(shape)) * core::dtype_size(*dt) != f.bytes)
+        return core::error::at_file(path, "the frame at byte " + std::to_string(f.offset) +
+                                              " has a dtype or shape that does not match its size");
+      s.value = core::tensor::zeros(shape, *dt);
+      if (f.bytes) std::memcpy(s.value.raw(), data.data() + f.offset, f.bytes);
+    } catch (const std::exception& e) {
+      return core::error::at_file(path, "the frame at byte " + std::to_string(f.offset) + ": " + e.what());
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::uint64_t tensor_xxh64(const core::tensor& t) {
+  if (!t.defined() || t.bytes() == 0) return model::safetensors::xxh64(nullptr, 0);
+  return model::safetensors::xxh64(t.raw(), t.bytes());
+}
+
+int worker_of(const job_layout& l, const address& a) {
+  switch (a.who) {
+    case role::stage: return l.worker(a.a, a.b);
+    case role::shard: return l.worker(a.b, a.a);
+    case role::loader: return l.worker(a.a, 0);
+    default: return 0;
+  }
+}
+
+core::tensor host_view(const core::tensor& t, kernels::backend* be) {
+  if (!t.defined() || t.dev().is_cpu()) return t;
+  TROUPE_CHECK(be != nullptr, "a device tensor reached the message log without its backend");
+  return be->to_host(t);
+}
+
+message_record record_of(const address& from, int src, const address& to, int dst,
+                         const transport::tag& tg, const core::tensor& t, const sample_key* sample) {
+  message_record r;
+  r.src = src;
+  r.dst = dst;
+  r.from = address_name(from);
+  r.to = address_name(to);
+  r.tag = tg;
+  r.op = producer_of(from, to, tg);
+  r.dtype = t.type();
+  r.shape = t.shape();
+  r.xxh64 = tensor_xxh64(t);
+  if (sample) r.sample = *sample;
+  return r;
+}
+
+void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
+                  const transport::tag& tg, const core::tensor& t, kernels::backend* be,
+                  const sample_key* sample) {
+  core::tensor host = host_view(t, be);
+  sink.sent(record_of(from, src, to, dst, tg, host, sample), host);
+}
+
+void observe_receive(message_sink& sink, int src, int dst, const transport::tag& tg,
+                     const core::tensor& t, kernels::backend* be) {
+  if (src == dst || !sink.wants_received()) return;
+  sink.received(src, dst, tg, host_view(t, be));
+}
+
+// --- recorder -----------------------------------------------------------------------------------
+
+struct recorder::file {
+  std::mutex mu;
+  std::string log_path, tensors_path;
+  std::FILE* log = nullptr;
+  std::FILE* tensors = nullptr;
+  bool failed = false;
+};
+
+core::result<std::shared_ptr<recorder>> recorder::open(const std::string& run_dir,
+                                                       const std::vector<int>& workers,
+                                                       segment_header header, bool tensors) {
+  const std::string dir = messages_dir(run_dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return core::error::at_key("", "runtime.record", 0, 0,
+                               "cannot create '" + dir + "': " + ec.message(),
+                               "choose a writable runtime.run_dir or set runtime.record = false");
+  std::shared_ptr<recorder> rec(new recorder(tensors));
+  for (int w : workers) {
+    auto f = std::make_unique<file>();
+    f->log_path = log_path(dir, w);
+    f->tensors_path = tensors_path(dir, w);
+    if (header.first_step > 0) {
+      if (auto st = truncate_log(f->log_path, header.first_step); !st) return st.err();
+      if (auto st = truncate_tensors(f->tensors_path, header.first_step); !st) return st.err();
+    } else if (!tensors) {
+      fs::remove(f->tensors_path, ec);  // a stale file of an earlier run in this directory
+    }
+    const char* mode = header.first_step > 0 ? "ab" : "wb";
+    f->log = std::fopen(f->log_path.c_str(), mode);
+    if (!f->log)
+      return core::error::at_file(f->log_path, std::string("cannot open: ") + std::strerror(errno),
+                                  "choose a writable runtime.run_dir or set runtime.record = false");
+    // Lines go to disk at step ends (flush), not per message.
+    std::setvbuf(f->log, nullptr, _IOFBF, 1 << 20);
+    header.rank = w;
+    std::string h = to_line(header) + "\n";
+    std::fwrite(h.data(), 1, h.size(), f->log);
+    if (tensors) {
+      bool fresh = header.first_step == 0 || !fs::exists(f->tensors_path) ||
+                   fs::file_size(f->tensors_path, ec) == 0;
+      f->tensors = std::fopen(f->tensors_path.c_str(), mode);
+      if (!f->tensors)
+        return core::error::at_file(f->tensors_path,
+                                    std::string("cannot open: ") + std::strerror(errno),
+                                    "choose a writable runtime.run_dir");
+      std::setvbuf(f->tensors, nullptr, _IOFBF, 1 << 22);
+      if (fresh) std::fwrite(tensors_magic, 1, sizeof tensors_magic, f->tensors);
+    }
+    rec->files_[w] = std::move(f);
+  }
+  return rec;
+}
+
+recorder::recorder(bool tensors) : tensors_(tensors) {}
+
+recorder::~recorder() { close(); }
+
+recorder::file& recorder::of(int worker) {
+  auto it = files_.find(worker);
+  TROUPE_CHECK(it != files_.end(), "worker " + std::to_string(worker) +
+                                       " has no message log in this process");
+  return *it->second;
+}
+
+void recorder::fail(file& f, const std::string& what) {
+  if (f.failed) return;
+  f.failed = true;
+  std::lock_guard<std::mutex> lk(error_mu_);
+  if (!error_)
+    error_ = core::error::at_file(what == "tensors" ? f.tensors_path : f.log_path,
+                                  std::string("writing the message log failed: ") +
+                                      std::strerror(errno),
+                                  "check free space, or set runtime.record = false");
+}
+
+void recorder::sent(const message_record& r, const core::tensor&) {
+  std::string line = to_line(r);
+  line += '\n';
+  file& f = of(r.src);
+  std::lock_guard<std::mutex> lk(f.mu);
+  if (f.log && std::fwrite(line.data(), 1, line.size(), f.log) != line.size()) fail(f, "log");
+}
+
+void recorder::received(int src, int dst, const transport::tag& tg, const core::tensor& bytes) {
+  // Snapshots go to the checkpoint writer and the coordinator; --rank never replays those.
+  const auto k = static_cast<tensor_kind>(tg.kind);
+  if (k == tensor_kind::snap_params || k == tensor_kind::snap_exp_avg ||
+      k == tensor_kind::snap_exp_avg_sq)
+    return;
+  std::string frame;
+  std::string h = frame_header(src, dst, tg, bytes);
+  put_u32(frame, static_cast<std::uint32_t>(h.size()));
+  frame += h;
+  file& f = of(dst);
+  std::lock_guard<std::mutex> lk(f.mu);
+  if (!f.tensors) return;
+  bool ok = std::fwrite(frame.data(), 1, frame.size(), f.tensors) == frame.size();
+  if (ok && bytes.bytes() > 0)
+    ok = std::fwrite(bytes.raw(), 1, bytes.bytes(), f.tensors) == bytes.bytes();
+  if (!ok) fail(f, "tensors");
+}
+
+void recorder::clipped(const clip_record& c) {
+  std::string line = to_line(c) + "\n";
+  file& f = of(c.src);
+  std::lock_guard<std::mutex> lk(f.mu);
+  if (f.log && std::fwrite(line.data(), 1, line.size(), f.log) != line.size()) fail(f, "log");
+}
+
+void recorder::flush(int worker) {
+  file& f = of(worker);
+  std::lock_guard<std::mutex> lk(f.mu);
+  if (f.log && std::fflush(f.log) != 0) fail(f, "log");
+  if (f.tensors && std::fflush(f.tensors) != 0) fail(f, "tensors");
+}
+
+core::status recorder::close() {
+  for (auto& [w, f] : files_) {
+    std::lock_guard<std::mutex> lk(f->mu);
+    if (f->log && std::fclose(f->log) != 0) fail(*f, "log");
+    if (f->tensors && std::fclose(f->tensors) != 0) fail(*f, "tensors");
+    f->log = f->tensors = nullptr;
+  }
+  std::lock_guard<std::mutex> lk(error_mu_);
+  if (error_) return *error_;
+  return core::status::success();
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,202 @@
+// Message logs: what every worker sent, for `troupe replay` (docs/replay.md has the file formats).
+//
+// route() (actors/job.hpp) shows every tensor to the job's message_sink before the bytes go on the
+// transport, and receive() shows it every tensor that came from another worker. Two sinks exist:
+// the `recorder`, which writes <run_dir>/messages/rank_<R>.log (one JSON line per tensor sent:
+// step, sender, receiver, tag, instruction, dtype, shape, xxhash64 of the bytes, and for loader
+// cuts the data-sampling key) and, with runtime.record_tensors, rank_<R>.tensors (the bytes of
+// every tensor worker R received from another worker); and replay's verifier (actors/replay.cpp),
+// which compares what a re-run sends with those lines.
+//
+// No CAF here: the CLI, the replay driver and tests include it cheaply.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/layout.hpp"
+#include "actors/wire.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+#include "kernels/backend.hpp"
+#include "transport/transport.hpp"
+
+namespace troupe::actors {
+
+/// The data-sampling key of a loader cut, the job's only use of randomness in training: global
+/// sequences [first_seq, first_seq + count) of `step`, drawn with `seed` (model/loader.hpp).
+struct sample_key {
+  std::uint64_t seed = 0;
+  std::int64_t step = 0;
+  std::int64_t first_seq = 0;
+  int count = 0;
+};
+
+/// One tensor sent, as a line of a message log holds it.
+struct message_record {
+  int src = 0;            // sender's worker rank
+  int dst = 0;            // receiver's worker rank
+  std::string from;       // "stage(dp=0, pp=1)", "data_loader(dp=0)", ...
+  std::string to;
+  transport::tag tag;     // tag.step is the step the tensor belongs to
+  std::string op;         // the instruction ("1SEND_F3->2") or role action ("loader cut")
+  core::dtype dtype = core::dtype::f32;
+  core::shape_t shape;
+  std::uint64_t xxh64 = 0;
+  std::optional<sample_key> sample;
+  // where a parsed record came from
+  std::string file;
+  int line = 0;
+};
+
+/// Which (sender worker, receiver worker, tag) a record is: the unit replay compares.
+struct message_key {
+  int src = 0;
+  int dst = 0;
+  transport::tag tag;
+  auto operator<=>(const message_key&) const = default;
+  bool operator==(const message_key&) const = default;
+};
+inline message_key key_of(const message_record& r) { return {r.src, r.dst, r.tag}; }
+
+/// One invocation of the job (a fresh run or a resume), as the header line of each log says.
+struct segment_header {
+  int rank = 0;                 // the worker whose log this is
+  int workers = 1;
+  int first_step = 0;           // steps [first_step, end_step) were planned
+  int end_step = 0;
+  std::string resume;           // checkpoint directory resumed from ("" = fresh)
+  std::uint64_t config_xxh64 = 0;  // of the config.toml text this invocation wrote
+};
+
+/// The exact clip scale and learning rate an optimizer shard applied at a step (a control
+/// message, logged so that `replay --rank` can apply them without the other shards' norms).
+struct clip_record {
+  int src = 0;
+  int pp = 0;
+  int part = 0;
+  std::int64_t step = 0;
+  float scale = 1;
+  double lr = 0;
+};
+
+/// "gradient", "param_slice", ... ("kind 12" for an unknown value).
+std::string kind_name(std::uint32_t kind);
+/// "stage(dp=0, pp=1)", "optimizer_shard(pp=1, part=0)", "data_loader(dp=0)", "coordinator", ...
+std::string address_name(const address& a);
+/// The instruction or role action that sends tensor `tg` from `from` to `to`: the schedule's
+/// text for stage transfers ("0SEND_F3->1", "1SEND_B3->0", "0REDUCE_GRAD"), else "loader cut",
+/// "shard update", "snapshot", "shard snapshot".
+std::string producer_of(const address& from, const address& to, const transport::tag& tg);
+/// "rank 1, step 2, micro-batch 3, instruction 0SEND_F3->1 (stage(dp=0, pp=0) -> stage(dp=0,
+/// pp=1), activation chunk 1 part 0)".
+std::string describe(const message_record& r);
+
+/// One JSON line (no newline).
+std::string to_line(const message_record& r);
+std::string to_line(const segment_header& h);
+std::string to_line(const clip_record& c);
+
+/// Everything a worker's log holds.
+struct message_log {
+  std::vector<segment_header> segments;
+  std::vector<message_record> records;
+  std::vector<clip_record> clips;
+};
+/// Reads <dir>/rank_<rank>.log; errors name the file and line.
+core::result<message_log> read_log(const std::string& dir, int rank);
+
+/// A tensor stored in a .tensors file.
+struct stored_tensor {
+  int src = 0;
+  int dst = 0;
+  transport::tag tag;
+  core::tensor value;  // host
+};
+/// Reads every frame of <dir>/rank_<rank>.tensors; errors name the file and the byte offset.
+core::result<std::vector<stored_tensor>> read_tensors(const std::string& dir, int rank);
+
+/// Sees every tensor the job moves. Called from many actor threads at once: implementations
+/// synchronise themselves.
+class message_sink {
+ public:
+  virtual ~message_sink() = default;
+  /// A tensor about to go on the transport; `bytes` is a host view of it. May throw
+  /// core::failure to stop the sending actor (replay does, at the first difference).
+  virtual void sent(const message_record& r, const core::tensor& bytes) = 0;
+  /// Whether received() wants the bytes of tensors from other workers.
+  virtual bool wants_received() const { return false; }
+  /// Worker `dst` took a tensor that worker `src` sent (src != dst).
+  virtual void received(int /*src*/, int /*dst*/, const transport::tag& /*tg*/,
+                        const core::tensor& /*bytes*/) {}
+  /// An optimizer shard applied this clip scale and learning rate.
+  virtual void clipped(const clip_record& /*c*/) {}
+  /// Worker `worker` ended a step (or sent its snapshots): its buffered lines may go to disk.
+  virtual void flush(int /*worker*/) {}
+};
+
+/// xxhash64 (seed 0) of a host tensor's bytes, as the logs hold it.
+std::uint64_t tensor_xxh64(const core::tensor& t);
+/// The worker rank an address lives on (coordinator and checkpoint writer: worker 0).
+int worker_of(const job_layout& l, const address& a);
+
+/// The record of tensor `t` (host bytes) that `from` on worker `src` sends `to` on `dst`.
+message_record record_of(const address& from, int src, const address& to, int dst,
+                         const transport::tag& tg, const core::tensor& t, const sample_key* sample);
+/// The host bytes of `t`: itself, or a copy through `be` for a device tensor.
+core::tensor host_view(const core::tensor& t, kernels::backend* be);
+
+/// Builds the record of a tensor `from` sends `to` and shows it to `sink`. A device tensor is
+/// copied to the host through `be` (the sender's backend, whose copy waits for the sender's
+/// queued work, so the bytes hashed are the final ones).
+void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
+                  const transport::tag& tg, const core::tensor& t, kernels::backend* be,
+                  const sample_key* sample);
+/// Shows `sink` a tensor worker `dst` received from `src`, when it wants the bytes.
+void observe_receive(message_sink& sink, int src, int dst, const transport::tag& tg,
+                     const core::tensor& t, kernels::backend* be);
+
+/// Writes the message logs of the workers this process hosts: one buffered file per worker (one
+/// writer, a mutex for the worker's several actors), flushed when the worker ends a step.
+class recorder final : public message_sink {
+ public:
+  /// Opens <run_dir>/messages/rank_<w>.log (and .tensors when `tensors`) for every w in
+  /// `workers` and appends `header` (its rank set per file). When header.first_step > 0 (a
+  /// resume), records of steps >= first_step left by an earlier invocation are dropped first: the
+  /// steps are run again. A fresh run starts the files anew.
+  static core::result<std::shared_ptr<recorder>> open(const std::string& run_dir,
+                                                      const std::vector<int>& workers,
+                                                      segment_header header, bool tensors);
+  ~recorder() override;
+
+  void sent(const message_record& r, const core::tensor& bytes) override;
+  bool wants_received() const override { return tensors_; }
+  void received(int src, int dst, const transport::tag& tg, const core::tensor& bytes) override;
+  void clipped(const clip_record& c) override;
+  void flush(int worker) override;
+  /// Flushes and closes every file; the first write error, naming the file.
+  core::status close();
+
+ private:
+  struct file;
+  explicit recorder(bool tensors);
+  file& of(int worker);
+  void fail(file& f, const std::string& what);
+
+  bool tensors_;
+  std::map<int, std::unique_ptr<file>> files_;
+  std::mutex error_mu_;
+  std::optional<core::error> error_;
+};
+
+/// The folder message logs live in: <run_dir>/messages.
+std::string messages_dir(const std::string& run_dir);
+
+}  // namespace troupe::actors

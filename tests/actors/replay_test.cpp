@@ -1,0 +1,386 @@
+// Recording and deterministic replay (docs/replay.md): a recorded run replays bit for bit, a
+// corrupted log line is reported as exactly that message, --until-step and --dump-tensors, resumed
+// runs, one worker replayed alone, and runs that cannot be replayed.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "actors/recorder.hpp"
+#include "actors/replay.hpp"
+#include "actors/runtime.hpp"
+#include "model/safetensors.hpp"
+#include "tests/model/trainer_fixture.hpp"
+
+namespace {
+
+using namespace troupe;
+namespace fs = std::filesystem;
+using model::testing::scratch_dir;
+using model::testing::tiny_run;
+
+// The 4-layer pp=2 × dp=2 job of runtime_test.cpp, recorded.
+core::config recorded_config(const scratch_dir& tmp, int pp = 2, int dp = 2) {
+  auto cfg = tiny_run(tmp);
+  cfg.model.num_layers = 4;
+  cfg.parallel.pipeline_stage = pp;
+  cfg.parallel.data_parallel = dp;
+  cfg.parallel.micro_batch_num = 4;
+  cfg.train.steps = 4;
+  cfg.train.eval_interval = 0;
+  cfg.runtime.record = true;
+  return cfg;
+}
+
+void train(const core::config& cfg, actors::run_options opt = {}) {
+  opt.log = nullptr;
+  auto r = actors::run_actor_job(cfg, opt);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
+}
+
+actors::replay_report replay(const std::string& run_dir, actors::replay_options opt = {}) {
+  opt.run_dir = run_dir;
+  opt.log = nullptr;
+  auto r = actors::replay_run(opt);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
+  return r.value();
+}
+
+/// Tensor records of every worker's log with step in [lo, hi).
+std::vector<actors::message_record> records(const core::config& cfg, std::int64_t lo = 0,
+                                            std::int64_t hi = 1 << 30) {
+  std::vector<actors::message_record> out;
+  const int workers = cfg.parallel.data_parallel * cfg.parallel.pipeline_stage;
+  for (int w = 0; w < workers; ++w) {
+    auto log = actors::read_log(actors::messages_dir(cfg.runtime.run_dir), w);
+    REQUIRE_MESSAGE(log.ok(), (log.ok() ? "" : log.err().to_string()));
+    for (auto& r : log->records)
+      if (r.tag.step >= lo && r.tag.step < hi) out.push_back(r);
+  }
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Replaces the xxh64 of line `line` (1-based) of `path` by `fake`; returns the original hash.
+std::string corrupt_hash(const std::string& path, int line, const std::string& fake) {
+  std::istringstream in(slurp(path));
+  std::string out, l, original;
+  for (int n = 1; std::getline(in, l); ++n) {
+    if (n == line) {
+      auto at = l.find("\"xxh64\":\"");
+      REQUIRE(at != std::string::npos);
+      original = l.substr(at + 9, 16);
+      l.replace(at + 9, 16, fake);
+    }
+    out += l + "\n";
+  }
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
+  return original;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("every worker logs one line per tensor it sends, with the instruction and the sampling key") {
+  scratch_dir tmp("rp_log");
+  auto cfg = recorded_config(tmp);
+  train(cfg);
+  auto all = records(cfg);
+  REQUIRE_FALSE(all.empty());
+  const int mbs = cfg.parallel.micro_batch_num, B = cfg.parallel.micro_batch_size;
+  int tokens = 0, activations = 0, gradients = 0;
+  for (const auto& r : all) {
+    using actors::tensor_kind;
+    switch (static_cast<tensor_kind>(r.tag.kind)) {
+      case tensor_kind::tokens: {
+        ++tokens;
+        REQUIRE(r.sample.has_value());
+        CHECK(r.op == "loader cut");
+        CHECK(r.sample->seed == cfg.train.seed);
+        CHECK(r.sample->step == r.tag.step);
+        const int dp = r.src / cfg.parallel.pipeline_stage;
+        CHECK(r.sample->first_seq == (dp * mbs + r.tag.mb) * B);
+        CHECK(r.sample->count == B);
+        break;
+      }
+      case tensor_kind::activation:
+        ++activations;
+        CHECK(r.op == "0SEND_F" + std::to_string(r.tag.mb) + "->1");
+        CHECK(r.from == "stage(dp=" + std::to_string(r.src / 2) + ", pp=0)");
+        CHECK(r.shape == core::shape_t{B * cfg.model.seq_length, cfg.model.hidden_size});
+        break;
+      case tensor_kind::gradient:
+        ++gradients;
+        CHECK(r.op == "1SEND_B" + std::to_string(r.tag.mb) + "->0");
+        break;
+      default: break;
+    }
+  }
+  // 4 steps × 2 replicas × 4 micro-batches
+  CHECK(tokens == 32);
+  CHECK(activations == 32);
+  CHECK(gradients == 32);
+}
+
+TEST_CASE("a recorded pp=2 × dp=2 run replays bit for bit") {
+  scratch_dir tmp("rp_whole");
+  auto cfg = recorded_config(tmp);
+  train(cfg);
+  auto rep = replay(cfg.runtime.run_dir);
+  CHECK_MESSAGE(rep.matched, rep.mismatch);
+  CHECK(rep.messages == static_cast<std::int64_t>(records(cfg).size()));
+  CHECK(rep.first_step == 0);
+  CHECK(rep.steps() == 4);
+}
+
+TEST_CASE("a corrupted hash in the log is reported as exactly that message") {
+  scratch_dir tmp("rp_corrupt");
+  auto cfg = recorded_config(tmp);
+  train(cfg);
+  // Worker 1 (replica 0, pipeline rank 1): its gradient of micro-batch 2 at step 2.
+  const std::string log = actors::messages_dir(cfg.runtime.run_dir) + "/rank_1.log";
+  int line = 0;
+  for (const auto& r : records(cfg))
+    if (r.src == 1 && r.tag.step == 2 && r.tag.mb == 2 &&
+        r.tag.kind == static_cast<std::uint32_t>(actors::tensor_kind::gradient))
+      line = r.line;
+  REQUIRE(line > 0);
+  const std::string original = corrupt_hash(log, line, "0123456789abcdef");
+  auto rep = replay(cfg.runtime.run_dir);
+  CHECK_FALSE(rep.matched);
+  INFO(rep.mismatch);
+  CHECK(contains(rep.mismatch, "rank 1, step 2, micro-batch 2, instruction 1SEND_B2->0"));
+  CHECK(contains(rep.mismatch, "recorded xxh64 0123456789abcdef"));
+  CHECK(contains(rep.mismatch, "rank_1.log line " + std::to_string(line)));
+  CHECK(contains(rep.mismatch, "replayed xxh64 " + original));
+}
+
+TEST_CASE("a record missing from the log, or a line the replay never sends, is a difference") {
+  scratch_dir tmp("rp_missing");
+  auto cfg = recorded_config(tmp, 2, 1);
+  cfg.train.steps = 2;
+  train(cfg);
+  const std::string log = actors::messages_dir(cfg.runtime.run_dir) + "/rank_0.log";
+  const std::string text = slurp(log);
+  // Drop the line of chunk 0's activation for micro-batch 1 at step 1.
+  const std::string needle = "\"step\":1,\"src\":0,\"dst\":1,\"from\":\"stage(dp=0, pp=0)\"";
+  std::istringstream in(text);
+  std::string kept, l;
+  bool dropped = false;
+  while (std::getline(in, l)) {
+    if (!dropped && contains(l, needle) && contains(l, "\"kind\":\"activation\"") &&
+        contains(l, "\"mb\":1,")) {
+      dropped = true;
+      continue;
+    }
+    kept += l + "\n";
+  }
+  REQUIRE(dropped);
+  std::ofstream(log, std::ios::binary | std::ios::trunc) << kept;
+  auto rep = replay(cfg.runtime.run_dir);
+  CHECK_FALSE(rep.matched);
+  CHECK(contains(rep.mismatch, "the replay sent a tensor the recorded run did not"));
+  CHECK(contains(rep.mismatch, "rank 0, step 1, micro-batch 1, instruction 0SEND_F1->1"));
+
+  // A line for a tensor that was never sent.
+  std::ofstream(log, std::ios::binary | std::ios::trunc) << text;
+  std::string extra = text.substr(text.find('\n') + 1);
+  extra = extra.substr(0, extra.find('\n'));  // the first record line
+  auto at = extra.find("\"part\":0");
+  REQUIRE(at != std::string::npos);
+  extra.replace(at, 8, "\"part\":7");
+  std::ofstream(log, std::ios::binary | std::ios::app) << extra << "\n";
+  auto rep2 = replay(cfg.runtime.run_dir);
+  CHECK_FALSE(rep2.matched);
+  CHECK(contains(rep2.mismatch, "the recorded run sent a tensor the replay did not"));
+  CHECK(contains(rep2.mismatch, "part 7"));
+}
+
+TEST_CASE("--until-step stops after that step and compares only the steps up to it") {
+  scratch_dir tmp("rp_until");
+  auto cfg = recorded_config(tmp);
+  train(cfg);
+  // A corrupted line after the stop must not matter.
+  int late = 0;
+  for (const auto& r : records(cfg))
+    if (r.src == 0 && r.tag.step == 3 && !late) late = r.line;
+  REQUIRE(late > 0);
+  corrupt_hash(actors::messages_dir(cfg.runtime.run_dir) + "/rank_0.log", late, "0000000000000000");
+  actors::replay_options opt;
+  opt.until_step = 1;
+  auto rep = replay(cfg.runtime.run_dir, opt);
+  CHECK_MESSAGE(rep.matched, rep.mismatch);
+  CHECK(rep.steps() == 2);
+  CHECK(rep.messages == static_cast<std::int64_t>(records(cfg, 0, 2).size()));
+
+  opt.run_dir = cfg.runtime.run_dir;
+  opt.until_step = 9;
+  auto bad = actors::replay_run(opt);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(contains(bad.err().to_string(), "--until-step 9 is outside the recorded steps 0..3"));
+}
+
+TEST_CASE("--dump-tensors writes the last step's tensors, named by tag, with their logged hashes") {
+  scratch_dir tmp("rp_dump");
+  auto cfg = recorded_config(tmp, 2, 1);
+  cfg.train.steps = 2;
+  train(cfg);
+  actors::replay_options opt;
+  opt.dump_dir = tmp / "dump";
+  auto rep = replay(cfg.runtime.run_dir, opt);
+  REQUIRE_MESSAGE(rep.matched, rep.mismatch);
+  CHECK(rep.dump_file == tmp / "dump/step_1.safetensors");
+  auto f = model::safetensors::file::open(rep.dump_file);
+  REQUIRE_MESSAGE(f.ok(), (f.ok() ? "" : f.err().to_string()));
+  auto last = records(cfg, 1, 2);
+  CHECK(f->entries().size() == last.size());
+  for (const auto& r : last) {
+    const std::string name = actors::kind_name(r.tag.kind) + "/chunk" + std::to_string(r.tag.chunk) +
+                             "/mb" + std::to_string(r.tag.mb) + "/part" + std::to_string(r.tag.part) +
+                             "/rank" + std::to_string(r.src) + "->rank" + std::to_string(r.dst);
+    INFO(name);
+    const auto* e = f->find(name);
+    REQUIRE(e != nullptr);
+    auto [data, size] = f->bytes(*e);
+    CHECK(model::safetensors::xxh64(data, size) == r.xxh64);
+  }
+}
+
+TEST_CASE("a run trained in two invocations (k steps, resume, k more) replays bit for bit") {
+  scratch_dir tmp("rp_resume");
+  auto cfg = recorded_config(tmp);
+  cfg.optimizer.zero_stage = 1;
+  actors::run_options first;
+  first.max_steps = 2;
+  train(cfg, first);
+  actors::run_options second;
+  second.resume = cfg.runtime.run_dir;
+  train(cfg, second);
+  auto log = actors::read_log(actors::messages_dir(cfg.runtime.run_dir), 0);
+  REQUIRE(log.ok());
+  REQUIRE(log->segments.size() == 2);
+  CHECK(log->segments[1].first_step == 2);
+  auto rep = replay(cfg.runtime.run_dir);
+  CHECK_MESSAGE(rep.matched, rep.mismatch);
+  CHECK(rep.steps() == 4);
+  CHECK(rep.messages == static_cast<std::int64_t>(records(cfg).size()));
+}
+
+TEST_CASE("a resume from an earlier checkpoint drops the later steps' records and still replays") {
+  scratch_dir tmp("rp_rewind");
+  auto cfg = recorded_config(tmp, 2, 1);
+  cfg.train.steps = 5;
+  cfg.checkpoint.interval = 2;
+  train(cfg);  // checkpoints after steps 1 and 3 (step_000002, step_000004) and at the end
+  actors::run_options again;
+  again.resume = cfg.runtime.run_dir + "/checkpoints/step_000002";
+  train(cfg, again);  // as after a crash during step 2: steps 2..4 run a second time
+  auto log = actors::read_log(actors::messages_dir(cfg.runtime.run_dir), 1);
+  REQUIRE(log.ok());
+  std::set<actors::message_key> keys;
+  for (auto& r : log->records) CHECK(keys.insert(actors::key_of(r)).second);
+  auto rep = replay(cfg.runtime.run_dir);
+  CHECK_MESSAGE(rep.matched, rep.mismatch);
+  CHECK(rep.steps() == 5);
+}
+
+TEST_CASE("one worker replays alone, fed by its neighbours' recorded tensors") {
+  scratch_dir tmp("rp_rank");
+  auto cfg = recorded_config(tmp);
+  cfg.optimizer.zero_stage = 2;
+  cfg.runtime.record_tensors = true;
+  train(cfg);
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank ", rank);
+    actors::replay_options opt;
+    opt.rank = rank;
+    auto rep = replay(cfg.runtime.run_dir, opt);
+    CHECK_MESSAGE(rep.matched, rep.mismatch);
+    std::int64_t own = 0;
+    for (const auto& r : records(cfg))
+      if (r.src == rank && r.op != "snapshot" && r.op != "shard snapshot") ++own;
+    CHECK(rep.messages == own);
+  }
+  // A difference in worker 3's own output is found by replaying worker 3 alone.
+  int line = 0;
+  for (const auto& r : records(cfg))
+    if (r.src == 3 && r.tag.step == 1 && r.op == "shard update" && !line) line = r.line;
+  REQUIRE(line > 0);
+  corrupt_hash(actors::messages_dir(cfg.runtime.run_dir) + "/rank_3.log", line, "00000000000000aa");
+  actors::replay_options opt;
+  opt.rank = 3;
+  auto rep = replay(cfg.runtime.run_dir, opt);
+  CHECK_FALSE(rep.matched);
+  CHECK(contains(rep.mismatch, "rank 3, step 1"));
+  CHECK(contains(rep.mismatch, "instruction shard update"));
+}
+
+TEST_CASE("--rank without recorded tensors, or out of range, is refused with a hint") {
+  scratch_dir tmp("rp_rank_refused");
+  auto cfg = recorded_config(tmp, 2, 1);
+  cfg.train.steps = 1;
+  train(cfg);
+  actors::replay_options opt;
+  opt.run_dir = cfg.runtime.run_dir;
+  opt.log = nullptr;
+  opt.rank = 1;
+  auto r = actors::replay_run(opt);
+  REQUIRE_FALSE(r.ok());
+  CHECK(contains(r.err().to_string(), "rank_1.tensors"));
+  CHECK(contains(r.err().to_string(), "runtime.record_tensors = true"));
+  opt.rank = 2;
+  auto r2 = actors::replay_run(opt);
+  REQUIRE_FALSE(r2.ok());
+  CHECK(contains(r2.err().to_string(), "--rank 2 is not a worker: the run has 2"));
+}
+
+TEST_CASE("a run recorded with runtime.record = false is refused with a clear error") {
+  scratch_dir tmp("rp_off");
+  auto cfg = recorded_config(tmp, 2, 1);
+  cfg.train.steps = 1;
+  cfg.runtime.record = false;
+  train(cfg);
+  CHECK_FALSE(fs::exists(actors::messages_dir(cfg.runtime.run_dir)));
+  actors::replay_options opt;
+  opt.run_dir = cfg.runtime.run_dir;
+  opt.log = nullptr;
+  auto r = actors::replay_run(opt);
+  REQUIRE_FALSE(r.ok());
+  const std::string m = r.err().to_string();
+  CHECK(contains(m, "config.toml"));
+  CHECK(contains(m, "runtime.record"));
+  CHECK(contains(m, "the run was not recorded"));
+}
+
+TEST_CASE("a directory that is not a run, or logs from another config, are refused") {
+  scratch_dir tmp("rp_notrun");
+  actors::replay_options opt;
+  opt.log = nullptr;
+  opt.run_dir = tmp / "nowhere";
+  auto r = actors::replay_run(opt);
+  REQUIRE_FALSE(r.ok());
+  CHECK(contains(r.err().to_string(), "no such run directory"));
+  opt.run_dir = tmp.path.string();
+  auto r2 = actors::replay_run(opt);
+  REQUIRE_FALSE(r2.ok());
+  CHECK(contains(r2.err().to_string(), "not a troupe run directory"));
+
+  auto cfg = recorded_config(tmp, 2, 1);
+  cfg.train.steps = 1;
+  train(cfg);
+  // config.toml edited after the run: the logs no longer belong to it.
+  std::ofstream(cfg.runtime.run_dir + "/config.toml", std::ios::app) << "\n";
+  opt.run_dir = cfg.runtime.run_dir;
+  auto r3 = actors::replay_run(opt);
+  REQUIRE_FALSE(r3.ok());
+  CHECK(contains(r3.err().to_string(), "ran with another config than config.toml"));
+}
