@@ -10,9 +10,29 @@ struct shard_state {
   std::shared_ptr<shard_bundle> b;
   int worker = 0;
   std::int64_t step = -1;
+  // Under ZeRO-0 only part 0's norm blocks decide the clip scale, so the decision can arrive
+  // before this shard has every replica's gradient: it waits here until they are in.
+  std::optional<clip_decision> pending;
 };
 
-caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_ptr<job> j, int pp,
+using shard_self = caf::stateful_actor<shard_state>;
+
+/// Applies the pending clip decision once this shard has reduced that step's gradients.
+void apply_when_reduced(shard_self* self, const job& j, int pp, int part) {
+  auto& st = self->state;
+  auto& eng = *st.b->engine;
+  if (!st.pending || !eng.reduce(st.pending->step)) return;
+  const clip_decision d = *st.pending;
+  st.pending.reset();
+  if (j.sink) j.sink->clipped(clip_record{st.worker, pp, part, d.step, d.scale, d.lr});
+  eng.apply(d.step, d.scale, d.lr);
+  for (auto& o : eng.take_outgoing())
+    route(self, j, address{role::shard, pp, part}, o.to, o.tag, std::move(o.t),
+          send_note{st.b->be.get()});
+  self->send(j.coordinator, shard_report{d.step, pp, part, eng.state_bytes()});
+}
+
+caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
                           int part, std::shared_ptr<shard_bundle> b) {
   self->state.b = std::move(b);
   self->state.worker = j->layout.worker(part, pp);
@@ -39,15 +59,11 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, std::shared_pt
           for (auto& [chunk, blocks] : eng.take_norm_parts())
             self->send(j->coordinator, norm_part{m.step, chunk, part, std::move(blocks)});
         }
+        apply_when_reduced(self, *j, pp, part);
       },
       [=](clip_decision& d) {
-        auto& eng = *self->state.b->engine;
-        if (j->sink) j->sink->clipped(clip_record{self->state.worker, pp, part, d.step, d.scale, d.lr});
-        eng.apply(d.step, d.scale, d.lr);
-        for (auto& o : eng.take_outgoing())
-          route(self, *j, address{role::shard, pp, part}, o.to, o.tag, std::move(o.t),
-                send_note{self->state.b->be.get()});
-        self->send(j->coordinator, shard_report{d.step, pp, part, eng.state_bytes()});
+        self->state.pending = d;
+        apply_when_reduced(self, *j, pp, part);
       },
       [=](snap_atom, std::int64_t step, std::int32_t) {
         auto& eng = *self->state.b->engine;
