@@ -83,6 +83,7 @@ struct tcp_transport::impl {
     std::string in_down;      // why its connection to us ended ("" while fine or not yet made)
     std::string out_down;     // why our connection to it ended
     std::size_t queued = 0;   // frames for it not yet handed to the kernel
+    bool reported = false;    // on_peer_lost was called for it
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -214,7 +215,19 @@ struct tcp_transport::impl {
       s.queued -= dropped;
     }
     cv.notify_all();
-    if (!quiet) log(why);
+    if (quiet) return;
+    log(why);
+    report_lost(p, why);
+  }
+
+  void report_lost(int p, const std::string& why) {
+    if (!opt.on_peer_lost) return;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (state[p].reported) return;
+      state[p].reported = true;
+    }
+    opt.on_peer_lost(p, why);
   }
 
   // --- incoming -------------------------------------------------------------------------------
@@ -316,6 +329,7 @@ struct tcp_transport::impl {
       return broken(c, who(c->src) + " sent twice under " + c->h.tg.to_string() +
                            "; its connection is closed");
     cv.notify_all();
+    if (opt.on_arrival) opt.on_arrival(c->src, c->h.tg);
     read_header(c);
   }
 
@@ -333,7 +347,10 @@ struct tcp_transport::impl {
       if (first) s.in_down = why;
     }
     cv.notify_all();
-    if (first) log(why);
+    if (first) {
+      log(why);
+      report_lost(c->src, why);
+    }
     drop(c);
   }
 
@@ -343,13 +360,16 @@ struct tcp_transport::impl {
   }
 
   void broken(const std::shared_ptr<incoming>& c, const std::string& why) {
+    bool first;
     {
       std::lock_guard<std::mutex> lk(mu);
       auto& s = state[c->src];
-      if (s.in_down.empty()) s.in_down = why;
+      first = s.in_down.empty();
+      if (first) s.in_down = why;
     }
     cv.notify_all();
     log(why);
+    if (first) report_lost(c->src, why);
     drop(c);
   }
 

@@ -43,6 +43,13 @@ struct tcp_options {
   std::chrono::milliseconds linger{10000};
   /// Receives one line per refused connection or lost peer; empty = standard error.
   std::function<void(const std::string&)> log;
+  /// Called on the IO thread once a tensor from `src` under `tg` is in the stash (ready() is
+  /// true), so that code which must not block (an event-based actor) can be told to take it.
+  /// Must return quickly: the IO thread reads nothing else meanwhile.
+  std::function<void(int src, const tag& tg)> on_arrival;
+  /// Called on the IO thread, once per peer, when its connection is lost or it misbehaved (not
+  /// when it closes its transport normally); `why` is the text recv would throw.
+  std::function<void(int rank, const std::string& why)> on_peer_lost;
 };
 
 class tcp_transport final : public transport {

@@ -4,6 +4,7 @@
 
 #include <utility>  // before Asio (Boost 1.74, C++20, g++ 12)
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <csignal>
 #include <cstring>
@@ -73,18 +74,16 @@ std::unique_ptr<tcp_transport> bound(transport::tcp_options o) {
   return std::move(t.value());
 }
 
-// n started transports on loopback; `extra` adds table entries for ranks the test plays itself.
-std::vector<std::unique_ptr<tcp_transport>> mesh(int n, log_sink& sink,
-                                                 std::vector<transport::endpoint> extra = {},
-                                                 transport::tcp_options base = {}) {
+// n started transports on loopback; `extra` adds table entries for ranks the test plays itself,
+// `tweak` adjusts rank r's options.
+std::vector<std::unique_ptr<tcp_transport>> mesh(
+    int n, log_sink& sink, std::vector<transport::endpoint> extra = {},
+    std::function<void(int, transport::tcp_options&)> tweak = {}) {
   std::vector<std::unique_ptr<tcp_transport>> ts;
   std::vector<transport::endpoint> table;
   for (int r = 0; r < n; ++r) {
     auto o = options(sink);
-    if (base.max_frame_bytes != transport::tcp_options{}.max_frame_bytes)
-      o.max_frame_bytes = base.max_frame_bytes;
-    if (base.hello_timeout != transport::tcp_options{}.hello_timeout)
-      o.hello_timeout = base.hello_timeout;
+    if (tweak) tweak(r, o);
     ts.push_back(bound(o));
     table.push_back({"127.0.0.1", ts.back()->port()});
   }
@@ -309,6 +308,49 @@ TEST_CASE("a peer that dies makes pending and later recvs from it fail at once, 
   CHECK(same(ts[0]->recv(1, never, 5s), filled(4, 5.0f)));
 }
 
+TEST_CASE("the arrival and peer-loss callbacks name the source and tag, and the lost peer once") {
+  log_sink sink;
+  std::mutex mu;
+  std::vector<std::pair<int, tag>> arrived;
+  std::vector<std::pair<int, std::string>> lost;
+  auto ts = mesh(3, sink, {}, [&](int r, transport::tcp_options& o) {
+    if (r != 0) return;
+    o.on_arrival = [&](int src, const tag& tg) {
+      std::lock_guard<std::mutex> lk(mu);
+      arrived.emplace_back(src, tg);
+    };
+    o.on_peer_lost = [&](int rank, const std::string& why) {
+      std::lock_guard<std::mutex> lk(mu);
+      lost.emplace_back(rank, why);
+    };
+  });
+  ts[1]->send(0, filled(2, 1.0f), tag{4, 3, 2, 1, 0});
+  ts[2]->send(0, filled(2, 2.0f), tag{4, 3, 2, 2, 0});
+  REQUIRE(same(ts[0]->recv(1, tag{4, 3, 2, 1, 0}, 5s), filled(2, 1.0f)));
+  REQUIRE(same(ts[0]->recv(2, tag{4, 3, 2, 2, 0}, 5s), filled(2, 2.0f)));
+  ts[2]->abort();
+  ts[1].reset();
+  CHECK(failure_of([&] { ts[0]->recv(2, tag{}, 5s); }).find("lost") != std::string::npos);
+  CHECK(failure_of([&] { ts[0]->recv(1, tag{}, 5s); }).find("closed its transport") != std::string::npos);
+  // The callback runs on the IO thread just after recv is woken; let it finish (bounded).
+  for (int i = 0; i < 400; ++i) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!lost.empty()) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  std::this_thread::sleep_for(20ms);
+  std::lock_guard<std::mutex> lk(mu);
+  REQUIRE(arrived.size() == 2);
+  std::sort(arrived.begin(), arrived.end());
+  CHECK(arrived[0].first == 1);
+  CHECK(arrived[0].second == tag{4, 3, 2, 1, 0});
+  CHECK(arrived[1].first == 2);
+  CHECK(arrived[1].second == tag{4, 3, 2, 2, 0});
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].first == 2);
+  CHECK(lost[0].second.find("connection to rank 2 (127.0.0.1:") != std::string::npos);
+}
+
 TEST_CASE("a peer process killed with SIGKILL is reported as a lost connection, not a time-out") {
   int to_parent[2], to_child[2];
   REQUIRE(pipe(to_parent) == 0);
@@ -371,10 +413,11 @@ TEST_CASE("strangers with garbage, a wrong token, a bad hello or silence are ref
   // Rank 2 of this job is played by the test through raw sockets.
   asio::io_context io;
   asio::ip::tcp::acceptor rank2_listen(io, {asio::ip::make_address("127.0.0.1"), 0});
-  transport::tcp_options base;
-  base.max_frame_bytes = 1 << 20;
-  base.hello_timeout = 300ms;
-  auto ts = mesh(2, sink, {{"127.0.0.1", rank2_listen.local_endpoint().port()}}, base);
+  auto ts = mesh(2, sink, {{"127.0.0.1", rank2_listen.local_endpoint().port()}},
+                 [](int, transport::tcp_options& o) {
+                   o.max_frame_bytes = 1 << 20;
+                   o.hello_timeout = 300ms;
+                 });
   std::uint64_t good = transport::token_hash(token);
   // Rank 1's own connection is in before the impostor below claims its rank.
   ts[1]->send(0, filled(4, 1.0f), tag{});
