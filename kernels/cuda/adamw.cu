@@ -19,21 +19,33 @@ struct adamw_consts {
   float lr, beta1, beta2, one_minus_b1, one_minus_b2, bc1, bc2, eps, wd, grad_scale;
 };
 
-template <class L>
+/// V consecutive elements per thread and access (V = 4: 16-byte loads of the fp32 buffers).
+template <class L, int V>
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, L* low,
                              adamw_consts k, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const float g = grad[i] * k.grad_scale;
-    const float mi = k.beta1 * m[i] + k.one_minus_b1 * g;
-    const float vi = k.beta2 * v[i] + k.one_minus_b2 * (g * g);
-    m[i] = mi;
-    v[i] = vi;
-    const float p = param[i];
-    const float np = p - k.lr * ((mi / k.bc1) / (sqrtf(vi / k.bc2) + k.eps) + k.wd * p);
-    param[i] = np;
-    if (low) low[i] = from_f<L>(np);
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * V;
+  for (std::int64_t i = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+       i < n; i += stride) {
+    pack<float, V> pp = *reinterpret_cast<const pack<float, V>*>(param + i);
+    const pack<float, V> pg = *reinterpret_cast<const pack<float, V>*>(grad + i);
+    pack<float, V> pm = *reinterpret_cast<const pack<float, V>*>(m + i);
+    pack<float, V> pv = *reinterpret_cast<const pack<float, V>*>(v + i);
+    pack<L, V> pl;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float g = pg.v[e] * k.grad_scale;
+      const float mi = k.beta1 * pm.v[e] + k.one_minus_b1 * g;
+      const float vi = k.beta2 * pv.v[e] + k.one_minus_b2 * (g * g);
+      pm.v[e] = mi;
+      pv.v[e] = vi;
+      const float p = pp.v[e];
+      pp.v[e] = p - k.lr * ((mi / k.bc1) / (sqrtf(vi / k.bc2) + k.eps) + k.wd * p);
+      pl.v[e] = from_f<L>(pp.v[e]);
+    }
+    *reinterpret_cast<pack<float, V>*>(param + i) = pp;
+    *reinterpret_cast<pack<float, V>*>(m + i) = pm;
+    *reinterpret_cast<pack<float, V>*>(v + i) = pv;
+    if (low) *reinterpret_cast<pack<L, V>*>(low + i) = pl;
   }
 }
 
@@ -69,14 +81,23 @@ void launch_adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const
   k.eps = p.eps;
   k.wd = p.weight_decay;
   k.grad_scale = p.grad_scale;
-  const unsigned grid = grid_for(n, 256);
+  const bool vec = n % 4 == 0 && aligned16(param.raw()) && aligned16(grad.raw()) &&
+                   aligned16(m.raw()) && aligned16(v.raw()) &&
+                   (!low.defined() || reinterpret_cast<std::uintptr_t>(low.raw()) % 8 == 0);
+  auto run = [&](auto low_tag) {
+    using L = decltype(low_tag);
+    L* lp = low.defined() ? low.data<L>() : nullptr;
+    if (vec)
+      adamw_kernel<L, 4><<<grid_for(n / 4, 256), 256, 0, s>>>(
+          param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), lp, k, n);
+    else
+      adamw_kernel<L, 1><<<grid_for(n, 256), 256, 0, s>>>(
+          param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), lp, k, n);
+  };
   if (low.defined() && low.type() == dtype::f16)
-    adamw_kernel<f16><<<grid, 256, 0, s>>>(param.data<float>(), grad.data<float>(),
-                                           m.data<float>(), v.data<float>(), low.data<f16>(), k, n);
+    run(f16{});
   else
-    adamw_kernel<bf16><<<grid, 256, 0, s>>>(param.data<float>(), grad.data<float>(),
-                                            m.data<float>(), v.data<float>(),
-                                            low.defined() ? low.data<bf16>() : nullptr, k, n);
+    run(bf16{});
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 

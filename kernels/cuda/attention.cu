@@ -4,11 +4,12 @@
 // the backward recomputes the probabilities p = exp(s − lse) tile by tile.
 //
 // Two implementations of the same maths:
-//  * Tensor-core path (bf16/fp16, D ∈ {32, 64} for both directions, D = 128 forward): FlashAttention-2
-//    structure with mma.sync m16n8k16 (fp32 accumulation). A block of 4 warps owns 64 rows; each
+// * Tensor-core path (bf16/fp16, D ∈ {32, 64} for both directions, D = 128 forward): FlashAttention-2
+//    structure with mma.sync m16n8k16 (fp32 accumulation). A block of 8 warps owns 128 rows; each
 //    warp holds 16 rows of Q (or K and V in the backward) as A fragments in registers and streams
-//    64-row tiles of the other operand through shared memory (rows padded by 8 elements, so every
-//    fragment load is free of bank conflicts). Scores stay in registers: the accumulator layout of
+//    64-row tiles of the other operand through shared memory, double-buffered with cp.async so the
+//    next tile loads while this one is multiplied (rows padded by 8 elements, so every fragment
+//    load is free of bank conflicts). Warps whose rows see none of a tile (causal) skip its math. Scores stay in registers: the accumulator layout of
 //    S = Q·Kᵀ is exactly the A-fragment layout of P for P·V, so the online softmax (in the log2
 //    domain, exp2f) happens between two MMAs without touching shared memory.
 //  * Row path (fp32, and any dtype/head size the tensor-core path does not cover): one warp per
@@ -263,7 +264,9 @@ __global__ void attn_backward_dkdv_rows(const T* qkv, const T* dout, const float
 
 // ---- tensor-core path ----------------------------------------------------------------------------
 
-constexpr int mma_rows = 64;  // rows per block (4 warps × 16) and per streamed tile
+constexpr int blk_warps = 8;                // warps per block, 16 rows each
+constexpr int blk_rows = blk_warps * 16;    // rows a block owns (queries, or keys in dK/dV)
+constexpr int tile_rows = 64;               // rows of each streamed shared-memory tile
 
 template <class T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const std::uint32_t (&a)[4],
@@ -330,32 +333,49 @@ __device__ __forceinline__ void load_a_rows(std::uint32_t (&a)[D / 16][4], const
   }
 }
 
-/// Copies rows [row0, row0 + 64) × D of a head into a padded shared tile (zero past T), 16 bytes
-/// per thread and access.
+/// Starts the copy of rows [row0, row0 + tile_rows) × D of one head into a padded shared tile with
+/// cp.async (16 bytes per thread and copy); rows ≥ T are zero-filled. Completes at the matching
+/// cp_async_wait.
 template <class T, int D>
-__device__ __forceinline__ void load_tile(T* dst, const T* base, std::int64_t stride, int row0,
-                                          int T_len) {
+__device__ __forceinline__ void prefetch_tile(T* dst, const T* base, std::int64_t stride, int row0,
+                                              int T_len) {
   constexpr int LD = D + 8, chunks = D / 8;
-  for (int idx = threadIdx.x; idx < mma_rows * chunks; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < tile_rows * chunks; idx += blockDim.x) {
     const int r = idx / chunks, c = (idx % chunks) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < T_len)
-      v = *reinterpret_cast<const uint4*>(base + static_cast<std::int64_t>(row0 + r) * stride + c);
-    *reinterpret_cast<uint4*>(dst + r * LD + c) = v;
+    const bool ok = row0 + r < T_len;
+    const T* src = base + static_cast<std::int64_t>(ok ? row0 + r : 0) * stride + c;
+    const unsigned dst_addr = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * LD + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src),
+                 "r"(ok ? 16 : 0));
   }
 }
 
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/// Shared-memory stages of the streamed tiles: two (the next tile loads while this one is used)
+/// when they fit the 48 KB of static shared memory, else one.
+template <int D>
+constexpr int tile_stages = D <= 64 ? 2 : 1;
+
 template <class T, int D>
-__global__ void __launch_bounds__(128) attn_forward_mma(const T* qkv, T* out, float* lse,
-                                                        attn_shape s) {
-  constexpr int LD = D + 8, NT = mma_rows / 8, KD = D / 16, ND = D / 8;
-  __shared__ alignas(16) T ks[mma_rows * LD];
-  __shared__ alignas(16) T vs[mma_rows * LD];
-  const int qt = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query tiles first
+__global__ void __launch_bounds__(blk_warps * 32) attn_forward_mma(const T* qkv, T* out,
+                                                                   float* lse, attn_shape s) {
+  constexpr int LD = D + 8, NT = tile_rows / 8, KD = D / 16, ND = D / 8, ST = tile_stages<D>;
+  __shared__ alignas(16) T ks[ST][tile_rows * LD];
+  __shared__ alignas(16) T vs[ST][tile_rows * LD];
+  const int qb = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first
   const int b = blockIdx.y / s.H, h = blockIdx.y % s.H, kvh = h / (s.H / s.Hkv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tig = lane & 3;
-  const int row0 = qt * mma_rows + warp * 16;
+  const int row0 = qb * blk_rows + warp * 16;
+  const int n_kt = (min(s.T, (qb + 1) * blk_rows) - 1) / tile_rows + 1;
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
+  const T* kbase = base + (s.H + kvh) * s.D;
+  const T* vbase = base + (s.H + s.Hkv + kvh) * s.D;
   std::uint32_t qa[KD][4];
   load_a_rows<T, D>(qa, base + h * s.D, s.W, row0, s.T);
   float o[ND][4];
@@ -363,66 +383,90 @@ __global__ void __launch_bounds__(128) attn_forward_mma(const T* qkv, T* out, fl
   for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = s.scale * log2e;
-  for (int kt = 0; kt <= qt; ++kt) {
-    __syncthreads();
-    load_tile<T, D>(ks, base + (s.H + kvh) * s.D, s.W, kt * mma_rows, s.T);
-    load_tile<T, D>(vs, base + (s.H + s.Hkv + kvh) * s.D, s.W, kt * mma_rows, s.T);
-    __syncthreads();
-    float sc[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        const T* kr = ks + (n * 8 + g) * LD + kk * 16 + tig * 2;
-        mma16816<T>(sc[n], qa[kk], ld32(kr), ld32(kr + 8));
+  prefetch_tile<T, D>(ks[0], kbase, s.W, 0, s.T);
+  prefetch_tile<T, D>(vs[0], vbase, s.W, 0, s.T);
+  cp_async_commit();
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int st = ST == 2 ? (kt & 1) : 0;
+    if constexpr (ST == 2) {
+      if (kt + 1 < n_kt) {
+        prefetch_tile<T, D>(ks[st ^ 1], kbase, s.W, (kt + 1) * tile_rows, s.T);
+        prefetch_tile<T, D>(vs[st ^ 1], vbase, s.W, (kt + 1) * tile_rows, s.T);
       }
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row0 + g + (e >= 2 ? 8 : 0);
-        const int col = kt * mma_rows + n * 8 + tig * 2 + (e & 1);
-        const float v = (col > row || col >= s.T) ? -INFINITY : sc[n][e] * sl2;
-        sc[n][e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
-    float corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // A row with no visible key so far keeps m = -inf; exp2 of (-inf) − 0 is 0, never NaN.
-      const float base_m = mx[r] == -INFINITY ? 0.0f : mx[r];
-      corr[r] = exp2f(m[r] - base_m);
-      m[r] = mx[r];
-      l[r] *= corr[r];
+    __syncthreads();
+    // A warp whose 16 rows all precede this tile sees none of its keys (causal): skip the math.
+    if (kt * tile_rows <= row0 + 15) {
+      const T* kt_s = ks[st];
+      const T* vt_s = vs[st];
+      float sc[NT][4];
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        sc[n][2 * r] = exp2f(sc[n][2 * r] - base_m);
-        sc[n][2 * r + 1] = exp2f(sc[n][2 * r + 1] - base_m);
-        l[r] += sc[n][2 * r] + sc[n][2 * r + 1];
+        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) {
+          const T* kr = kt_s + (n * 8 + g) * LD + kk * 16 + tig * 2;
+          mma16816<T>(sc[n], qa[kk], ld32(kr), ld32(kr + 8));
+        }
       }
-    }
+      float mx[2] = {m[0], m[1]};
 #pragma unroll
-    for (int n = 0; n < ND; ++n) {
-      o[n][0] *= corr[0];
-      o[n][1] *= corr[0];
-      o[n][2] *= corr[1];
-      o[n][3] *= corr[1];
-    }
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int kk = 0; kk < mma_rows / 16; ++kk) {
-      const std::uint32_t pa[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]),
-                                   pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                                   pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                   pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        for (int e = 0; e < 4; ++e) {
+          const int row = row0 + g + (e >= 2 ? 8 : 0);
+          const int col = kt * tile_rows + n * 8 + tig * 2 + (e & 1);
+          const float v = (col > row || col >= s.T) ? -INFINITY : sc[n][e] * sl2;
+          sc[n][e] = v;
+          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+      float corr[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        // A row with no visible key so far keeps m = -inf; exp2 of (-inf) − 0 is 0, never NaN.
+        const float base_m = mx[r] == -INFINITY ? 0.0f : mx[r];
+        corr[r] = exp2f(m[r] - base_m);
+        m[r] = mx[r];
+        l[r] *= corr[r];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          sc[n][2 * r] = exp2f(sc[n][2 * r] - base_m);
+          sc[n][2 * r + 1] = exp2f(sc[n][2 * r + 1] - base_m);
+          l[r] += sc[n][2 * r] + sc[n][2 * r + 1];
+        }
+      }
 #pragma unroll
       for (int n = 0; n < ND; ++n) {
-        const T* vr = vs + (kk * 16 + tig * 2) * LD + n * 8 + g;
-        mma16816<T>(o[n], pa, ld_col2(vr, LD), ld_col2(vr + 8 * LD, LD));
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < tile_rows / 16; ++kk) {
+        const std::uint32_t pa[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]),
+                                     pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                                     pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                     pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+          const T* vr = vt_s + (kk * 16 + tig * 2) * LD + n * 8 + g;
+          mma16816<T>(o[n], pa, ld_col2(vr, LD), ld_col2(vr + 8 * LD, LD));
+        }
+      }
+    }
+    __syncthreads();
+    if constexpr (ST == 1) {
+      if (kt + 1 < n_kt) {
+        prefetch_tile<T, D>(ks[0], kbase, s.W, (kt + 1) * tile_rows, s.T);
+        prefetch_tile<T, D>(vs[0], vbase, s.W, (kt + 1) * tile_rows, s.T);
+        cp_async_commit();
       }
     }
   }
@@ -447,17 +491,22 @@ __global__ void __launch_bounds__(128) attn_forward_mma(const T* qkv, T* out, fl
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(128) attn_backward_dq_mma(const T* qkv, const T* dout,
-                                                            const float* lse, const float* delta,
-                                                            T* dqkv, attn_shape s) {
-  constexpr int LD = D + 8, NT = mma_rows / 8, KD = D / 16, ND = D / 8;
-  __shared__ alignas(16) T ks[mma_rows * LD];
-  __shared__ alignas(16) T vs[mma_rows * LD];
-  const int qt = gridDim.x - 1 - blockIdx.x;
+// Two blocks per multiprocessor: the register cap (128) costs no spills here and doubles the warps
+// that hide each other's latency.
+__global__ void __launch_bounds__(blk_warps * 32, 2) attn_backward_dq_mma(
+    const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv, attn_shape s) {
+  constexpr int LD = D + 8, NT = tile_rows / 8, KD = D / 16, ND = D / 8;
+  static_assert(tile_stages<D> == 2, "the backward kernels double-buffer (D <= 64)");
+  __shared__ alignas(16) T ks[2][tile_rows * LD];
+  __shared__ alignas(16) T vs[2][tile_rows * LD];
+  const int qb = gridDim.x - 1 - blockIdx.x;
   const int b = blockIdx.y / s.H, h = blockIdx.y % s.H, kvh = h / (s.H / s.Hkv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tig = lane & 3;
-  const int row0 = qt * mma_rows + warp * 16;
+  const int row0 = qb * blk_rows + warp * 16;
+  const int n_kt = (min(s.T, (qb + 1) * blk_rows) - 1) / tile_rows + 1;
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
+  const T* kbase = base + (s.H + kvh) * s.D;
+  const T* vbase = base + (s.H + s.Hkv + kvh) * s.D;
   std::uint32_t qa[KD][4], ga[KD][4];
   load_a_rows<T, D>(qa, base + h * s.D, s.W, row0, s.T);
   load_a_rows<T, D>(ga, dout + static_cast<std::int64_t>(b) * s.T * s.H * s.D + h * s.D,
@@ -475,44 +524,57 @@ __global__ void __launch_bounds__(128) attn_backward_dq_mma(const T* qkv, const 
 #pragma unroll
   for (int n = 0; n < ND; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   const float sl2 = s.scale * log2e;
-  for (int kt = 0; kt <= qt; ++kt) {
+  prefetch_tile<T, D>(ks[0], kbase, s.W, 0, s.T);
+  prefetch_tile<T, D>(vs[0], vbase, s.W, 0, s.T);
+  cp_async_commit();
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int st = kt & 1;
+    if (kt + 1 < n_kt) {
+      prefetch_tile<T, D>(ks[st ^ 1], kbase, s.W, (kt + 1) * tile_rows, s.T);
+      prefetch_tile<T, D>(vs[st ^ 1], vbase, s.W, (kt + 1) * tile_rows, s.T);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
-    load_tile<T, D>(ks, base + (s.H + kvh) * s.D, s.W, kt * mma_rows, s.T);
-    load_tile<T, D>(vs, base + (s.H + s.Hkv + kvh) * s.D, s.W, kt * mma_rows, s.T);
-    __syncthreads();
-    float p[NT][4], dp[NT][4];
+    if (kt * tile_rows <= row0 + 15) {
+      const T* kt_s = ks[st];
+      const T* vt_s = vs[st];
+      float p[NT][4], dp[NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+      for (int n = 0; n < NT; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) p[n][e] = dp[n][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) p[n][e] = dp[n][e] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        const T* kr = ks + (n * 8 + g) * LD + kk * 16 + tig * 2;
-        mma16816<T>(p[n], qa[kk], ld32(kr), ld32(kr + 8));
-        const T* vr = vs + (n * 8 + g) * LD + kk * 16 + tig * 2;
-        mma16816<T>(dp[n], ga[kk], ld32(vr), ld32(vr + 8));
+        for (int kk = 0; kk < KD; ++kk) {
+          const T* kr = kt_s + (n * 8 + g) * LD + kk * 16 + tig * 2;
+          mma16816<T>(p[n], qa[kk], ld32(kr), ld32(kr + 8));
+          const T* vr = vt_s + (n * 8 + g) * LD + kk * 16 + tig * 2;
+          mma16816<T>(dp[n], ga[kk], ld32(vr), ld32(vr + 8));
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          const int row = row0 + g + 8 * r;
+          const int col = kt * tile_rows + n * 8 + tig * 2 + (e & 1);
+          const float pv =
+              (col > row || col >= s.T || row >= s.T) ? 0.0f : exp2f(p[n][e] * sl2 - L2[r]);
+          p[n][e] = pv * (dp[n][e] - Dl[r]);  // dS
+        }
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int row = row0 + g + 8 * r;
-        const int col = kt * mma_rows + n * 8 + tig * 2 + (e & 1);
-        const float pv = (col > row || col >= s.T || row >= s.T) ? 0.0f : exp2f(p[n][e] * sl2 - L2[r]);
-        p[n][e] = pv * (dp[n][e] - Dl[r]);  // dS
+      for (int kk = 0; kk < tile_rows / 16; ++kk) {
+        const std::uint32_t da[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]),
+                                     pack2<T>(p[2 * kk][2], p[2 * kk][3]),
+                                     pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                                     pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+          const T* kr = kt_s + (kk * 16 + tig * 2) * LD + n * 8 + g;
+          mma16816<T>(dq[n], da, ld_col2(kr, LD), ld_col2(kr + 8 * LD, LD));
+        }
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < mma_rows / 16; ++kk) {
-      const std::uint32_t da[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]),
-                                   pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                                   pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                                   pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-#pragma unroll
-      for (int n = 0; n < ND; ++n) {
-        const T* kr = ks + (kk * 16 + tig * 2) * LD + n * 8 + g;
-        mma16816<T>(dq[n], da, ld_col2(kr, LD), ld_col2(kr + 8 * LD, LD));
-      }
-    }
+    __syncthreads();
   }
   T* dbase = dqkv + static_cast<std::int64_t>(b) * s.T * s.W + h * s.D;
 #pragma unroll
@@ -530,18 +592,17 @@ __global__ void __launch_bounds__(128) attn_backward_dq_mma(const T* qkv, const 
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(128) attn_backward_dkdv_mma(const T* qkv, const T* dout,
-                                                              const float* lse,
-                                                              const float* delta, T* dqkv,
-                                                              attn_shape s) {
-  constexpr int LD = D + 8, NT = mma_rows / 8, KD = D / 16, ND = D / 8;
-  __shared__ alignas(16) T qs[mma_rows * LD];
-  __shared__ alignas(16) T gs[mma_rows * LD];
-  __shared__ float l2s[mma_rows], dls[mma_rows];
-  const int kt = blockIdx.x;  // the first key tiles see the most queries: launched first
+__global__ void __launch_bounds__(blk_warps * 32) attn_backward_dkdv_mma(
+    const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv, attn_shape s) {
+  constexpr int LD = D + 8, NT = tile_rows / 8, KD = D / 16, ND = D / 8;
+  static_assert(tile_stages<D> == 2, "the backward kernels double-buffer (D <= 64)");
+  __shared__ alignas(16) T qs[2][tile_rows * LD];
+  __shared__ alignas(16) T gs[2][tile_rows * LD];
+  __shared__ float l2s[2][tile_rows], dls[2][tile_rows];
+  const int kb = blockIdx.x;  // the first key blocks see the most queries: launched first
   const int b = blockIdx.y / s.Hkv, kvh = blockIdx.y % s.Hkv, group = s.H / s.Hkv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tig = lane & 3;
-  const int key0 = kt * mma_rows + warp * 16;
+  const int key0 = kb * blk_rows + warp * 16;
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
   const T* obase = dout + static_cast<std::int64_t>(b) * s.T * s.H * s.D;
   std::uint32_t ka[KD][4], va[KD][4];
@@ -553,20 +614,36 @@ __global__ void __launch_bounds__(128) attn_backward_dkdv_mma(const T* qkv, cons
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   const float sl2 = s.scale * log2e;
-  const int q_tiles = (s.T + mma_rows - 1) / mma_rows;
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+  // The (query head, query tile) items this block visits, in head order then tile order.
+  const int qt0 = kb * blk_rows / tile_rows;
+  const int n_qt = (s.T + tile_rows - 1) / tile_rows - qt0;
+  const int items = group * n_qt;
+  auto prefetch = [&](int item, int stage) {
+    const int h = kvh * group + item / n_qt, qt = qt0 + item % n_qt;
+    prefetch_tile<T, D>(qs[stage], base + h * s.D, s.W, qt * tile_rows, s.T);
+    prefetch_tile<T, D>(gs[stage], obase + h * s.D, static_cast<std::int64_t>(s.H) * s.D,
+                        qt * tile_rows, s.T);
     const float* lrow = lse + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
     const float* drow = delta + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
-    for (int qt = kt; qt < q_tiles; ++qt) {
-      __syncthreads();
-      load_tile<T, D>(qs, base + h * s.D, s.W, qt * mma_rows, s.T);
-      load_tile<T, D>(gs, obase + h * s.D, static_cast<std::int64_t>(s.H) * s.D, qt * mma_rows, s.T);
-      for (int r = threadIdx.x; r < mma_rows; r += blockDim.x) {
-        const int q = qt * mma_rows + r;
-        l2s[r] = q < s.T ? lrow[q] * log2e : 0.0f;
-        dls[r] = q < s.T ? drow[q] : 0.0f;
-      }
-      __syncthreads();
+    for (int r = threadIdx.x; r < tile_rows; r += blockDim.x) {
+      const int q = qt * tile_rows + r;
+      l2s[stage][r] = q < s.T ? lrow[q] * log2e : 0.0f;
+      dls[stage][r] = q < s.T ? drow[q] : 0.0f;
+    }
+  };
+  prefetch(0, 0);
+  cp_async_commit();
+  for (int item = 0; item < items; ++item) {
+    const int st = item & 1;
+    if (item + 1 < items) prefetch(item + 1, st ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int qt = qt0 + item % n_qt;
+    // A warp whose 16 keys all follow this tile's queries sees none of them (causal): skip.
+    if (qt * tile_rows + tile_rows - 1 >= key0) {
+      const T* q_s = qs[st];
+      const T* g_s = gs[st];
       // Transposed scores: rows are this warp's 16 keys, columns the tile's 64 queries.
       float p[NT][4], dp[NT][4];
 #pragma unroll
@@ -575,24 +652,24 @@ __global__ void __launch_bounds__(128) attn_backward_dkdv_mma(const T* qkv, cons
         for (int e = 0; e < 4; ++e) p[n][e] = dp[n][e] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < KD; ++kk) {
-          const T* qr = qs + (n * 8 + g) * LD + kk * 16 + tig * 2;
+          const T* qr = q_s + (n * 8 + g) * LD + kk * 16 + tig * 2;
           mma16816<T>(p[n], ka[kk], ld32(qr), ld32(qr + 8));
-          const T* gr = gs + (n * 8 + g) * LD + kk * 16 + tig * 2;
+          const T* gr = g_s + (n * 8 + g) * LD + kk * 16 + tig * 2;
           mma16816<T>(dp[n], va[kk], ld32(gr), ld32(gr + 8));
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + g + 8 * (e >> 1);
           const int qc = n * 8 + tig * 2 + (e & 1);
-          const int q = qt * mma_rows + qc;
+          const int q = qt * tile_rows + qc;
           const float pv =
-              (q < key || q >= s.T || key >= s.T) ? 0.0f : exp2f(p[n][e] * sl2 - l2s[qc]);
+              (q < key || q >= s.T || key >= s.T) ? 0.0f : exp2f(p[n][e] * sl2 - l2s[st][qc]);
           p[n][e] = pv;
-          dp[n][e] = pv * (dp[n][e] - dls[qc]);  // dSᵀ
+          dp[n][e] = pv * (dp[n][e] - dls[st][qc]);  // dSᵀ
         }
       }
 #pragma unroll
-      for (int kk = 0; kk < mma_rows / 16; ++kk) {
+      for (int kk = 0; kk < tile_rows / 16; ++kk) {
         const std::uint32_t pa[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]),
                                      pack2<T>(p[2 * kk][2], p[2 * kk][3]),
                                      pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
@@ -603,13 +680,14 @@ __global__ void __launch_bounds__(128) attn_backward_dkdv_mma(const T* qkv, cons
                                      pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
 #pragma unroll
         for (int n = 0; n < ND; ++n) {
-          const T* gr = gs + (kk * 16 + tig * 2) * LD + n * 8 + g;
+          const T* gr = g_s + (kk * 16 + tig * 2) * LD + n * 8 + g;
           mma16816<T>(dv[n], pa, ld_col2(gr, LD), ld_col2(gr + 8 * LD, LD));
-          const T* qr = qs + (kk * 16 + tig * 2) * LD + n * 8 + g;
+          const T* qr = q_s + (kk * 16 + tig * 2) * LD + n * 8 + g;
           mma16816<T>(dk[n], da, ld_col2(qr, LD), ld_col2(qr + 8 * LD, LD));
         }
       }
     }
+    __syncthreads();
   }
   T* dbase = dqkv + static_cast<std::int64_t>(b) * s.T * s.W;
 #pragma unroll
@@ -692,12 +770,12 @@ void launch_attention_forward(context& ctx, const tensor& qkv, const attention_d
   require_type(lse, dtype::f32, op, "lse");
   require_numel(lse, static_cast<std::int64_t>(d.batch) * d.heads * d.seq, op, "lse ([B, H, T])");
   if (use_mma(qkv.type(), d.head_dim, false, {&qkv, &out})) {
-    dim3 grid((d.seq + mma_rows - 1) / mma_rows, d.batch * d.heads);
+    dim3 grid((d.seq + blk_rows - 1) / blk_rows, d.batch * d.heads);
     dispatch_float(qkv.type(), op, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, float>)
         dispatch_mma_d(d.head_dim, [&](auto dd) {
-          attn_forward_mma<T, decltype(dd)::value><<<grid, 128, 0, ctx.stream>>>(
+          attn_forward_mma<T, decltype(dd)::value><<<grid, blk_warps * 32, 0, ctx.stream>>>(
               qkv.data<T>(), out.data<T>(), lse.data<float>(), s);
         });
     });
@@ -738,15 +816,17 @@ void launch_attention_backward(context& ctx, const tensor& dout, const tensor& q
     TROUPE_CUDA_CHECK_LAUNCH();
     if constexpr (!std::is_same_v<T, float>) {
       if (use_mma(qkv.type(), d.head_dim, true, {&qkv, &dout, &dqkv})) {
-        const int tiles = (d.seq + mma_rows - 1) / mma_rows;
+        const int blocks = (d.seq + blk_rows - 1) / blk_rows;
         dispatch_mma_d(d.head_dim, [&](auto dd) {
           constexpr int D = decltype(dd)::value;
           if constexpr (D <= 64) {
-            attn_backward_dkdv_mma<T, D><<<dim3(tiles, d.batch * d.kv_heads), 128, 0, ctx.stream>>>(
+            attn_backward_dkdv_mma<T, D>
+                <<<dim3(blocks, d.batch * d.kv_heads), blk_warps * 32, 0, ctx.stream>>>(
                 qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
                 dqkv.data<T>(), s);
             TROUPE_CUDA_CHECK_LAUNCH();
-            attn_backward_dq_mma<T, D><<<dim3(tiles, d.batch * d.heads), 128, 0, ctx.stream>>>(
+            attn_backward_dq_mma<T, D>
+                <<<dim3(blocks, d.batch * d.heads), blk_warps * 32, 0, ctx.stream>>>(
                 qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
                 dqkv.data<T>(), s);
             TROUPE_CUDA_CHECK_LAUNCH();
