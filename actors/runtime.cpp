@@ -86,7 +86,7 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
   // and idle pool threads help, so a busy stage borrows the cores an idle stage leaves.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : cores;
-  kernels::set_cpu_threads(threads);
+  kernels::set_cpu_threads(opt.kernel_threads > 0 ? opt.kernel_threads : threads);
 
   auto j = std::make_shared<job>();
   j->cfg = cfg;

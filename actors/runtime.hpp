@@ -19,6 +19,8 @@ struct run_options {
   std::string resume;       // run directory or checkpoint to continue from ("" = fresh)
   int max_steps = -1;       // stop after this many steps in this invocation (-1 = train.steps)
   std::FILE* log = stdout;  // progress lines; null = quiet
+  int kernel_threads = 0;   // threads of the CPU ops' pool (0 = runtime.threads); 1 gives every
+                            // stage exactly one core, the simulator's model of a pipeline
   /// Stop once this step is done, as if the job had been stopped there: unlike max_steps, the
   /// step is not the last one (no forced checkpoint or evaluation). -1 = never. For replay.
   int halt_after_step = -1;

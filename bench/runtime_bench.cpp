@@ -1,6 +1,8 @@
 // runtime_bench: what the actor runtime costs beyond the arithmetic, and how its measured pipeline
 // bubble compares with the simulator's prediction for the same schedule.
 //
+// Run it with at least P idle cores: each stage computes on one core (kernel_threads = 1).
+//
 //  1. Overhead. The same tiny job (one stage, many micro-batches, a model so small that kernels
 //     take microseconds) runs through the actors and through the plain single-rank loop; both do
 //     the same arithmetic bit for bit, so the difference in step time divided by the number of
@@ -83,12 +85,13 @@ double last_bubble(const std::string& run_dir) {
   return nlohmann::json::parse(last)["bubble"].get<double>();
 }
 
-double seconds_of(const core::config& c, bool actors_runtime) {
+double seconds_of(const core::config& c, bool actors_runtime, int kernel_threads = 0) {
   auto t0 = std::chrono::steady_clock::now();
   core::result<model::train_summary> r = core::error::make("");
   if (actors_runtime) {
     actors::run_options o;
     o.log = nullptr;
+    o.kernel_threads = kernel_threads;
     r = actors::run_actor_job(c, o);
   } else {
     model::train_options o;
@@ -188,7 +191,7 @@ int main(int argc, char** argv) {
     auto parsed = core::parse_config(core::to_toml(c), "bench");
     if (!parsed.ok()) { std::fprintf(stderr, "%s\n", parsed.err().to_string().c_str()); return 1; }
     c = parsed.value();
-    seconds_of(c, true);
+    seconds_of(c, true, 1);  // one core per stage: the simulator's model
     double measured = last_bubble(c.runtime.run_dir);
     auto d = mean_durations(c.runtime.run_dir, steps - 1);
     auto mean = [&](char k) { return d.count(k) ? d[k].first / d[k].second / 1000.0 : 0.0; };
