@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "actors/build.hpp"
 #include "actors/recorder.hpp"
 #include "actors/replay.hpp"
 #include "actors/runtime.hpp"
@@ -383,4 +384,30 @@ TEST_CASE("a directory that is not a run, or logs from another config, are refus
   auto r3 = actors::replay_run(opt);
   REQUIRE_FALSE(r3.ok());
   CHECK(contains(r3.err().to_string(), "ran with another config than config.toml"));
+}
+
+TEST_CASE("with interleaved stages every logged transfer names an instruction of the sender's list, and replays") {
+  scratch_dir tmp("rp_interleaved");
+  auto cfg = recorded_config(tmp);
+  cfg.schedule.name = "interleaved_1f1b";
+  cfg.parallel.virtual_pipeline = 2;
+  cfg.optimizer.zero_stage = 2;
+  cfg.recompute.mode = core::recompute_mode::full;
+  cfg.train.steps = 2;
+  train(cfg);
+  const auto layout = actors::layout_of(cfg);
+  auto sched = actors::build_schedule(cfg, layout.microbatches);
+  REQUIRE(sched.ok());
+  int transfers = 0;
+  for (const auto& r : records(cfg)) {
+    const auto k = static_cast<actors::tensor_kind>(r.tag.kind);
+    if (k != actors::tensor_kind::activation && k != actors::tensor_kind::gradient) continue;
+    ++transfers;
+    bool found = false;
+    for (const auto& op : sched->ranks.at(r.src % layout.pp)) found = found || schedules::to_string(op) == r.op;
+    CHECK_MESSAGE(found, r.op);
+  }
+  CHECK(transfers == 2 * 2 * 4 * 3 * 2);  // steps × replicas × micro-batches × chunk edges × (F, B)
+  auto rep = replay(cfg.runtime.run_dir);
+  CHECK_MESSAGE(rep.matched, rep.mismatch);
 }
