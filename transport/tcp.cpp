@@ -84,6 +84,7 @@ struct tcp_transport::impl {
     std::string out_down;     // why our connection to it ended
     std::size_t queued = 0;   // frames for it not yet handed to the kernel
     bool reported = false;    // on_peer_lost was called for it
+    bool out_up = false;      // our connection to it is established
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -140,6 +141,11 @@ struct tcp_transport::impl {
     boost::system::error_code ignored;
     o.sock->set_option(tcp::no_delay(true), ignored);
     o.connected = true;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      state[p].out_up = true;
+    }
+    cv.notify_all();
     frame_header hello;
     hello.type = frame_type::hello;
     hello.token = token;
@@ -288,6 +294,7 @@ struct tcp_transport::impl {
           state[h.src].introduced = true;
       }
       if (!why.empty()) return refuse(c, why);
+      cv.notify_all();
       c->src = h.src;
       c->hello_timer.cancel();
       return read_header(c);
@@ -564,6 +571,45 @@ tensor tcp_transport::recv(int src, const tag& tg, std::chrono::milliseconds tim
 bool tcp_transport::ready(int src, const tag& tg) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->stash.count(std::pair{src, tg}) > 0;
+}
+
+core::status tcp_transport::wait_connected(std::chrono::milliseconds timeout) {
+  auto& m = *impl_;
+  int me = m.rank;
+  TROUPE_CHECK(me >= 0, "tcp transport: wait_connected before start()");
+  std::unique_lock<std::mutex> lk(m.mu);
+  auto settled = [&] {
+    if (!m.aborted.empty()) return true;
+    bool all = true;
+    for (int p = 0; p < m.n(); ++p) {
+      if (p == me) continue;
+      const auto& s = m.state[p];
+      if (!s.in_down.empty() || !s.out_down.empty()) return true;
+      all = all && s.introduced && s.out_up;
+    }
+    return all;
+  };
+  m.cv.wait_for(lk, timeout, settled);
+  if (!m.aborted.empty()) return core::error::make(m.aborted);
+  std::string failed, waiting;
+  for (int p = 0; p < m.n(); ++p) {
+    if (p == me) continue;
+    const auto& s = m.state[p];
+    const std::string& down = !s.in_down.empty() ? s.in_down : s.out_down;
+    if (!down.empty())
+      failed += (failed.empty() ? "" : "; ") + down;
+    else if (!s.introduced || !s.out_up)
+      waiting += (waiting.empty() ? "" : ", ") + m.who(p) +
+                 (!s.out_up ? (s.introduced ? " (ours to it)" : " (both ways)") : " (its to us)");
+  }
+  if (!failed.empty())
+    return core::error::make("rank " + std::to_string(me) + " cannot connect to every peer: " + failed);
+  if (!waiting.empty())
+    return core::error::make("rank " + std::to_string(me) + " is not connected after " +
+                                 std::to_string(timeout.count()) + " ms with " + waiting,
+                             "those ranks have not started their transports, or cannot reach "
+                             "this host's data port");
+  return {};
 }
 
 bool tcp_transport::flush(std::chrono::milliseconds timeout) {

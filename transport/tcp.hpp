@@ -77,6 +77,10 @@ class tcp_transport final : public transport {
   tensor recv(int src, const tag& tg, std::chrono::milliseconds timeout) override;
   bool ready(int src, const tag& tg) override;
 
+  /// Waits until this rank is connected to every peer in both directions, so that from then on
+  /// the loss of any peer is noticed at once. Fails naming the peers that could not be reached
+  /// or have not connected within `timeout`. REQUIRES: start() was called.
+  core::status wait_connected(std::chrono::milliseconds timeout);
   /// Waits until every queued tensor has been handed to the kernel (or its peer is lost); false
   /// on timeout.
   bool flush(std::chrono::milliseconds timeout);

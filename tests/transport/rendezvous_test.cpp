@@ -169,6 +169,7 @@ TEST_CASE("rendezvous then tcp transports: four workers all-reduce over the tabl
       if (!c) return void(errors[l] = c.err().to_string());
       int rank = c.value()->rank();
       data.value()->start(rank, c.value()->table().data_endpoints());
+      if (auto st = data.value()->wait_connected(10s); !st) return void(errors[l] = st.err().to_string());
       if (auto st = c.value()->start(); !st) return void(errors[l] = st.err().to_string());
       auto x = core::tensor::zeros({8});
       for (int i = 0; i < 8; ++i) x.data<float>()[i] = static_cast<float>(rank * 10 + i);

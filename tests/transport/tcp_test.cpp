@@ -89,6 +89,11 @@ std::vector<std::unique_ptr<tcp_transport>> mesh(
   }
   table.insert(table.end(), extra.begin(), extra.end());
   for (int r = 0; r < n; ++r) ts[r]->start(r, table);
+  if (extra.empty())
+    for (int r = 0; r < n; ++r) {
+      auto st = ts[r]->wait_connected(5s);
+      REQUIRE_MESSAGE(st.ok(), st.err().to_string());
+    }
   return ts;
 }
 
@@ -422,6 +427,11 @@ TEST_CASE("strangers with garbage, a wrong token, a bad hello or silence are ref
   // Rank 1's own connection is in before the impostor below claims its rank.
   ts[1]->send(0, filled(4, 1.0f), tag{});
   REQUIRE(same(ts[0]->recv(1, tag{}, 5s), filled(4, 1.0f)));
+  auto waiting = ts[0]->wait_connected(100ms);
+  REQUIRE_FALSE(waiting.ok());
+  CHECK(waiting.err().message ==
+        "rank 0 is not connected after 100 ms with rank 2 (127.0.0.1:" +
+            std::to_string(rank2_listen.local_endpoint().port()) + ") (its to us)");
 
   raw_peer garbage(ts[0]->port());
   std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -488,6 +498,10 @@ TEST_CASE("an unreachable peer is named after the connect time-out") {
   o.connect_timeout = 200ms;
   auto t = bound(o);
   t->start(0, {{"127.0.0.1", t->port()}, {"127.0.0.1", dead}});
+  auto st = t->wait_connected(10s);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.err().message.find("rank 0 cannot connect to every peer: could not connect to rank 1 (127.0.0.1:" +
+                              std::to_string(dead) + ") within 200 ms") != std::string::npos);
   auto m = failure_of([&] { t->recv(1, tag{}, 10s); });
   CHECK(m.find("could not connect to rank 1 (127.0.0.1:" + std::to_string(dead) +
                ") within 200 ms") != std::string::npos);
