@@ -90,10 +90,10 @@ TEST_CASE("tiny.toml parses to the documented values and derived numbers") {
   CHECK(c.parallel.micro_batch_num == 4);
   CHECK(c.parallel.pipeline_stage == 2);
   CHECK(c.parallel.data_parallel == 2);
-  CHECK(c.train.steps == 300);
+  CHECK(c.train.steps == 140);
   CHECK(c.optimizer.lr == doctest::Approx(3e-3));
-  CHECK(c.train.warmup_steps == 20);
-  CHECK(c.train.eval_interval == 50);
+  CHECK(c.train.warmup_steps == 10);
+  CHECK(c.train.eval_interval == 20);
   CHECK(c.data.train == "data/tokens/train.bin");
   CHECK(c.data.val == "data/tokens/val.bin");
   CHECK(c.data.tokenizer_dir == "data/gpt2");
