@@ -151,8 +151,8 @@ struct rendezvous_server::impl {
       s->hello_timer.expires_after(opt.hello_timeout);
       s->hello_timer.async_wait([this, s](boost::system::error_code e) {
         if (!e && !closing && s->rank < 0 && sessions.count(s))
-          refuse(s, "it did not register within " + std::to_string(opt.hello_timeout.count()) +
-                        " ms");
+          refuse(s,
+                 "it did not register within " + std::to_string(opt.hello_timeout.count()) + " ms");
       });
       read_frame(s);
       accept_next();
@@ -160,18 +160,20 @@ struct rendezvous_server::impl {
   }
 
   void read_frame(const std::shared_ptr<session>& s) {
-    asio::async_read(s->sock, asio::buffer(s->hdr), [this, s](boost::system::error_code ec, std::size_t) {
-      if (closing || !sessions.count(s)) return;
-      if (ec) return ended(s, ec);
-      std::string why = parse_head(s->hdr, opt.max_frame_bytes, s->head);
-      if (!why.empty()) return refuse(s, why);
-      s->body.resize(s->head.length);
-      asio::async_read(s->sock, asio::buffer(s->body), [this, s](boost::system::error_code ec, std::size_t) {
-        if (closing || !sessions.count(s)) return;
-        if (ec) return ended(s, ec);
-        on_frame(s);
-      });
-    });
+    asio::async_read(s->sock, asio::buffer(s->hdr),
+                     [this, s](boost::system::error_code ec, std::size_t) {
+                       if (closing || !sessions.count(s)) return;
+                       if (ec) return ended(s, ec);
+                       std::string why = parse_head(s->hdr, opt.max_frame_bytes, s->head);
+                       if (!why.empty()) return refuse(s, why);
+                       s->body.resize(s->head.length);
+                       asio::async_read(s->sock, asio::buffer(s->body),
+                                        [this, s](boost::system::error_code ec, std::size_t) {
+                                          if (closing || !sessions.count(s)) return;
+                                          if (ec) return ended(s, ec);
+                                          on_frame(s);
+                                        });
+                     });
   }
 
   void on_frame(const std::shared_ptr<session>& s) {
@@ -253,7 +255,8 @@ struct rendezvous_server::impl {
   void launch() {
     ph = phase::done;
     deadline.cancel();
-    for (auto& s : slots) send(s, rendezvous_frame::encode(rendezvous_frame::start, {}), true, true);
+    for (auto& s : slots)
+      send(s, rendezvous_frame::encode(rendezvous_frame::start, {}), true, true);
     decided = job_table{entries};
     publish_when_sent();
   }
@@ -369,8 +372,8 @@ struct rendezvous_server::impl {
       return;
     }
     slots[r].reset();
-    fail(describe(entries[r]) + " left the rendezvous at " + where() +
-             " before the job started (" + why + ")",
+    fail(describe(entries[r]) + " left the rendezvous at " + where() + " before the job started (" +
+             why + ")",
          "see that worker's log");
   }
 
@@ -413,8 +416,7 @@ rendezvous_server::rendezvous_server(std::unique_ptr<impl> p) : impl_(std::move(
 
 core::result<std::unique_ptr<rendezvous_server>> rendezvous_server::bind(
     rendezvous_server_options opt) {
-  if (opt.world_size < 1 || opt.local_world_size < 1 ||
-      opt.world_size % opt.local_world_size != 0)
+  if (opt.world_size < 1 || opt.local_world_size < 1 || opt.world_size % opt.local_world_size != 0)
     return core::error::make("a job of " + std::to_string(opt.world_size) + " workers with " +
                                  std::to_string(opt.local_world_size) +
                                  " per node does not split into whole nodes",
@@ -459,7 +461,8 @@ struct rendezvous_client::impl {
 
   std::string master() const { return opt.master.to_string(); }
   std::string me() const {
-    return "node " + std::to_string(opt.node_rank) + ", local rank " + std::to_string(opt.local_rank);
+    return "node " + std::to_string(opt.node_rank) + ", local rank " +
+           std::to_string(opt.local_rank);
   }
 
   // Runs one asynchronous operation (started by `op`, which calls its argument when done) on
@@ -493,8 +496,8 @@ struct rendezvous_client::impl {
                                     tcp::resolver::numeric_service, ec);
       if (!ec)
         ec = run(until, [&](auto done) {
-          asio::async_connect(sock, found,
-                              [done](boost::system::error_code e, const tcp::endpoint&) { done(e); });
+          asio::async_connect(
+              sock, found, [done](boost::system::error_code e, const tcp::endpoint&) { done(e); });
         });
       if (!ec) {
         boost::system::error_code ignored;
@@ -553,16 +556,15 @@ struct rendezvous_client::impl {
     if (ec)
       return core::error::make("lost the rendezvous at " + master() + " while waiting for " +
                                awaited + " (" + ec.message() + "; this is " + me() + ")");
-    if (!why.empty())
-      return core::error::make("the rendezvous at " + master() + " sent " + why);
+    if (!why.empty()) return core::error::make("the rendezvous at " + master() + " sent " + why);
     if (head.type == rendezvous_frame::reject || head.type == rendezvous_frame::abort) {
       wire_reader r(body.data(), body.size());
       std::string reason = r.get_bytes();
       if (head.type == rendezvous_frame::reject)
-        return core::error::make("the rendezvous at " + master() + " refused this worker (" +
-                                     me() + "): " + reason,
-                                 "every process of a job needs the same job token and launch "
-                                 "arguments");
+        return core::error::make(
+            "the rendezvous at " + master() + " refused this worker (" + me() + "): " + reason,
+            "every process of a job needs the same job token and launch "
+            "arguments");
       return core::error::make("the job could not form: " + reason);
     }
     return std::pair{head.type, std::move(body)};
@@ -606,7 +608,8 @@ core::result<std::unique_ptr<rendezvous_client>> rendezvous_client::join(
   w.put_bytes(p->opt.host);
   w.put(p->opt.data_port);
   w.put_bytes(p->opt.blob);
-  if (auto st = p->write(until, rendezvous_frame::encode(rendezvous_frame::register_worker, w.bytes()));
+  if (auto st =
+          p->write(until, rendezvous_frame::encode(rendezvous_frame::register_worker, w.bytes()));
       !st)
     return st.err();
   auto got = p->read(until, "job table");

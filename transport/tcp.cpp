@@ -27,7 +27,9 @@ namespace {
 
 // Asio's stock completion conditions (transfer_all, transfer_exactly) ask the kernel for at most
 // 64 KiB per system call; large tensors move markedly faster when each call may take the rest.
-std::size_t until_done(const boost::system::error_code& ec, std::size_t) { return ec ? 0 : SIZE_MAX; }
+std::size_t until_done(const boost::system::error_code& ec, std::size_t) {
+  return ec ? 0 : SIZE_MAX;
+}
 
 struct out_frame {
   std::vector<char> header;
@@ -113,7 +115,8 @@ struct tcp_transport::impl {
         peers[p].host, std::to_string(peers[p].port), tcp::resolver::numeric_service,
         [this, p, sock](boost::system::error_code ec, tcp::resolver::results_type found) {
           if (closing) return;
-          if (ec) return retry_or_fail(p, "cannot resolve '" + peers[p].host + "': " + ec.message());
+          if (ec)
+            return retry_or_fail(p, "cannot resolve '" + peers[p].host + "': " + ec.message());
           asio::async_connect(*sock, found,
                               [this, p, sock](boost::system::error_code ec, const tcp::endpoint&) {
                                 if (closing) return;
@@ -153,12 +156,12 @@ struct tcp_transport::impl {
     hello.dst = p;
     o.queue.push_front(out_frame{hello.encode(), {}, false});
     auto sock = o.sock;
-    sock->async_read_some(asio::buffer(&o.probe, 1),
-                          [this, p, sock](boost::system::error_code ec, std::size_t) {
-                            if (closing || sock != out[p].sock) return;
-                            out_lost(p, ec ? "connection to " + who(p) + " lost (" + ec.message() + ")"
-                                           : who(p) + " wrote on a connection it should only read");
-                          });
+    sock->async_read_some(
+        asio::buffer(&o.probe, 1), [this, p, sock](boost::system::error_code ec, std::size_t) {
+          if (closing || sock != out[p].sock) return;
+          out_lost(p, ec ? "connection to " + who(p) + " lost (" + ec.message() + ")"
+                         : who(p) + " wrote on a connection it should only read");
+        });
     write_next(p);
   }
 
@@ -186,19 +189,22 @@ struct tcp_transport::impl {
         asio::buffer(o.inflight->header),
         asio::buffer(t.defined() ? t.raw() : nullptr, t.defined() ? t.bytes() : 0)};
     auto sock = o.sock;
-    asio::async_write(*sock, bufs, until_done, [this, p, sock](boost::system::error_code ec, std::size_t) {
-      if (closing || sock != out[p].sock) return;
-      auto& o = out[p];
-      bool counted = o.inflight->counted;
-      o.inflight.reset();
-      if (counted) {
-        std::lock_guard<std::mutex> lk(mu);
-        --state[p].queued;
-      }
-      cv.notify_all();
-      if (ec) return out_lost(p, "connection to " + who(p) + " lost while sending (" + ec.message() + ")");
-      write_next(p);
-    });
+    asio::async_write(
+        *sock, bufs, until_done, [this, p, sock](boost::system::error_code ec, std::size_t) {
+          if (closing || sock != out[p].sock) return;
+          auto& o = out[p];
+          bool counted = o.inflight->counted;
+          o.inflight.reset();
+          if (counted) {
+            std::lock_guard<std::mutex> lk(mu);
+            --state[p].queued;
+          }
+          cv.notify_all();
+          if (ec)
+            return out_lost(
+                p, "connection to " + who(p) + " lost while sending (" + ec.message() + ")");
+          write_next(p);
+        });
   }
 
   // Our connection to p is gone: drop what was queued for it and fail later sends. The loss is
@@ -342,7 +348,8 @@ struct tcp_transport::impl {
 
   void ended(const std::shared_ptr<incoming>& c, boost::system::error_code ec) {
     if (c->src < 0) {
-      log("connection from " + c->name + " ended before it introduced itself (" + ec.message() + ")");
+      log("connection from " + c->name + " ended before it introduced itself (" + ec.message() +
+          ")");
       return drop(c);
     }
     bool first;
@@ -495,19 +502,20 @@ void tcp_transport::send(int dst, tensor t, const tag& tg) {
   TROUPE_CHECK(dst >= 0 && dst < m.n(), "rank " + std::to_string(me) + " sends to rank " +
                                             std::to_string(dst) + " in a job of " +
                                             std::to_string(m.n()) + " ranks");
-  TROUPE_CHECK(t.defined(), "rank " + std::to_string(me) + " sends an empty tensor under " +
-                                tg.to_string());
+  TROUPE_CHECK(t.defined(),
+               "rank " + std::to_string(me) + " sends an empty tensor under " + tg.to_string());
   if (!t.dev().is_cpu())
     throw core::failure("the tcp transport carries host tensors; rank " + std::to_string(me) +
                         " sent a " + t.dev().to_string() + " tensor to rank " +
                         std::to_string(dst) + " (" + tg.to_string() + ")");
-  TROUPE_CHECK(t.rank() <= frame_header::max_dims,
-               "tcp transport: tensors of at most 8 dimensions, got " + core::shape_string(t.shape()));
+  TROUPE_CHECK(
+      t.rank() <= frame_header::max_dims,
+      "tcp transport: tensors of at most 8 dimensions, got " + core::shape_string(t.shape()));
   if (t.bytes() > m.opt.max_frame_bytes)
-    throw core::failure("rank " + std::to_string(me) + " sends " + std::to_string(t.bytes()) +
-                        " bytes to rank " + std::to_string(dst) + " (" + tg.to_string() +
-                        "), over tcp_options::max_frame_bytes = " +
-                        std::to_string(m.opt.max_frame_bytes));
+    throw core::failure(
+        "rank " + std::to_string(me) + " sends " + std::to_string(t.bytes()) + " bytes to rank " +
+        std::to_string(dst) + " (" + tg.to_string() +
+        "), over tcp_options::max_frame_bytes = " + std::to_string(m.opt.max_frame_bytes));
   if (dst == me) {
     std::lock_guard<std::mutex> lk(m.mu);
     TROUPE_CHECK(m.stash.emplace(std::pair{me, tg}, std::move(t)).second,
@@ -603,7 +611,8 @@ core::status tcp_transport::wait_connected(std::chrono::milliseconds timeout) {
                  (!s.out_up ? (s.introduced ? " (ours to it)" : " (both ways)") : " (its to us)");
   }
   if (!failed.empty())
-    return core::error::make("rank " + std::to_string(me) + " cannot connect to every peer: " + failed);
+    return core::error::make("rank " + std::to_string(me) +
+                             " cannot connect to every peer: " + failed);
   if (!waiting.empty())
     return core::error::make("rank " + std::to_string(me) + " is not connected after " +
                                  std::to_string(timeout.count()) + " ms with " + waiting,

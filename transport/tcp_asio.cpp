@@ -12,9 +12,9 @@ core::result<tcp::acceptor> open_acceptor(asio::io_context& io, const endpoint& 
   auto found = resolver.resolve(where.host, std::to_string(where.port),
                                 tcp::resolver::numeric_service | tcp::resolver::passive, ec);
   if (ec || found.empty())
-    return core::error::make("cannot resolve the listening address '" + where.host +
-                                 "': " + ec.message(),
-                             "give a numeric address such as 127.0.0.1 or 0.0.0.0");
+    return core::error::make(
+        "cannot resolve the listening address '" + where.host + "': " + ec.message(),
+        "give a numeric address such as 127.0.0.1 or 0.0.0.0");
   tcp::endpoint ep = found.begin()->endpoint();
   tcp::acceptor acceptor(io);
   acceptor.open(ep.protocol(), ec);
@@ -23,9 +23,8 @@ core::result<tcp::acceptor> open_acceptor(asio::io_context& io, const endpoint& 
   if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor.bind(ep, ec);
   if (ec == asio::error::address_in_use)
-    return core::error::make("port " + std::to_string(where.port) + " on " + where.host +
-                                 " is already in use",
-                             hint);
+    return core::error::make(
+        "port " + std::to_string(where.port) + " on " + where.host + " is already in use", hint);
   if (!ec) acceptor.listen(tcp::acceptor::max_listen_connections, ec);
   if (ec)
     return core::error::make("cannot listen on " + where.to_string() + ": " + ec.message(), hint);
@@ -39,8 +38,8 @@ std::string remote_name(const tcp::socket& s) {
   return ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
-std::function<void(const std::string&)> logger_or_stderr(std::function<void(const std::string&)> log,
-                                                         std::string who) {
+std::function<void(const std::string&)> logger_or_stderr(
+    std::function<void(const std::string&)> log, std::string who) {
   if (log) return log;
   return [who = std::move(who)](const std::string& line) {
     static std::mutex mu;

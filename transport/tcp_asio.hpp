@@ -25,7 +25,7 @@ core::result<tcp::acceptor> open_acceptor(asio::io_context& io, const endpoint& 
 std::string remote_name(const tcp::socket& s);
 
 /// The logger in `log`, or one writing "troupe <who>: line" to standard error.
-std::function<void(const std::string&)> logger_or_stderr(std::function<void(const std::string&)> log,
-                                                         std::string who);
+std::function<void(const std::string&)> logger_or_stderr(
+    std::function<void(const std::string&)> log, std::string who);
 
 }  // namespace troupe::transport::detail

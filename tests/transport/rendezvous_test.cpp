@@ -114,7 +114,8 @@ bool refused(std::uint16_t port, const std::vector<char>& bytes) {
 
 }  // namespace
 
-TEST_CASE("workers get ranks by node then local rank, the whole table with blobs, and start together") {
+TEST_CASE(
+    "workers get ranks by node then local rank, the whole table with blobs, and start together") {
   log_sink sink;
   auto server = serve(4, 2, sink);
   // Arrival order differs from rank order; ranks must not depend on it.
@@ -149,7 +150,8 @@ TEST_CASE("workers get ranks by node then local rank, the whole table with blobs
   }
 }
 
-TEST_CASE("rendezvous then tcp transports: four workers all-reduce over the table they were given") {
+TEST_CASE(
+    "rendezvous then tcp transports: four workers all-reduce over the table they were given") {
   log_sink sink;
   auto server = serve(4, 4, sink);
   std::vector<std::vector<float>> sums(4);
@@ -169,7 +171,8 @@ TEST_CASE("rendezvous then tcp transports: four workers all-reduce over the tabl
       if (!c) return void(errors[l] = c.err().to_string());
       int rank = c.value()->rank();
       data.value()->start(rank, c.value()->table().data_endpoints());
-      if (auto st = data.value()->wait_connected(10s); !st) return void(errors[l] = st.err().to_string());
+      if (auto st = data.value()->wait_connected(10s); !st)
+        return void(errors[l] = st.err().to_string());
       if (auto st = c.value()->start(); !st) return void(errors[l] = st.err().to_string());
       auto x = core::tensor::zeros({8});
       for (int i = 0; i < 8; ++i) x.data<float>()[i] = static_cast<float>(rank * 10 + i);
@@ -185,7 +188,9 @@ TEST_CASE("rendezvous then tcp transports: four workers all-reduce over the tabl
   }
 }
 
-TEST_CASE("garbage, a wrong token, an oversized frame, silence and a duplicate rank are refused; the job still forms") {
+TEST_CASE(
+    "garbage, a wrong token, an oversized frame, silence and a duplicate rank are refused; the job "
+    "still forms") {
   log_sink sink;
   auto server = serve(2, 2, sink);
   auto port = server->port();
@@ -223,7 +228,8 @@ TEST_CASE("garbage, a wrong token, an oversized frame, silence and a duplicate r
   REQUIRE(sink.eventually_has("rank 0 (node 0, local rank 0, host 127.0.0.1) registered"));
   auto dup = rendezvous_client::join(worker(port, 0, 0));
   REQUIRE_FALSE(dup.ok());
-  CHECK(dup.err().message.find("rank 0 (node 0, local rank 0) is already registered from 127.0.0.1") !=
+  CHECK(dup.err().message.find(
+            "rank 0 (node 0, local rank 0) is already registered from 127.0.0.1") !=
         std::string::npos);
   auto second = join_and_start(worker(port, 0, 1));
   t0.join();
@@ -248,7 +254,9 @@ TEST_CASE("a master port that is taken is named with a hint to pick another --ma
                                         "--master_port");
 }
 
-TEST_CASE("a worker that never arrives: the time-out names it and those that came, and the waiting workers are told") {
+TEST_CASE(
+    "a worker that never arrives: the time-out names it and those that came, and the waiting "
+    "workers are told") {
   log_sink sink;
   auto server = serve(4, 2, sink, 500ms);
   std::vector<outcome> got(3);
@@ -274,7 +282,8 @@ TEST_CASE("a node that sends no worker at all is named as a node") {
   log_sink sink;
   auto server = serve(4, 2, sink, 300ms);
   std::vector<std::thread> th;
-  for (int l = 0; l < 2; ++l) th.emplace_back([&, l] { join_and_start(worker(server->port(), 0, l)); });
+  for (int l = 0; l < 2; ++l)
+    th.emplace_back([&, l] { join_and_start(worker(server->port(), 0, l)); });
   auto res = server->wait();
   for (auto& t : th) t.join();
   REQUIRE_FALSE(res.ok());
@@ -294,10 +303,12 @@ TEST_CASE("a worker that leaves after the table but before starting stops the jo
   t0.join();
   auto res = server->wait();
   REQUIRE_FALSE(res.ok());
-  CHECK(res.err().message.find("rank 1 (node 0, local rank 1, host 127.0.0.1) left the rendezvous") !=
-        std::string::npos);
+  CHECK(
+      res.err().message.find("rank 1 (node 0, local rank 1, host 127.0.0.1) left the rendezvous") !=
+      std::string::npos);
   REQUIRE(staying.has_value());
-  CHECK(staying->error.find("rank 1 (node 0, local rank 1, host 127.0.0.1) left") != std::string::npos);
+  CHECK(staying->error.find("rank 1 (node 0, local rank 1, host 127.0.0.1) left") !=
+        std::string::npos);
 }
 
 TEST_CASE("a worker whose master never answers gives up naming the address") {

@@ -100,7 +100,8 @@ std::vector<std::unique_ptr<tcp_transport>> mesh(
 core::tensor pattern(core::shape_t shape, core::dtype dt, unsigned seed) {
   auto t = core::tensor::zeros(std::move(shape), dt);
   auto* b = static_cast<unsigned char*>(t.raw());
-  for (std::size_t i = 0; i < t.bytes(); ++i) b[i] = static_cast<unsigned char>((i * 131 + seed * 7) >> 1);
+  for (std::size_t i = 0; i < t.bytes(); ++i)
+    b[i] = static_cast<unsigned char>((i * 131 + seed * 7) >> 1);
   return t;
 }
 
@@ -183,14 +184,14 @@ TEST_CASE("frame headers round-trip and malformed ones are named") {
   CHECK(back.decode(huge.data()).find("overflows") != std::string::npos);
 }
 
-TEST_CASE("tcp transport carries tensors of several dtypes, shapes and tags both ways, byte for byte") {
+TEST_CASE(
+    "tcp transport carries tensors of several dtypes, shapes and tags both ways, byte for byte") {
   log_sink sink;
   auto ts = mesh(2, sink);
-  std::vector<core::tensor> sent = {pattern({3, 4}, core::dtype::f32, 1),
-                                    pattern({5}, core::dtype::bf16, 2),
-                                    pattern({2, 2, 2}, core::dtype::i32, 3),
-                                    pattern({}, core::dtype::f64, 4),
-                                    pattern({0, 7}, core::dtype::f32, 5)};
+  std::vector<core::tensor> sent = {
+      pattern({3, 4}, core::dtype::f32, 1), pattern({5}, core::dtype::bf16, 2),
+      pattern({2, 2, 2}, core::dtype::i32, 3), pattern({}, core::dtype::f64, 4),
+      pattern({0, 7}, core::dtype::f32, 5)};
   std::thread peer([&] {
     for (std::size_t i = 0; i < sent.size(); ++i) {
       auto got = ts[1]->recv(0, tag{1, 2, 0, static_cast<std::int32_t>(i), 0}, 5s);
@@ -242,12 +243,15 @@ TEST_CASE("two ranks sending 16 MiB to each other at the same time both get the 
   CHECK(same(got[1], mine[0]));
 }
 
-TEST_CASE("recv of a tensor that never comes times out naming both ranks, the tag and the peer's address") {
+TEST_CASE(
+    "recv of a tensor that never comes times out naming both ranks, the tag and the peer's "
+    "address") {
   log_sink sink;
   auto ts = mesh(2, sink);
   auto m = failure_of([&] { ts[1]->recv(0, tag{7, 2, 1, 3, 0}, 50ms); });
   CHECK(m.find("rank 1 waited 50 ms") != std::string::npos);
-  CHECK(m.find("from rank 0 (127.0.0.1:" + std::to_string(ts[0]->port()) + ")") != std::string::npos);
+  CHECK(m.find("from rank 0 (127.0.0.1:" + std::to_string(ts[0]->port()) + ")") !=
+        std::string::npos);
   CHECK(m.find("step 7 kind 2 chunk 1 mb 3") != std::string::npos);
 }
 
@@ -285,7 +289,9 @@ TEST_CASE("collectives over tcp with 4 ranks give the same bits as over the loca
   CHECK(same(over_tcp[0][0], over_tcp[3][0]));
 }
 
-TEST_CASE("a peer that dies makes pending and later recvs from it fail at once, naming its rank and address") {
+TEST_CASE(
+    "a peer that dies makes pending and later recvs from it fail at once, naming its rank and "
+    "address") {
   log_sink sink;
   auto ts = mesh(3, sink);
   std::string addr = "127.0.0.1:" + std::to_string(ts[2]->port());
@@ -336,7 +342,8 @@ TEST_CASE("the arrival and peer-loss callbacks name the source and tag, and the 
   ts[2]->abort();
   ts[1].reset();
   CHECK(failure_of([&] { ts[0]->recv(2, tag{}, 5s); }).find("lost") != std::string::npos);
-  CHECK(failure_of([&] { ts[0]->recv(1, tag{}, 5s); }).find("closed its transport") != std::string::npos);
+  CHECK(failure_of([&] { ts[0]->recv(1, tag{}, 5s); }).find("closed its transport") !=
+        std::string::npos);
   // The callback runs on the IO thread just after recv is woken; let it finish (bounded).
   for (int i = 0; i < 400; ++i) {
     std::lock_guard<std::mutex> lk(mu);
@@ -402,7 +409,9 @@ TEST_CASE("a peer process killed with SIGKILL is reported as a lost connection, 
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
 }
 
-TEST_CASE("a rank that closes its transport says goodbye: recvs from it fail at once, nothing is logged as lost") {
+TEST_CASE(
+    "a rank that closes its transport says goodbye: recvs from it fail at once, nothing is logged "
+    "as lost") {
   log_sink sink;
   auto ts = mesh(2, sink);
   ts[1]->send(0, filled(4, 3.0f), tag{0, 1, 0, 0, 0});
@@ -413,7 +422,9 @@ TEST_CASE("a rank that closes its transport says goodbye: recvs from it fail at 
   CHECK_FALSE(sink.has("lost"));
 }
 
-TEST_CASE("strangers with garbage, a wrong token, a bad hello or silence are refused; an oversized frame closes its peer; the job goes on") {
+TEST_CASE(
+    "strangers with garbage, a wrong token, a bad hello or silence are refused; an oversized frame "
+    "closes its peer; the job goes on") {
   log_sink sink;
   // Rank 2 of this job is played by the test through raw sockets.
   asio::io_context io;
@@ -429,9 +440,9 @@ TEST_CASE("strangers with garbage, a wrong token, a bad hello or silence are ref
   REQUIRE(same(ts[0]->recv(1, tag{}, 5s), filled(4, 1.0f)));
   auto waiting = ts[0]->wait_connected(100ms);
   REQUIRE_FALSE(waiting.ok());
-  CHECK(waiting.err().message ==
-        "rank 0 is not connected after 100 ms with rank 2 (127.0.0.1:" +
-            std::to_string(rank2_listen.local_endpoint().port()) + ") (its to us)");
+  CHECK(waiting.err().message == "rank 0 is not connected after 100 ms with rank 2 (127.0.0.1:" +
+                                     std::to_string(rank2_listen.local_endpoint().port()) +
+                                     ") (its to us)");
 
   raw_peer garbage(ts[0]->port());
   std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -442,7 +453,8 @@ TEST_CASE("strangers with garbage, a wrong token, a bad hello or silence are ref
   CHECK(sink.eventually_has("bad magic"));
 
   raw_peer stranger(ts[0]->port());
-  stranger.write(header(transport::frame_type::hello, transport::token_hash("other job"), 2, 0).encode());
+  stranger.write(
+      header(transport::frame_type::hello, transport::token_hash("other job"), 2, 0).encode());
   CHECK(stranger.closed_by_peer());
   CHECK(sink.eventually_has("wrong job token"));
 
@@ -500,8 +512,9 @@ TEST_CASE("an unreachable peer is named after the connect time-out") {
   t->start(0, {{"127.0.0.1", t->port()}, {"127.0.0.1", dead}});
   auto st = t->wait_connected(10s);
   REQUIRE_FALSE(st.ok());
-  CHECK(st.err().message.find("rank 0 cannot connect to every peer: could not connect to rank 1 (127.0.0.1:" +
-                              std::to_string(dead) + ") within 200 ms") != std::string::npos);
+  CHECK(st.err().message.find(
+            "rank 0 cannot connect to every peer: could not connect to rank 1 (127.0.0.1:" +
+            std::to_string(dead) + ") within 200 ms") != std::string::npos);
   auto m = failure_of([&] { t->recv(1, tag{}, 10s); });
   CHECK(m.find("could not connect to rank 1 (127.0.0.1:" + std::to_string(dead) +
                ") within 200 ms") != std::string::npos);
