@@ -21,20 +21,26 @@ struct stage_state {
 void pump(caf::stateful_actor<stage_state>* self, const job& j) {
   auto& st = self->state;
   auto& eng = *st.b->engine;
-  bool done = eng.run();
   const address me{role::stage, eng.dp(), eng.pp()};
-  for (auto& o : eng.take_outgoing())
-    route(self, j, me, o.to, o.tag, std::move(o.t), send_note{st.b->be.get()});
-  if (eng.losses_ready()) {
-    self->send(j.coordinator, loss_report{eng.step(), eng.dp(), eng.losses()});
-    eng.losses_reported();
-  }
-  if (done) {
-    st.running = false;
-    const auto& t = eng.timing();
-    self->send(j.coordinator, stage_report{eng.step(), eng.dp(), eng.pp(), t.busy_s, t.comm_s,
-                                           t.wait_s, eng.peak_activation_bytes(), t.events});
-    if (j.sink) j.sink->flush(st.worker);  // the worker's step is over: its log lines go to disk
+  // run() yields after every instruction that sends, so a tensor leaves as soon as it exists and
+  // the next stage works while this one goes on: a pipeline only overlaps if sends are not held.
+  for (;;) {
+    bool done = eng.run();
+    auto out = eng.take_outgoing();
+    for (auto& o : out) route(self, j, me, o.to, o.tag, std::move(o.t), send_note{st.b->be.get()});
+    if (eng.losses_ready()) {
+      self->send(j.coordinator, loss_report{eng.step(), eng.dp(), eng.losses()});
+      eng.losses_reported();
+    }
+    if (done) {
+      st.running = false;
+      const auto& t = eng.timing();
+      self->send(j.coordinator, stage_report{eng.step(), eng.dp(), eng.pp(), t.busy_s, t.comm_s,
+                                             t.wait_s, eng.peak_activation_bytes(), t.events});
+      if (j.sink) j.sink->flush(st.worker);  // the worker's step is over: its log lines go to disk
+      return;
+    }
+    if (out.empty()) return;  // waiting for a tensor: the next delivery resumes
   }
 }
 

@@ -135,6 +135,7 @@ bool stage_engine::run() {
     waiting_for_.clear();
     record(schedules::to_string(op), schedules::is_compute(op.kind) ? 0 : 1, t0, t1);
     ++pc_;
+    if (!out_.empty()) return false;  // let the host send it now (see stage.cpp's pump)
   }
   return finish_step();
 }

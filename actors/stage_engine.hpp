@@ -57,7 +57,8 @@ class stage_engine {
   void begin_step(std::int64_t step);
   /// Stashes a tensor that arrived for this stage.
   void deliver(const transport::tag& tg, core::tensor t);
-  /// Executes instructions until one must wait or the step is done. Returns true when done.
+  /// Executes instructions until one must wait, one queued a tensor to send (so the host can send
+  /// it at once), or the step is done. Returns true when done.
   /// Throws core::failure (with the instruction) when an instruction fails.
   bool run();
   /// Moves the queued outgoing tensors out.
