@@ -29,7 +29,6 @@ struct coordinator_setup {
   int first_step = 0;
   int end_step = 0;
   std::shared_ptr<model::loader> val;          // null: no validation
-  std::string checkpoint_root;                 // where the writer puts checkpoints
   int halt_after = -1;                         // stop once this step is done (-1 = end_step)
   std::shared_ptr<std::promise<core::result<model::train_summary>>> done;
 };

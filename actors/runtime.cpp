@@ -165,7 +165,6 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg_in, con
     cs.first_step = first_step;
     cs.end_step = end_step;
     cs.val = val_data;
-    cs.checkpoint_root = ckpt_root;
     cs.halt_after = opt.halt_after_step;
     cs.done = done;
     j->coordinator = spawn_coordinator(sys, j, cs);

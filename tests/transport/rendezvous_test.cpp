@@ -1,6 +1,8 @@
 // The rendezvous on loopback: the server and every worker in one process, workers on threads.
 #include <doctest/doctest.h>
 
+#include "tests/transport/log_sink.hpp"
+
 #include <utility>  // before Asio (Boost 1.74, C++20, g++ 12)
 
 #include <boost/asio.hpp>
@@ -18,33 +20,12 @@ using transport::rendezvous_client;
 using transport::rendezvous_server;
 namespace asio = boost::asio;
 
+using troupe::transport::testing::log_sink;
+
 namespace {
 
 const char* const token = "rendezvous-test-token";
 
-struct log_sink {
-  std::mutex mu;
-  std::vector<std::string> lines;
-  std::function<void(const std::string&)> fn() {
-    return [this](const std::string& l) {
-      std::lock_guard<std::mutex> lk(mu);
-      lines.push_back(l);
-    };
-  }
-  bool has(const std::string& part) {
-    std::lock_guard<std::mutex> lk(mu);
-    for (auto& l : lines)
-      if (l.find(part) != std::string::npos) return true;
-    return false;
-  }
-  bool eventually_has(const std::string& part) {
-    for (int i = 0; i < 400; ++i) {
-      if (has(part)) return true;
-      std::this_thread::sleep_for(5ms);
-    }
-    return false;
-  }
-};
 
 std::unique_ptr<rendezvous_server> serve(int world, int local, log_sink& sink,
                                          std::chrono::milliseconds timeout = 10s) {

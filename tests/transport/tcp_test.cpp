@@ -2,6 +2,8 @@
 // for the crash test, a forked child that is killed with SIGKILL.
 #include <doctest/doctest.h>
 
+#include "tests/transport/log_sink.hpp"
+
 #include <utility>  // before Asio (Boost 1.74, C++20, g++ 12)
 
 #include <algorithm>
@@ -23,41 +25,12 @@ using transport::tcp_transport;
 using namespace std::chrono_literals;
 namespace asio = boost::asio;
 
+using troupe::transport::testing::log_sink;
+
 namespace {
 
 const char* const token = "tcp-test-token";
 
-// Collects the transports' log lines so tests can check what was refused and why.
-struct log_sink {
-  std::mutex mu;
-  std::vector<std::string> lines;
-  std::function<void(const std::string&)> fn() {
-    return [this](const std::string& l) {
-      std::lock_guard<std::mutex> lk(mu);
-      lines.push_back(l);
-    };
-  }
-  bool has(const std::string& part) {
-    std::lock_guard<std::mutex> lk(mu);
-    for (auto& l : lines)
-      if (l.find(part) != std::string::npos) return true;
-    return false;
-  }
-  // Log lines arrive from the IO thread; give it a moment (bounded) to write them.
-  bool eventually_has(const std::string& part) {
-    for (int i = 0; i < 400; ++i) {
-      if (has(part)) return true;
-      std::this_thread::sleep_for(5ms);
-    }
-    return false;
-  }
-  std::string all() {
-    std::lock_guard<std::mutex> lk(mu);
-    std::string s;
-    for (auto& l : lines) s += l + "\n";
-    return s;
-  }
-};
 
 transport::tcp_options options(log_sink& sink) {
   transport::tcp_options o;
