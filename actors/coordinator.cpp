@@ -26,9 +26,12 @@ struct coord_state {
   bool decided = false;
   double grad_norm = 0;
   double lr = 0;
+  model::loss_scaler scaler;        // dynamic loss scaling (inert when off)
+  model::step_decision decision;    // this step's
   std::vector<stage_report> reports;
   int shard_reports = 0;
   std::map<std::pair<int, int>, std::uint64_t> shard_bytes;  // (pp, part) -> optimizer state
+  std::map<std::pair<int, int>, std::uint64_t> shard_peak;   // (pp, part) -> device peak bytes
   clock_t_::time_point t_step;
   // run
   clock_t_::time_point t_start;
@@ -49,6 +52,9 @@ struct coord_state {
   bool done = false;
   // supervision
   std::map<caf::actor_addr, std::string> names;
+  std::map<caf::actor_addr, int> ranks;                        // worker rank of each actor
+  std::map<int, std::pair<worker_heartbeat, clock_t_::time_point>> beats;  // launched jobs
+  std::optional<core::error> deferred;                         // an actor's failure, held briefly
   clock_t_::time_point last_progress;
   std::vector<std::string> hang_lines;
   bool hang_reporting = false;
@@ -101,6 +107,17 @@ void print_memory(const coord_state& st, const job& j) {
   for (const auto& [k, b] : st.shard_bytes)
     std::fprintf(j.log, " pp%d/part%d %.2f MiB", k.first, k.second, mib(b));
   std::fprintf(j.log, "\n");
+  if (st.reports.front().peak_device_bytes == 0) return;
+  std::fprintf(j.log, "memory: peak device memory per stage (stage + its optimizer shard):");
+  for (const auto& r : st.reports)
+    if (r.dp == 0) {
+      auto sh = st.shard_peak.find({r.pp, 0});
+      std::uint64_t shard = sh == st.shard_peak.end() ? 0 : sh->second;
+      std::fprintf(j.log, " pp%d %.2f GiB (%.2f + %.2f)", r.pp,
+                   mib(r.peak_device_bytes + shard) / 1024.0, mib(r.peak_device_bytes) / 1024.0,
+                   mib(shard) / 1024.0);
+    }
+  std::fprintf(j.log, "\n");
 }
 
 void complete(self_t* self, const job& j) {
@@ -125,7 +142,7 @@ void begin_step(self_t* self, const job& j, std::int64_t step) {
   st.t_step = clock_t_::now();
   st.last_progress = st.t_step;
   for (auto& [d, a] : j.loaders) self->send(a, step_atom::value, step);
-  for (auto& [k, a] : j.stages) self->send(a, step_atom::value, step);
+  for (auto& [k, a] : j.stages) self->send(a, step_atom::value, step, st.scaler.scale);
 }
 
 int expected_norm_parts(const job& j) {
@@ -151,11 +168,15 @@ void maybe_decide(self_t* self, const job& j) {
       }
   std::vector<double> blocks;
   for (auto& [key, b] : st.norms) blocks.insert(blocks.end(), b.begin(), b.end());
-  st.grad_norm = model::global_norm(blocks);
-  float scale = model::clip_scale(st.grad_norm, j.cfg.train.grad_clip);
-  st.lr = model::learning_rate(j.cfg.optimizer, j.cfg.train, static_cast<int>(st.step));
+  // The single-rank trainer decides with the same function: same norm, clip, lr, skip, scale.
+  const model::step_decision d = model::decide_step(blocks, st.scaler, j.cfg.optimizer, j.cfg.train,
+                                                    static_cast<int>(st.step));
+  st.decision = d;
+  st.grad_norm = d.grad_norm;
+  st.lr = d.lr;
   st.decided = true;
-  for (auto& [k, a] : j.shards) self->send(a, clip_decision{st.step, scale, st.lr});
+  for (auto& [k, a] : j.shards)
+    self->send(a, clip_decision{st.step, d.grad_scale, d.lr, d.adam_step, d.skip});
 }
 
 double validation_loss(coord_state& st, const job& j) {
@@ -202,6 +223,12 @@ nlohmann::json stage_stats(coord_state& st, double& bubble) {
     idle += b;
     out.push_back({{"dp", r.dp}, {"pp", r.pp}, {"busy_s", r.busy_s}, {"comm_s", r.comm_s},
                    {"wait_s", r.wait_s}, {"bubble", b}, {"peak_activation_bytes", r.peak_activation_bytes}});
+    if (r.peak_device_bytes > 0) {
+      out.back()["peak_device_bytes"] = r.peak_device_bytes;
+      // Under every ZeRO stage shard (pp, dp) lives on this stage's worker.
+      auto sh = st.shard_peak.find({r.pp, r.dp});
+      if (sh != st.shard_peak.end()) out.back()["optimizer_peak_device_bytes"] = sh->second;
+    }
   }
   bubble = st.reports.empty() ? 0 : idle / static_cast<double>(st.reports.size());
   return out;
@@ -271,6 +298,11 @@ void maybe_finish_step(self_t* self, const job& j) {
   m.lr = static_cast<float>(st.lr);
   m.grad_norm = static_cast<float>(st.grad_norm);
   m.tokens_per_s = static_cast<float>(tokens / step_s);
+  if (st.scaler.enabled) {
+    m.loss_scale = st.decision.loss_scale;
+    m.skipped = st.decision.skip;
+    m.next_loss_scale = st.decision.next_loss_scale;
+  }
   m.elapsed_s = static_cast<float>(std::chrono::duration<double>(clock_t_::now() - st.t_start).count());
   double bubble = 0;
   nlohmann::json stages = stage_stats(st, bubble);
@@ -289,7 +321,9 @@ void maybe_finish_step(self_t* self, const job& j) {
   }
   if (ckpt) {
     ++st.pending_checkpoints;
-    self->send(j.writer, ckpt_atom::value, st.step);
+    // The loss scaler's state after this step travels with the checkpoint (empty when off).
+    self->send(j.writer, ckpt_atom::value, st.step,
+               st.scaler.enabled ? st.scaler.to_vector() : std::vector<double>{});
     int parts = j.layout.zero_stage == 0 ? 1 : j.layout.dp;
     for (int p = 0; p < j.layout.pp; ++p)
       for (int k = 0; k < parts; ++k) self->send(j.shards.at({p, k}), snap_atom::value, st.step, to_writer);
@@ -303,11 +337,33 @@ void maybe_finish_step(self_t* self, const job& j) {
   next_or_finish(self, j);
 }
 
+/// The error for a worker process that is gone: its rank and host, the step, and what its stage
+/// was doing at its last heartbeat.
+core::error process_lost(const coord_state& st, const job& j, int rank, const std::string& why) {
+  const auto host = j.hosts.find(rank);
+  std::string text = "worker rank " + std::to_string(rank) + " (host " +
+                     (host == j.hosts.end() ? std::string("?") : host->second);
+  const auto beat = st.beats.find(rank);
+  if (beat != st.beats.end()) text += ", pid " + std::to_string(beat->second.first.pid);
+  text += ") died or became unreachable during step " + std::to_string(st.step) + " (" + why + ")";
+  if (beat != st.beats.end()) {
+    const double ago = std::chrono::duration<double>(clock_t_::now() - beat->second.second).count();
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", ago);
+    text += "; its last report, " + std::string(buf) + " s before: " + beat->second.first.status;
+  }
+  core::error e = core::error::make(text, "see that worker's log for how it ended (killed, out of memory, "
+                                          "crashed); resume from the last checkpoint with --resume");
+  e.where.rank = rank;
+  return e;
+}
+
 caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinator_setup s) {
   auto& st = self->state;
   st.s = std::move(s);
   st.summary.first_step = st.s.first_step;
   st.summary.end_step = st.s.first_step;
+  st.scaler = st.s.scaler ? *st.s.scaler : model::loss_scaler::from(j->cfg.precision, st.s.first_step);
   if (st.s.val) {
     st.be = kernels::make_backend(j->cfg.runtime.device);
     st.eval_model = std::make_unique<model::chunk>(j->cfg.model, model::partition(j->cfg.model, 1)[0],
@@ -318,6 +374,11 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
     if (st.done) return;
     auto it = st.names.find(m.source);
     std::string who = it == st.names.end() ? "an actor" : it->second;
+    auto r = st.ranks.find(m.source);
+    if (m.reason == caf::exit_reason::remote_link_unreachable && r != st.ranks.end()) {
+      fail(self, *j, process_lost(st, *j, r->second, self->system().render(m.reason)));
+      return;
+    }
     fail(self, *j, core::error::make(who + " stopped unexpectedly during step " +
                                          std::to_string(st.step) + " (" +
                                          self->system().render(m.reason) + ")",
@@ -327,11 +388,20 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
   return {
       [=](start_atom) {
         auto& st = self->state;
-        for (auto& [k, a] : j->stages) st.names[a.address()] = stage_name(k.first, k.second);
-        for (auto& [k, a] : j->shards)
+        const auto& l = j->layout;
+        for (auto& [k, a] : j->stages) {
+          st.names[a.address()] = stage_name(k.first, k.second);
+          st.ranks[a.address()] = l.worker(k.first, k.second);
+        }
+        for (auto& [k, a] : j->shards) {
           st.names[a.address()] = "optimizer_shard(pp=" + std::to_string(k.first) + ", part=" +
                                   std::to_string(k.second) + ")";
-        for (auto& [k, a] : j->loaders) st.names[a.address()] = "data_loader(dp=" + std::to_string(k) + ")";
+          st.ranks[a.address()] = l.worker(k.second, k.first);
+        }
+        for (auto& [k, a] : j->loaders) {
+          st.names[a.address()] = "data_loader(dp=" + std::to_string(k) + ")";
+          st.ranks[a.address()] = l.worker(k, 0);
+        }
         st.names[j->writer.address()] = "checkpoint_writer";
         for (auto& a : everyone(*j)) self->monitor(a);
         auto mw = model::metrics_writer::open(j->cfg.runtime.run_dir, st.s.first_step);
@@ -365,6 +435,7 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
         st.last_progress = clock_t_::now();
         ++st.shard_reports;
         st.shard_bytes[{r.pp, r.part}] = r.state_bytes;
+        st.shard_peak[{r.pp, r.part}] = r.peak_device_bytes;
         maybe_finish_step(self, *j);
       },
       [=](stage_report& r) {
@@ -405,7 +476,24 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
                                           "the job was stopped; fix the cause and resume from the "
                                           "last checkpoint with --resume");
         e.where.rank = f.rank;
-        fail(self, *j, std::move(e));
+        if (j->nodes.empty()) {
+          fail(self, *j, std::move(e));
+          return;
+        }
+        // Across processes a survivor often fails first, on the lost connection to a dead worker:
+        // wait a moment for the dead process's down message, which names the real culprit.
+        auto& st = self->state;
+        if (!st.deferred) {
+          st.deferred = std::move(e);
+          self->delayed_send(self, std::chrono::seconds(2), stop_atom::value);
+        }
+      },
+      [=](stop_atom) {
+        auto& st = self->state;
+        if (st.deferred) fail(self, *j, *st.deferred);
+      },
+      [=](worker_heartbeat& h) {
+        self->state.beats[h.rank] = {std::move(h), clock_t_::now()};
       },
       [=](tick_atom) {
         auto& st = self->state;

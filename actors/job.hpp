@@ -41,6 +41,21 @@ struct job {
   std::map<int, caf::actor> loaders;                  // dp
   caf::actor coordinator;
   caf::actor writer;
+  /// A launched job's worker processes (actors/worker.cpp): the node actor of every other
+  /// worker and the host each worker runs on, indexed by worker rank; empty in one process.
+  std::map<int, caf::actor> nodes;
+  std::map<int, std::string> hosts;
+
+  /// Drops every actor handle (the actors hold the job: without this neither would be freed).
+  /// Call once the actor system is gone.
+  void clear_directory() {
+    stages.clear();
+    shards.clear();
+    loaders.clear();
+    nodes.clear();
+    coordinator = caf::actor{};
+    writer = caf::actor{};
+  }
 
   caf::actor actor_of(const address& a) const {
     switch (a.who) {

@@ -21,12 +21,14 @@ namespace troupe::actors {
 
 // --- atoms -------------------------------------------------------------------------------------
 using step_atom = caf::atom_constant<caf::atom("step")>;        // coordinator: begin step s
+                                                                // (stages: step, loss scale)
 using stop_atom = caf::atom_constant<caf::atom("stop")>;        // coordinator: end of job
 using tick_atom = caf::atom_constant<caf::atom("tick")>;        // watchdog timer
 using snap_atom = caf::atom_constant<caf::atom("snap")>;        // copy state for step s to dests
 using ckpt_atom = caf::atom_constant<caf::atom("ckpt")>;        // writer: expect a checkpoint
 using status_atom = caf::atom_constant<caf::atom("status")>;    // what are you doing / waiting on
 using start_atom = caf::atom_constant<caf::atom("start")>;      // coordinator: run the job
+using dir_atom = caf::atom_constant<caf::atom("dir")>;          // node: your worker's actors
 
 /// Destinations of a snapshot (bit mask).
 inline constexpr std::int32_t to_writer = 1;
@@ -62,6 +64,7 @@ struct stage_report {
   double wait_s = 0;     // blocked on a peer: the bubble
   std::uint64_t peak_activation_bytes = 0;
   std::vector<trace_event> events;
+  std::uint64_t peak_device_bytes = 0;  // the stage backend's allocator peak (0 on the CPU)
 };
 
 /// Per-block sums of squares of one shard's slice of a chunk's reduced gradient.
@@ -72,11 +75,15 @@ struct norm_part {
   std::vector<double> blocks;
 };
 
-/// The coordinator's decision for step `step`: gradient scale (clipping) and learning rate.
+/// The coordinator's decision for step `step` (model::decide_step): AdamW's gradient factor
+/// (clipping, and undoing a dynamic loss scale), learning rate, AdamW's t, and whether the step is
+/// skipped (non-finite gradients under dynamic loss scaling: no update on any shard).
 struct clip_decision {
   std::int64_t step = 0;
   float scale = 1;
   double lr = 0;
+  std::int64_t adam_step = 1;
+  bool skip = false;
 };
 
 /// An optimizer shard finished step `step`.
@@ -85,6 +92,7 @@ struct shard_report {
   std::int32_t pp = 0;
   std::int32_t part = 0;
   std::uint64_t state_bytes = 0;  // master slice + AdamW moments held by this shard
+  std::uint64_t peak_device_bytes = 0;  // the shard backend's allocator peak (0 on the CPU)
 };
 
 /// An actor failed; the coordinator stops the job with this.
@@ -111,7 +119,7 @@ typename Inspector::result_type inspect(Inspector& f, loss_report& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
   return f(TROUPE_INSPECT_NAME("stage_report"), x.step, x.dp, x.pp, x.busy_s, x.comm_s, x.wait_s,
-           x.peak_activation_bytes, x.events);
+           x.peak_activation_bytes, x.events, x.peak_device_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, norm_part& x) {
@@ -119,15 +127,30 @@ typename Inspector::result_type inspect(Inspector& f, norm_part& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, clip_decision& x) {
-  return f(TROUPE_INSPECT_NAME("clip_decision"), x.step, x.scale, x.lr);
+  return f(TROUPE_INSPECT_NAME("clip_decision"), x.step, x.scale, x.lr, x.adam_step, x.skip);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_report& x) {
-  return f(TROUPE_INSPECT_NAME("shard_report"), x.step, x.pp, x.part, x.state_bytes);
+  return f(TROUPE_INSPECT_NAME("shard_report"), x.step, x.pp, x.part, x.state_bytes,
+           x.peak_device_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, actor_failure& x) {
   return f(TROUPE_INSPECT_NAME("actor_failure"), x.actor, x.rank, x.step, x.instruction, x.what);
+}
+
+/// A worker process is alive, and what its stage was doing: sent by every worker's node actor to
+/// the coordinator once a second, so that when a process dies the coordinator can say what it
+/// was last doing.
+struct worker_heartbeat {
+  std::int32_t rank = 0;
+  std::int32_t pid = 0;
+  std::string status;  // the stage's status line ("stage(dp=1, pp=1) (rank 3) step 5 at 1B3: ...")
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_heartbeat& x) {
+  return f(TROUPE_INSPECT_NAME("worker_heartbeat"), x.rank, x.pid, x.status);
 }
 
 /// The writer finished (or failed) the checkpoint of `step`.
@@ -154,6 +177,7 @@ inline void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<shard_report>("shard_report");
   cfg.add_message_type<actor_failure>("actor_failure");
   cfg.add_message_type<checkpoint_written>("checkpoint_written");
+  cfg.add_message_type<worker_heartbeat>("worker_heartbeat");
 }
 
 }  // namespace troupe::actors

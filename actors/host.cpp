@@ -1,0 +1,173 @@
+#include "actors/host.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "actors/build.hpp"
+#include "model/safetensors.hpp"
+
+namespace troupe::actors {
+namespace {
+
+const char* recompute_name(core::recompute_mode m) {
+  return m == core::recompute_mode::none ? "none" : m == core::recompute_mode::full ? "full" : "selective";
+}
+
+}  // namespace
+
+bool hosted_job::hosts(int w) const { return std::binary_search(workers.begin(), workers.end(), w); }
+
+core::result<hosted_job> prepare_job(const core::config& cfg, const run_options& opt,
+                                     std::vector<int> workers) {
+  if (cfg.parallel.model_parallel != 1)
+    return core::error::at_key(cfg.source, "parallel.model_parallel", 0, 0,
+                               "tensor parallelism (model_parallel > 1) is not implemented yet",
+                               "set parallel.model_parallel = 1 and use pipeline_stage / data_parallel");
+  hosted_job h;
+  std::sort(workers.begin(), workers.end());
+  h.workers = std::move(workers);
+  const job_layout layout = layout_of(cfg);
+  auto sched = build_schedule(cfg, layout.microbatches);
+  if (!sched.ok()) return sched.err();
+
+  // Resume: the checkpoint decides where training continues.
+  std::optional<model::checkpoint::reader> ck;
+  std::string resumed_from;
+  if (!opt.resume.empty()) {
+    auto dir = model::checkpoint::resolve(opt.resume);
+    if (!dir.ok()) return dir.err();
+    auto r = model::checkpoint::reader::open(dir.value());
+    if (!r.ok()) return r.err();
+    ck.emplace(std::move(r.value()));
+    h.first_step = ck->info().next_step;
+    resumed_from = dir.value();
+    auto scaler = model::restore_loss_scaler(*ck, cfg.precision);
+    if (!scaler.ok()) return scaler.err();
+    h.scaler = scaler.value();
+  }
+  h.end_step = cfg.train.steps;
+  if (opt.max_steps >= 0) h.end_step = std::min(h.end_step, h.first_step + opt.max_steps);
+
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.runtime.run_dir, ec);
+  if (ec)
+    return core::error::at_key(cfg.source, "runtime.run_dir", 0, 0,
+                               "cannot create run directory '" + cfg.runtime.run_dir + "': " + ec.message(),
+                               "choose a writable runtime.run_dir");
+  const std::string config_text = core::to_toml(cfg);
+  if (h.hosts(0)) {
+    std::ofstream f(cfg.runtime.run_dir + "/config.toml");
+    f << config_text;
+  }
+  h.ckpt_root = cfg.checkpoint.dir.empty() ? cfg.runtime.run_dir + "/checkpoints" : cfg.checkpoint.dir;
+
+  auto data_opts = model::loader_options::from(cfg);
+  auto train = model::loader::open(cfg.data.train, data_opts);
+  if (!train.ok()) return train.err();
+  h.train = std::make_shared<model::loader>(std::move(train.value()));
+  if (!cfg.data.val.empty() && h.hosts(0)) {
+    auto v = model::loader::open(cfg.data.val, data_opts);
+    if (!v.ok()) return v.err();
+    h.val = std::make_shared<model::loader>(std::move(v.value()));
+  }
+
+  // CPU ops split work by shape only (same bits for any thread count); a caller runs its own tasks
+  // and idle pool threads help, so a busy stage borrows the cores an idle stage leaves.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  h.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : cores;
+  kernels::set_cpu_threads(opt.kernel_threads > 0 ? opt.kernel_threads : h.threads);
+
+  h.j = std::make_shared<job>();
+  job& j = *h.j;
+  j.cfg = cfg;
+  j.layout = layout;
+  j.program = std::move(sched.value());
+  j.endpoints.resize(layout.workers());
+  if (opt.sink) {
+    j.sink = opt.sink;
+  } else if (cfg.runtime.record) {
+    segment_header hd;
+    hd.workers = layout.workers();
+    hd.first_step = h.first_step;
+    hd.end_step = h.end_step;
+    hd.resume = resumed_from;
+    hd.config_xxh64 = model::safetensors::xxh64(config_text.data(), config_text.size());
+    auto r = recorder::open(cfg.runtime.run_dir, h.workers, hd, cfg.runtime.record_tensors);
+    if (!r.ok()) return r.err();
+    h.rec = r.value();
+    j.sink = h.rec;
+  }
+  j.epoch = std::chrono::steady_clock::now();
+  j.log = opt.log;
+
+  if (opt.log && h.hosts(0)) {
+    std::fprintf(opt.log,
+                 "troupe: %d worker(s) as actors: data_parallel %d × pipeline_stage %d (virtual %d), "
+                 "schedule %s, %d micro-batches per replica, ZeRO-%d, recompute %s\n",
+                 layout.workers(), layout.dp, layout.pp, layout.v, j.program.name.c_str(),
+                 layout.microbatches, layout.zero_stage, recompute_name(cfg.recompute.mode));
+    std::fflush(opt.log);
+  }
+
+  // Build the hosted stages' chunks (identically initialised on every replica) and shards.
+  const model::checkpoint::reader* from = ck ? &*ck : nullptr;
+  for (int w : h.workers) {
+    const int d = w / layout.pp, p = w % layout.pp;
+    auto b = std::make_shared<stage_bundle>();
+    b->be = kernels::make_backend(cfg.runtime.device);
+    auto chunks = build_stage_chunks(cfg, layout, p, *b->be, from);
+    if (!chunks.ok()) return chunks.err();
+    b->engine = std::make_unique<stage_engine>(cfg, layout, d, p, j.program.ranks.at(p), *b->be,
+                                               std::move(chunks.value()), j.epoch);
+    h.stages[{d, p}] = b;
+  }
+  for (int w : h.workers) {
+    const int k = w / layout.pp, p = w % layout.pp;
+    auto b = std::make_shared<shard_bundle>();
+    b->be = kernels::make_backend(cfg.runtime.device);
+    // Shard (p, k) lives on worker (k, p): the stage there holds the parameters it starts from.
+    auto e = build_shard(j.cfg, layout, p, k, *b->be, h.stages.at({k, p})->engine->chunks(), from);
+    if (!e.ok()) return e.err();
+    b->engine = std::move(e.value());
+    h.shards[{p, k}] = b;
+  }
+  return h;
+}
+
+void spawn_hosted(caf::actor_system& sys, hosted_job& h, int halt_after,
+                  std::shared_ptr<std::promise<core::result<model::train_summary>>> done) {
+  job& j = *h.j;
+  for (auto& [k, b] : h.stages) j.stages[k] = spawn_stage(sys, h.j, k.first, k.second, b);
+  for (auto& [k, b] : h.shards) j.shards[k] = spawn_shard(sys, h.j, k.first, k.second, b);
+  for (int w : h.workers)
+    if (w % j.layout.pp == 0) j.loaders[w / j.layout.pp] = spawn_loader(sys, h.j, w / j.layout.pp, h.train, h.end_step);
+  if (!h.hosts(0)) return;
+  j.writer = spawn_writer(sys, h.j, h.ckpt_root);
+  coordinator_setup cs;
+  cs.first_step = h.first_step;
+  cs.end_step = h.end_step;
+  cs.val = h.val;
+  cs.halt_after = halt_after;
+  cs.scaler = h.scaler;
+  cs.done = std::move(done);
+  j.coordinator = spawn_coordinator(sys, h.j, cs);
+}
+
+void close_recorder(hosted_job& h) {
+  if (!h.rec) return;
+  if (auto st = h.rec->close(); !st.ok())
+    std::fprintf(stderr, "troupe: warning: %s\n", st.err().to_string().c_str());
+}
+
+void print_summary(std::FILE* log, const core::result<model::train_summary>& r) {
+  if (!r.ok() || !log) return;
+  auto& s = r.value();
+  std::fprintf(log, "done: %d steps in %.1f s", s.end_step - s.first_step, s.seconds);
+  if (s.final_val_loss) std::fprintf(log, ", validation loss %.4f", *s.final_val_loss);
+  std::fprintf(log, "\n");
+  std::fflush(log);
+}
+
+}  // namespace troupe::actors

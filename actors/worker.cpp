@@ -1,0 +1,310 @@
+#include "actors/worker.hpp"
+
+#include <unistd.h>
+
+#include <caf/io/all.hpp>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "actors/host.hpp"
+#include "transport/rendezvous.hpp"
+#include "transport/tcp.hpp"
+
+namespace troupe::actors {
+namespace {
+
+using outcome_promise = std::promise<core::status>;
+
+class worker_actor_config : public caf::actor_system_config {
+ public:
+  explicit worker_actor_config(int threads) {
+    register_messages(*this);
+    configure_scheduler(*this, threads);
+    load<caf::io::middleman>();
+  }
+};
+
+/// One worker's actors (null where it hosts none).
+struct local_actors {
+  caf::actor stage, shard, loader, coordinator, writer;
+};
+
+/// The actors of the workers of higher rank, which introduce themselves to this one: CAF 0.17
+/// drops one of two connections two nodes open to each other at the same moment, so worker r
+/// connects only to the workers below it, and those above connect to it.
+struct introductions {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, std::pair<caf::actor, local_actors>> peers;  // rank -> (node, actors)
+};
+
+struct node_state {
+  local_actors mine;
+  std::shared_ptr<outcome_promise> outcome;
+  bool settled = false;
+  bool started = false;
+  bool coordinator_gone = false;
+};
+
+using node_t = caf::stateful_actor<node_state>;
+
+void settle(node_t* self, core::status st) {
+  if (self->state.settled) return;
+  self->state.settled = true;
+  self->state.outcome->set_value(std::move(st));
+}
+
+/// The node actor of one worker process: hands its actors to peers, reports a heartbeat to the
+/// coordinator, and learns how the job ended — from worker 0's stop message, or, when worker 0's
+/// process is gone, from the coordinator's down message.
+caf::behavior node_actor(node_t* self, std::shared_ptr<job> j, int rank, local_actors mine,
+                         std::shared_ptr<outcome_promise> outcome,
+                         std::shared_ptr<introductions> intros) {
+  self->state.mine = mine;
+  self->state.outcome = std::move(outcome);
+  self->set_down_handler([self, j, rank](caf::down_msg& m) {
+    if (m.source != j->coordinator.address()) return;
+    if (m.reason == caf::exit_reason::normal || m.reason == caf::exit_reason::user_shutdown) {
+      // Worker 0 tells every node how the job ended right after its coordinator stops; give that
+      // message time to arrive before concluding anything.
+      self->state.coordinator_gone = true;
+      self->delayed_send(self, std::chrono::seconds(15), stop_atom::value);
+      return;
+    }
+    const std::string host = j->hosts.count(0) ? j->hosts.at(0) : "?";
+    settle(self, core::error::make("worker rank 0 (host " + host + "), which runs the coordinator, "
+                                   "died or became unreachable (" + self->system().render(m.reason) +
+                                   "); worker rank " + std::to_string(rank) + " stops",
+                                   "see worker 0's log for why it stopped; resume from the last "
+                                   "checkpoint with --resume"));
+  });
+  return {
+      [=](dir_atom) {
+        auto& m = self->state.mine;
+        return caf::make_message(m.stage, m.shard, m.loader, m.coordinator, m.writer);
+      },
+      [=](dir_atom, std::int32_t from, caf::actor node, caf::actor stage, caf::actor shard,
+          caf::actor loader, caf::actor coordinator, caf::actor writer) {
+        {
+          std::lock_guard<std::mutex> lock(intros->mu);
+          intros->peers[from] = {node, local_actors{stage, shard, loader, coordinator, writer}};
+        }
+        intros->cv.notify_all();
+        return true;
+      },
+      [=](start_atom) {
+        self->state.started = true;
+        if (rank != 0) self->monitor(j->coordinator);
+        self->send(self, tick_atom::value);
+      },
+      [=](tick_atom) {
+        if (self->state.settled) return;
+        self->request(self->state.mine.stage, std::chrono::milliseconds(900), status_atom::value)
+            .then(
+                [=](std::string& line) {
+                  self->send(j->coordinator,
+                             worker_heartbeat{rank, static_cast<std::int32_t>(::getpid()), line});
+                },
+                [](caf::error&) {});
+        self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+      },
+      [=](stop_atom, bool ok, std::string& text) {
+        settle(self, ok ? core::status{} : core::status{core::error::make(text, "see worker 0's log")});
+        return true;
+      },
+      [=](stop_atom) {
+        // Fifteen seconds after a normal stop of the coordinator and still no word from worker 0.
+        settle(self, core::error::make("the coordinator (worker rank 0) stopped without telling worker rank " +
+                                           std::to_string(rank) + " how the job ended",
+                                       "see worker 0's log"));
+      },
+  };
+}
+
+core::error with_rank(core::error e, int rank) {
+  if (e.where.rank < 0) e.where.rank = rank;
+  return e;
+}
+
+/// Enters worker `r`'s actors in the directory.
+void enter(job& j, int r, const local_actors& a) {
+  const int d = r / j.layout.pp, p = r % j.layout.pp;
+  j.stages[{d, p}] = a.stage;
+  j.shards[{p, d}] = a.shard;
+  if (a.loader) j.loaders[d] = a.loader;
+  if (a.coordinator) j.coordinator = a.coordinator;
+  if (a.writer) j.writer = a.writer;
+}
+
+/// Asks the node actor of worker `r` (lower rank than this one) for its actors, and introduces
+/// this worker's to it.
+core::result<local_actors> meet(caf::scoped_actor& self, const job& j, int r, const caf::actor& node,
+                                int rank, const caf::actor& my_node, const local_actors& mine) {
+  core::result<local_actors> out = core::error::make("no answer");
+  auto failed = [&](const caf::error& e) {
+    out = core::error::make("worker rank " + std::to_string(r) + " (host " + j.hosts.at(r) +
+                                ") did not answer on its control port: " + self->system().render(e),
+                            "check that every worker runs the same troupe build and config");
+  };
+  self->request(node, std::chrono::seconds(30), dir_atom::value)
+      .receive(
+          [&](caf::actor stage, caf::actor shard, caf::actor loader, caf::actor coordinator,
+              caf::actor writer) { out = local_actors{stage, shard, loader, coordinator, writer}; },
+          failed);
+  if (!out.ok()) return out;
+  self->request(node, std::chrono::seconds(30), dir_atom::value, static_cast<std::int32_t>(rank), my_node,
+                mine.stage, mine.shard, mine.loader, mine.coordinator, mine.writer)
+      .receive([](bool) {}, failed);
+  return out;
+}
+
+/// Worker 0, once the job is over: tells every other worker's node how it ended, and waits (a
+/// bounded time) until each has heard it, so its process stays reachable until then.
+void tell_nodes(caf::scoped_actor& self, const job& j, const core::result<model::train_summary>& r) {
+  const bool ok = r.ok();
+  const std::string text = ok ? std::string() : r.err().to_string();
+  for (auto& [rank, node] : j.nodes)
+    self->request(node, std::chrono::seconds(10), stop_atom::value, ok, text)
+        .receive([](bool) {}, [](caf::error&) {});
+}
+
+}  // namespace
+
+core::result<model::train_summary> run_worker(const core::config& cfg_in, const worker_options& opt) {
+  core::config cfg = cfg_in;
+  const int world = cfg.parallel.data_parallel * cfg.parallel.pipeline_stage * cfg.parallel.model_parallel;
+  const int rank = opt.node_rank * opt.local_world_size + opt.local_rank;
+  if (opt.world_size != world)
+    return core::error::at_key(cfg.source, "parallel", 0, 0,
+                               "the launcher started " + std::to_string(opt.world_size) +
+                                   " workers but the config needs data_parallel × model_parallel × "
+                                   "pipeline_stage = " + std::to_string(world),
+                               "pass --worker_num " + std::to_string(world) + " to troupe launch");
+  if (cfg.runtime.threads == 0) {
+    // The node's cores are shared by its workers.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    cfg.runtime.threads = std::max(1, cores / std::max(1, opt.local_world_size));
+  }
+  auto prepared = prepare_job(cfg, opt.run, {rank});
+  if (!prepared.ok()) return with_rank(prepared.err(), rank);
+  hosted_job& h = prepared.value();
+  job& j = *h.j;
+
+  // Data plane first: its port goes into the registration.
+  transport::tcp_options to;
+  to.job_token = opt.job_token;
+  to.log = [rank](const std::string& line) { std::fprintf(stderr, "troupe worker %d: %s\n", rank, line.c_str()); };
+  auto tcp = transport::tcp_transport::bind(to);
+  if (!tcp.ok()) return with_rank(tcp.err(), rank);
+  transport::tcp_transport* data = tcp.value().get();
+  j.endpoints[rank] = std::move(tcp.value());
+
+  auto done = std::make_shared<std::promise<core::result<model::train_summary>>>();
+  auto outcome = std::make_shared<outcome_promise>();
+  core::result<model::train_summary> result = model::train_summary{};
+  {
+    worker_actor_config acfg(h.threads);
+    caf::actor_system sys{acfg};
+    spawn_hosted(sys, h, opt.run.halt_after_step, done);
+    const int d = rank / j.layout.pp, p = rank % j.layout.pp;
+    local_actors mine{j.stages.at({d, p}), j.shards.at({p, d}),
+                      j.loaders.count(d) ? j.loaders.at(d) : caf::actor{}, j.coordinator, j.writer};
+    auto intros = std::make_shared<introductions>();
+    caf::actor node = sys.spawn(node_actor, h.j, rank, mine, outcome, intros);
+    auto stop_local = [&] {
+      caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+      for (auto* a : {&mine.stage, &mine.shard, &mine.loader, &mine.coordinator, &mine.writer})
+        if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+    };
+    auto fail = [&](core::error e) -> core::result<model::train_summary> {
+      stop_local();
+      return with_rank(std::move(e), rank);
+    };
+    auto port = sys.middleman().publish(node, 0);
+    if (!port)
+      return fail(core::error::make("cannot open the control port (CAF middleman): " + sys.render(port.error()),
+                                    "check that this host allows listening on TCP ports"));
+
+    transport::rendezvous_client_options ro;
+    ro.master = opt.master;
+    ro.job_token = opt.job_token;
+    ro.node_rank = opt.node_rank;
+    ro.local_rank = opt.local_rank;
+    ro.data_port = data->port();
+    ro.blob = std::to_string(*port);
+    ro.timeout = opt.rendezvous_timeout;
+    auto client = transport::rendezvous_client::join(ro);
+    if (!client.ok()) return fail(client.err());
+    if (client.value()->rank() != rank)
+      return fail(core::error::make("the rendezvous gave this worker rank " + std::to_string(client.value()->rank()) +
+                                        " but the launcher expected " + std::to_string(rank),
+                                    "every node must use the same --local_worker_num"));
+    const transport::job_table& table = client.value()->table();
+    for (const auto& w : table.workers) j.hosts[w.rank] = w.data.host;
+
+    data->start(rank, table.data_endpoints());
+    if (auto st = data->wait_connected(opt.rendezvous_timeout); !st.ok()) return fail(st.err());
+
+    // Control plane: connect to the node actor of every worker below this one, and wait for
+    // every worker above to connect here.
+    {
+      caf::scoped_actor self{sys};
+      for (const auto& w : table.workers) {
+        if (w.rank >= rank) continue;
+        const auto peer_port = static_cast<std::uint16_t>(std::stoi(w.blob));
+        auto remote = sys.middleman().remote_actor(w.data.host, peer_port);
+        if (!remote)
+          return fail(core::error::make("cannot reach the control port of worker rank " + std::to_string(w.rank) +
+                                            " at " + w.data.host + ":" + std::to_string(peer_port) + ": " +
+                                            sys.render(remote.error()),
+                                        "check firewalls between the nodes"));
+        auto actors = meet(self, j, w.rank, *remote, rank, node, mine);
+        if (!actors.ok()) return fail(actors.err());
+        j.nodes[w.rank] = *remote;
+        enter(j, w.rank, actors.value());
+      }
+      std::unique_lock<std::mutex> lock(intros->mu);
+      const int above = world - rank - 1;
+      if (!intros->cv.wait_for(lock, opt.rendezvous_timeout, [&] { return static_cast<int>(intros->peers.size()) == above; })) {
+        std::string missing;
+        for (int r = rank + 1; r < world; ++r)
+          if (!intros->peers.count(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        return fail(core::error::make("workers of rank " + missing + " never connected to the control port of rank " +
+                                          std::to_string(rank),
+                                      "see those workers' logs"));
+      }
+      for (auto& [r, p] : intros->peers) {
+        j.nodes[r] = p.first;
+        enter(j, r, p.second);
+      }
+    }
+    // Every worker's directory is complete before anyone starts.
+    if (auto st = client.value()->start(); !st.ok()) return fail(st.err());
+    caf::anon_send(node, start_atom::value);
+
+    if (rank == 0) {
+      caf::anon_send(j.coordinator, start_atom::value);
+      auto future = done->get_future();
+      future.wait();
+      result = future.get();
+      caf::scoped_actor self{sys};
+      tell_nodes(self, j, result);
+    } else {
+      auto future = outcome->get_future();
+      future.wait();
+      if (auto st = future.get(); !st.ok()) result = st.err();
+    }
+    stop_local();
+  }
+  j.clear_directory();
+  // Close the data transport now, flushing and saying goodbye, so peers still finishing do not
+  // mistake this worker's exit for a crash.
+  j.endpoints[rank].reset();
+  close_recorder(h);
+  if (rank == 0) print_summary(opt.run.log, result);
+  if (!result.ok()) return with_rank(result.err(), rank);
+  return result;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,125 @@
+// `troupe worker CONFIG [--set key=value]... [--resume RUN_DIR|CKPT] [--steps N]`: one worker
+// process of a launched job (actors/worker.hpp). `troupe launch` starts one per local rank and
+// passes who it is in the environment: TROUPE_MASTER_ADDR, TROUPE_MASTER_PORT, TROUPE_WORKER_NUM,
+// TROUPE_LOCAL_WORKER_NUM, TROUPE_NODE_RANK, TROUPE_LOCAL_RANK, TROUPE_JOB_TOKEN and, optionally,
+// TROUPE_RDZV_TIMEOUT_MS. Started by hand (with those variables set) it behaves the same.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "actors/worker.hpp"
+#include "cli/command.hpp"
+#include "core/config.hpp"
+
+namespace troupe::cli {
+namespace {
+
+struct worker_args {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string resume;
+  int steps = -1;
+};
+
+/// The value of environment variable `name`, or an error naming it.
+core::result<std::string> env_text(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v)
+    return core::error::make(std::string("environment variable ") + name + " is not set",
+                             "troupe worker is started by `troupe launch`, which sets it; run "
+                             "`troupe launch --help`");
+  return std::string(v);
+}
+
+core::result<int> env_int(const char* name, int lo, int hi) {
+  auto t = env_text(name);
+  if (!t) return t.err();
+  try {
+    std::size_t used = 0;
+    long v = std::stol(t.value(), &used);
+    if (used == t.value().size() && v >= lo && v <= hi) return static_cast<int>(v);
+  } catch (const std::exception&) {
+  }
+  return core::error::make(std::string("environment variable ") + name + " = '" + t.value() +
+                               "' is not an integer in [" + std::to_string(lo) + ", " +
+                               std::to_string(hi) + "]",
+                           "troupe launch sets it; do not edit it by hand");
+}
+
+core::result<actors::worker_options> options_from_env() {
+  actors::worker_options o;
+  auto addr = env_text("TROUPE_MASTER_ADDR");
+  if (!addr) return addr.err();
+  auto port = env_int("TROUPE_MASTER_PORT", 1, 65535);
+  if (!port) return port.err();
+  auto token = env_text("TROUPE_JOB_TOKEN");
+  if (!token) return token.err();
+  auto world = env_int("TROUPE_WORKER_NUM", 1, 1 << 20);
+  if (!world) return world.err();
+  auto local = env_int("TROUPE_LOCAL_WORKER_NUM", 1, world.value());
+  if (!local) return local.err();
+  auto node = env_int("TROUPE_NODE_RANK", 0, world.value() / local.value() - 1);
+  if (!node) return node.err();
+  auto lrank = env_int("TROUPE_LOCAL_RANK", 0, local.value() - 1);
+  if (!lrank) return lrank.err();
+  o.master = {addr.value(), static_cast<std::uint16_t>(port.value())};
+  o.job_token = token.value();
+  o.world_size = world.value();
+  o.local_world_size = local.value();
+  o.node_rank = node.value();
+  o.local_rank = lrank.value();
+  if (std::getenv("TROUPE_RDZV_TIMEOUT_MS")) {
+    auto t = env_int("TROUPE_RDZV_TIMEOUT_MS", 1, 1 << 30);
+    if (!t) return t.err();
+    o.rendezvous_timeout = std::chrono::milliseconds(t.value());
+  }
+  return o;
+}
+
+int run_worker_command(const worker_args& a) {
+  auto opt = options_from_env();
+  if (!opt) {
+    print_error(opt.err().to_string());
+    return 2;
+  }
+  const int rank = opt->node_rank * opt->local_world_size + opt->local_rank;
+  auto cfg = core::load_config(a.config, a.sets);
+  if (!cfg) {
+    print_error(cfg.err().to_string());
+    return 1;
+  }
+  if (auto st = core::check_files(cfg.value()); !st) {
+    print_error(st.err().to_string());
+    return 1;
+  }
+  opt->run.resume = a.resume;
+  opt->run.max_steps = a.steps;
+  auto summary = actors::run_worker(cfg.value(), opt.value());
+  if (!summary) {
+    print_error(summary.err().to_string());
+    return 1;
+  }
+  std::printf("worker rank %d: done\n", rank);
+  return 0;
+}
+
+const command_registrar reg{command{
+    "worker", "One worker process of a launched job (started by `troupe launch`)", [](CLI::App& app) {
+      auto a = std::make_shared<worker_args>();
+      app.add_option("config", a->config, "run configuration (TOML)")->required();
+      app.add_option("--set", a->sets, "override a config key (repeatable)")->allow_extra_args(false);
+      app.add_option("--resume", a->resume, "continue from a run directory or checkpoint directory");
+      app.add_option("--steps", a->steps, "stop after N steps in this invocation")
+          ->check(CLI::NonNegativeNumber);
+      app.footer(
+          "Environment (set by troupe launch): TROUPE_MASTER_ADDR, TROUPE_MASTER_PORT,\n"
+          "TROUPE_WORKER_NUM, TROUPE_LOCAL_WORKER_NUM, TROUPE_NODE_RANK, TROUPE_LOCAL_RANK,\n"
+          "TROUPE_JOB_TOKEN, TROUPE_RDZV_TIMEOUT_MS (optional).\n"
+          "Exit status: 0 the job finished; 1 the job failed (the message names the rank);\n"
+          "2 the environment is incomplete.");
+      return [a] { return run_worker_command(*a); };
+    }}};
+
+}  // namespace
+}  // namespace troupe::cli

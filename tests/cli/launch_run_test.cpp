@@ -1,0 +1,236 @@
+// `troupe launch` running real jobs as separate worker processes (tcp transport for tensors, CAF
+// middleman for control) on configs/tiny.toml's model, compared bit for bit with `troupe train`
+// of the same config in one process: 4 local workers; the replay of the launched run; SIGKILL of
+// one worker mid-run (every process stops within 30 s naming the dead rank), then a resume that
+// ends bit-identical to an uninterrupted run; and two "nodes" (two launch calls) on loopback.
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/model/trainer_fixture.hpp"
+
+namespace fs = std::filesystem;
+using troupe::model::testing::scratch_dir;
+
+namespace {
+
+const std::string troupe_binary = TROUPE_BINARY_DIR "/troupe";
+const std::string tiny_config = TROUPE_SOURCE_DIR "/configs/tiny.toml";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// A port nobody listens on right now (the kernel's pick for port 0).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+/// A `troupe ARGS` process started in `dir`, its output going to files there.
+struct child {
+  pid_t pid = -1;
+  fs::path out, err;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+
+  child(const fs::path& dir, const std::string& name, const std::string& args, const std::string& env = "") {
+    out = dir / (name + ".out");
+    err = dir / (name + ".err");
+    const std::string cmd = "cd '" + dir.string() + "' && " + env + " exec '" + troupe_binary + "' " + args +
+                            " >'" + out.string() + "' 2>'" + err.string() + "'";
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  /// Exit code, waiting at most `limit` (then kills it and fails the test).
+  int wait(std::chrono::seconds limit = std::chrono::seconds(300)) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        FAIL("troupe " << out << " did not finish within " << limit.count() << " s");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string stdout_text() const { return slurp(out); }
+  std::string stderr_text() const { return slurp(err); }
+};
+
+int run(const fs::path& dir, const std::string& name, const std::string& args, const std::string& env = "") {
+  child c(dir, name, args, env);
+  const int code = c.wait();
+  if (code != 0) MESSAGE(name << " stdout:\n" << c.stdout_text() << "\nstderr:\n" << c.stderr_text());
+  return code;
+}
+
+/// configs/tiny.toml's model and parallel layout (pipeline_stage 2 × data_parallel 2) on small
+/// pattern shards, `steps` steps, in run directory `run`.
+std::string tiny_sets(const scratch_dir& tmp, const std::string& run, int steps, int ckpt_interval = 0) {
+  if (!fs::exists(tmp / "train.bin")) {
+    troupe::model::testing::write_pattern_shard(tmp / "train.bin", 40000, 50257, 1);
+    troupe::model::testing::write_pattern_shard(tmp / "val.bin", 8000, 50257, 2);
+  }
+  return "--set data.train='" + (tmp / "train.bin") + "' --set data.val='" + (tmp / "val.bin") +
+         "' --set data.tokenizer_dir='' --set runtime.run_dir='" + (tmp / run) +
+         "' --set train.steps=" + std::to_string(steps) + " --set train.warmup_steps=1" +
+         " --set train.eval_interval=2 --set train.eval_batches=1 --set checkpoint.interval=" +
+         std::to_string(ckpt_interval) + " --set runtime.threads=1";
+}
+
+/// The latest checkpoint directory of a run.
+fs::path last_checkpoint(const fs::path& run) {
+  fs::path best;
+  for (auto& e : fs::directory_iterator(run / "checkpoints"))
+    if (e.path().filename().string().rfind("step_", 0) == 0 && e.path().filename() > best.filename()) best = e.path();
+  return best;
+}
+
+/// Every safetensors file of the final checkpoints of two runs is byte-identical (parameters and
+/// AdamW moments), and so are the per-step losses.
+void require_same_result(const fs::path& a, const fs::path& b) {
+  const fs::path ca = last_checkpoint(a), cb = last_checkpoint(b);
+  REQUIRE(!ca.empty());
+  REQUIRE(ca.filename() == cb.filename());
+  int files = 0;
+  for (auto& e : fs::directory_iterator(ca)) {
+    if (e.path().extension() != ".safetensors") continue;
+    ++files;
+    CHECK_MESSAGE(slurp(e.path()) == slurp(cb / e.path().filename()), e.path().filename().string());
+  }
+  CHECK(files > 0);
+  auto losses = [](const fs::path& run) {
+    std::vector<std::string> out;
+    std::istringstream in(slurp(run / "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      out.push_back(std::to_string(j.at("step").get<int>()) + ":" + j.at("loss").dump());
+    }
+    return out;
+  };
+  CHECK(losses(a) == losses(b));
+  CHECK(!losses(a).empty());
+}
+
+std::string launch_args(int port, const std::string& more = "") {
+  return "launch --worker_num 4 --master_addr 127.0.0.1 --master_port " + std::to_string(port) + " " + more +
+         " '" + tiny_config + "' ";
+}
+
+}  // namespace
+
+TEST_CASE("troupe launch with 4 worker processes equals troupe train in one process, bit for bit; its replay matches") {
+  scratch_dir tmp("launch_same");
+  REQUIRE(run(tmp.path, "train", "train '" + tiny_config + "' " + tiny_sets(tmp, "inproc", 3)) == 0);
+  child l(tmp.path, "launch", launch_args(free_port()) + tiny_sets(tmp, "launched", 3));
+  const int code = l.wait();
+  REQUIRE_MESSAGE(code == 0, l.stderr_text());
+  // The launcher shows worker 0's progress lines as they come.
+  CHECK(contains(l.stdout_text(), "step 3/3"));
+  for (int r = 0; r < 4; ++r) CHECK(fs::exists(tmp.path / "launched" / "messages" / ("rank_" + std::to_string(r) + ".log")));
+  require_same_result(tmp.path / "inproc", tmp.path / "launched");
+
+  auto rep = child(tmp.path, "replay", "replay '" + (tmp / "launched") + "' --quiet");
+  CHECK_MESSAGE(rep.wait() == 0, rep.stderr_text());
+  CHECK(contains(rep.stdout_text(), "replay matched the recorded run bit for bit"));
+
+  // Corrupt one hash in worker 3's log: the replay names that very message.
+  const fs::path log = tmp.path / "launched" / "messages" / "rank_3.log";
+  std::string text = slurp(log);
+  const auto line_start = text.find('\n') + 1;
+  const auto at = text.find("\"xxh64\":\"", line_start);
+  REQUIRE(at != std::string::npos);
+  const auto record = nlohmann::json::parse(text.substr(line_start, text.find('\n', line_start) - line_start));
+  text.replace(at + 9, 16, "ffffffffffffffff");
+  std::ofstream(log, std::ios::binary | std::ios::trunc) << text;
+  auto bad = child(tmp.path, "replay_bad", "replay '" + (tmp / "launched") + "' --quiet");
+  CHECK(bad.wait() == 1);
+  CHECK(contains(bad.stderr_text(), "recorded xxh64 ffffffffffffffff"));
+  CHECK(contains(bad.stderr_text(), "rank 3, step " + std::to_string(record.at("step").get<int>())));
+}
+
+TEST_CASE("a worker killed with SIGKILL stops the whole job within 30 s naming it; resuming ends bit-identical") {
+  scratch_dir tmp("launch_kill");
+  const int steps = 8;
+  REQUIRE(run(tmp.path, "train", "train '" + tiny_config + "' " + tiny_sets(tmp, "whole", steps, 2)) == 0);
+
+  child l(tmp.path, "launch", launch_args(free_port(), "--grace 30") + tiny_sets(tmp, "killed", steps, 2));
+  // Wait until step 3 is logged (the checkpoint of step 2 exists), then kill worker 3.
+  const fs::path metrics = tmp.path / "killed" / "metrics.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  auto lines = [&] {
+    const std::string text = slurp(metrics);
+    return std::count(text.begin(), text.end(), '\n');
+  };
+  while (lines() < 3) {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, l.stderr_text());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const auto workers = nlohmann::json::parse(slurp(tmp.path / "killed" / "logs" / "workers.json"));
+  pid_t victim = -1;
+  for (auto& w : workers)
+    if (w.at("rank").get<int>() == 3) victim = w.at("pid").get<pid_t>();
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  const int code = l.wait(std::chrono::seconds(120));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  CHECK(code != 0);
+  CHECK(took < 30.0);
+  const std::string err = l.stderr_text() + slurp(tmp.path / "killed" / "logs" / "worker_0.log");
+  CHECK_MESSAGE(contains(err, "worker rank 3 (host 127.0.0.1"), err);
+  CHECK_MESSAGE(contains(err, "died or became unreachable during step"), err);
+  CHECK_MESSAGE(contains(err, "its last report"), err);
+  // Every worker process is gone.
+  for (auto& w : workers) CHECK(::kill(w.at("pid").get<pid_t>(), 0) != 0);
+
+  child r(tmp.path, "resume", launch_args(free_port()) + tiny_sets(tmp, "killed", steps, 2) + " --resume '" +
+                                  (tmp / "killed") + "'");
+  REQUIRE_MESSAGE(r.wait() == 0, r.stderr_text());
+  require_same_result(tmp.path / "whole", tmp.path / "killed");
+}
+
+TEST_CASE("two launch calls on loopback (node_rank 0 and 1, two workers each) form one job equal to troupe train") {
+  scratch_dir tmp("launch_nodes");
+  REQUIRE(run(tmp.path, "train", "train '" + tiny_config + "' " + tiny_sets(tmp, "inproc", 2)) == 0);
+  const int port = free_port();
+  const std::string env = "TROUPE_JOB_TOKEN=two-node-test";
+  const std::string common = "--local_worker_num 2 --log_dir '" + (tmp / "logs") + "'";
+  child n0(tmp.path, "node0", launch_args(port, common + " --node_rank 0") + tiny_sets(tmp, "nodes", 2), env);
+  child n1(tmp.path, "node1", launch_args(port, common + " --node_rank 1") + tiny_sets(tmp, "nodes", 2), env);
+  CHECK_MESSAGE(n0.wait() == 0, n0.stderr_text());
+  CHECK_MESSAGE(n1.wait() == 0, n1.stderr_text());
+  require_same_result(tmp.path / "inproc", tmp.path / "nodes");
+}
