@@ -10,6 +10,9 @@
 #include "actors/host.hpp"
 #include "transport/rendezvous.hpp"
 #include "transport/tcp.hpp"
+#ifdef TROUPE_HAVE_NCCL
+#include "transport/nccl.hpp"
+#endif
 
 namespace troupe::actors {
 namespace {
@@ -122,6 +125,32 @@ caf::behavior node_actor(node_t* self, std::shared_ptr<job> j, int rank, local_a
   };
 }
 
+/// The value of word `key=` in a rendezvous blob of space-separated key=value words.
+std::string blob_word(const std::string& blob, const std::string& key) {
+  std::size_t at = 0;
+  while (at < blob.size()) {
+    std::size_t end = blob.find(' ', at);
+    if (end == std::string::npos) end = blob.size();
+    if (blob.compare(at, key.size() + 1, key + "=") == 0) return blob.substr(at + key.size() + 1, end - at - key.size() - 1);
+    at = end + 1;
+  }
+  return "";
+}
+
+/// The data plane of one worker: tcp for CPU ranks, nccl for GPU ranks.
+struct data_plane {
+  transport::tcp_transport* tcp = nullptr;
+#ifdef TROUPE_HAVE_NCCL
+  transport::nccl_transport* nccl = nullptr;
+#endif
+  std::uint16_t port() const {
+#ifdef TROUPE_HAVE_NCCL
+    if (nccl) return nccl->port();
+#endif
+    return tcp->port();
+  }
+};
+
 core::error with_rank(core::error e, int rank) {
   if (e.where.rank < 0) e.where.rank = rank;
   return e;
@@ -181,6 +210,7 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
                                    " workers but the config needs data_parallel × model_parallel × "
                                    "pipeline_stage = " + std::to_string(world),
                                "pass --worker_num " + std::to_string(world) + " to troupe launch");
+  if (cfg.runtime.device == "cuda") cfg.runtime.device = "cuda:" + std::to_string(opt.local_rank);  // a GPU per local rank
   if (cfg.runtime.threads == 0) {
     // The node's cores are shared by its workers.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -195,10 +225,36 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
   transport::tcp_options to;
   to.job_token = opt.job_token;
   to.log = [rank](const std::string& line) { std::fprintf(stderr, "troupe worker %d: %s\n", rank, line.c_str()); };
-  auto tcp = transport::tcp_transport::bind(to);
-  if (!tcp.ok()) return with_rank(tcp.err(), rank);
-  transport::tcp_transport* data = tcp.value().get();
-  j.endpoints[rank] = std::move(tcp.value());
+  data_plane data;
+  std::string blob;
+  const bool gpu = cfg.runtime.device != "cpu";
+  if (gpu) {
+#ifdef TROUPE_HAVE_NCCL
+    transport::nccl_options no;
+    no.control = to;
+    no.device = cfg.runtime.device.rfind("cuda:", 0) == 0 ? std::atoi(cfg.runtime.device.c_str() + 5) : 0;
+    no.setup_timeout = opt.rendezvous_timeout;
+    auto t = transport::nccl_transport::bind(no);
+    if (!t.ok()) return with_rank(t.err(), rank);
+    data.nccl = t.value().get();
+    j.endpoints[rank] = std::move(t.value());
+    if (rank == 0) {
+      auto id = transport::make_nccl_blob();
+      if (!id.ok()) return with_rank(id.err(), rank);
+      blob = id.value() + " ";
+    }
+#else
+    return with_rank(core::error::at_key(cfg.source, "runtime.device", 0, 0,
+                                         "a launched job on GPUs needs the nccl transport, and this build has none",
+                                         "build with CUDA and NCCL (docs/cuda.md), or set runtime.device = \"cpu\""),
+                     rank);
+#endif
+  } else {
+    auto tcp = transport::tcp_transport::bind(to);
+    if (!tcp.ok()) return with_rank(tcp.err(), rank);
+    data.tcp = tcp.value().get();
+    j.endpoints[rank] = std::move(tcp.value());
+  }
 
   auto done = std::make_shared<std::promise<core::result<model::train_summary>>>();
   auto outcome = std::make_shared<outcome_promise>();
@@ -231,8 +287,8 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
     ro.job_token = opt.job_token;
     ro.node_rank = opt.node_rank;
     ro.local_rank = opt.local_rank;
-    ro.data_port = data->port();
-    ro.blob = std::to_string(*port);
+    ro.data_port = data.port();
+    ro.blob = blob + "caf=" + std::to_string(*port);
     ro.timeout = opt.rendezvous_timeout;
     auto client = transport::rendezvous_client::join(ro);
     if (!client.ok()) return fail(client.err());
@@ -243,8 +299,15 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
     const transport::job_table& table = client.value()->table();
     for (const auto& w : table.workers) j.hosts[w.rank] = w.data.host;
 
-    data->start(rank, table.data_endpoints());
-    if (auto st = data->wait_connected(opt.rendezvous_timeout); !st.ok()) return fail(st.err());
+#ifdef TROUPE_HAVE_NCCL
+    if (data.nccl) {
+      if (auto st = data.nccl->start(rank, table); !st.ok()) return fail(st.err());
+    }
+#endif
+    if (data.tcp) {
+      data.tcp->start(rank, table.data_endpoints());
+      if (auto st = data.tcp->wait_connected(opt.rendezvous_timeout); !st.ok()) return fail(st.err());
+    }
 
     // Control plane: connect to the node actor of every worker below this one, and wait for
     // every worker above to connect here.
@@ -252,7 +315,11 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
       caf::scoped_actor self{sys};
       for (const auto& w : table.workers) {
         if (w.rank >= rank) continue;
-        const auto peer_port = static_cast<std::uint16_t>(std::stoi(w.blob));
+        const std::string caf_port = blob_word(w.blob, "caf");
+        if (caf_port.empty())
+          return fail(core::error::make("worker rank " + std::to_string(w.rank) + " registered without a control port",
+                                        "every worker must run the same troupe build"));
+        const auto peer_port = static_cast<std::uint16_t>(std::stoi(caf_port));
         auto remote = sys.middleman().remote_actor(w.data.host, peer_port);
         if (!remote)
           return fail(core::error::make("cannot reach the control port of worker rank " + std::to_string(w.rank) +
