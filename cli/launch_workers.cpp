@@ -375,7 +375,8 @@ int worker_group::supervise(const supervise_options& opt) {
       break;
     }
 
-    timespec ts{0, static_cast<long>(opt.poll.count()) * 1000000L};
+    timespec ts{static_cast<time_t>(opt.poll.count() / 1000),
+                static_cast<long>(opt.poll.count() % 1000) * 1000000L};
     ::nanosleep(&ts, nullptr);  // a signal ends it early, which is what we want
   }
 
