@@ -4,6 +4,7 @@
 
 #include <future>
 #include <memory>
+#include <optional>
 
 #include "actors/job.hpp"
 #include "actors/shard_engine.hpp"
@@ -30,6 +31,7 @@ struct coordinator_setup {
   int end_step = 0;
   std::shared_ptr<model::loader> val;          // null: no validation
   int halt_after = -1;                         // stop once this step is done (-1 = end_step)
+  std::optional<model::loss_scaler> scaler;    // a resumed run's loss scaler; none: from the config
   std::shared_ptr<std::promise<core::result<model::train_summary>>> done;
 };
 

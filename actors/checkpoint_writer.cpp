@@ -1,10 +1,11 @@
 // The checkpoint-writer actor: after a step, stages and optimizer shards send it copies of their
 // state (so training goes on while it writes); once every piece of a step has arrived it assembles
 // per-stage safetensors shards — parameters by Hugging Face name, AdamW moments by
-// "<name>.exp_avg" / "<name>.exp_avg_sq" — and writes them with model::checkpoint::save
+// "<name>.exp_avg" / "<name>.exp_avg_sq", and the loss scaler's state when dynamic loss scaling is
+// on (it comes with the coordinator's announcement) — and writes them with model::checkpoint::save
 // (temporary directory, fsync, rename), then tells the coordinator.
 #include <cstring>
-#include <set>
+#include <algorithm>
 
 #include "actors/actors.hpp"
 #include "model/checkpoint.hpp"
@@ -14,6 +15,8 @@ namespace troupe::actors {
 namespace {
 
 struct pending {
+  bool announced = false;                                    // the coordinator's ckpt message came
+  std::vector<double> scaler;                                // loss-scaler state (empty: off)
   std::map<int, core::tensor> params;                        // chunk -> flat params
   std::map<std::pair<int, int>, core::tensor> exp_avg;       // (chunk, part) -> slice
   std::map<std::pair<int, int>, core::tensor> exp_avg_sq;
@@ -21,7 +24,6 @@ struct pending {
 
 struct writer_state {
   std::map<std::int64_t, pending> steps;
-  std::set<std::int64_t> expected;
 };
 
 /// Parts whose moments the writer gets: ZeRO-0 shards hold everything, only replica 0's is sent.
@@ -30,7 +32,7 @@ int moment_parts(const job_layout& l) { return l.zero_stage == 0 ? 1 : l.dp; }
 bool complete(const job& j, const pending& p) {
   int chunks = j.layout.chunks();
   int parts = moment_parts(j.layout);
-  return static_cast<int>(p.params.size()) == chunks &&
+  return p.announced && static_cast<int>(p.params.size()) == chunks &&
          static_cast<int>(p.exp_avg.size()) == chunks * parts &&
          static_cast<int>(p.exp_avg_sq.size()) == chunks * parts;
 }
@@ -79,13 +81,42 @@ core::result<std::string> write(const job& j, const std::string& root, std::int6
     req.shards.push_back(std::move(ms));
     req.shards.push_back(std::move(os));
   }
+  if (!p.scaler.empty()) {
+    core::tensor s = core::tensor::zeros({static_cast<std::int64_t>(p.scaler.size())}, core::dtype::f64);
+    std::copy(p.scaler.begin(), p.scaler.end(), s.data<double>());
+    req.shards.push_back({"optimizer-scaler.safetensors", "optimizer",
+                          {{model::loss_scaler_tensor_name, s}}});
+  }
   return model::checkpoint::save(root, req, j.cfg.checkpoint.keep);
+}
+
+/// Writes step's checkpoint once the coordinator announced it and every piece is in; tells the
+/// coordinator.
+void write_when_complete(caf::stateful_actor<writer_state>* self, const job& j,
+                         const std::string& root, std::int64_t step) {
+  auto& p = self->state.steps[step];
+  if (!complete(j, p)) return;
+  checkpoint_written done{step, "", ""};
+  try {
+    auto r = write(j, root, step, p);
+    if (r.ok()) done.path = r.value();
+    else done.error = r.err().to_string();
+  } catch (const std::exception& e) {
+    done.error = e.what();
+  }
+  self->state.steps.erase(step);
+  self->send(j.coordinator, std::move(done));
 }
 
 caf::behavior writer_actor(caf::stateful_actor<writer_state>* self, std::shared_ptr<job> j,
                            std::string root) {
   return {
-      [=](ckpt_atom, std::int64_t step) { self->state.expected.insert(step); },
+      [=](ckpt_atom, std::int64_t step, std::vector<double>& scaler) {
+        auto& p = self->state.steps[step];
+        p.announced = true;
+        p.scaler = std::move(scaler);
+        write_when_complete(self, *j, root, step);
+      },
       [=](tensor_ready& m) {
         auto& p = self->state.steps[m.step];
         core::tensor t = receive(*j, 0, m);
@@ -95,18 +126,7 @@ caf::behavior writer_actor(caf::stateful_actor<writer_state>* self, std::shared_
           case tensor_kind::snap_exp_avg_sq: p.exp_avg_sq[{m.chunk, m.part}] = std::move(t); break;
           default: throw core::failure("checkpoint writer got an unexpected tensor " + m.tag().to_string());
         }
-        if (!complete(*j, p)) return;
-        checkpoint_written done{m.step, "", ""};
-        try {
-          auto r = write(*j, root, m.step, p);
-          if (r.ok()) done.path = r.value();
-          else done.error = r.err().to_string();
-        } catch (const std::exception& e) {
-          done.error = e.what();
-        }
-        self->state.steps.erase(m.step);
-        self->state.expected.erase(m.step);
-        self->send(j->coordinator, std::move(done));
+        write_when_complete(self, *j, root, m.step);
       },
   };
 }

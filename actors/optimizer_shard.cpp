@@ -25,11 +25,12 @@ void apply_when_reduced(shard_self* self, const job& j, int pp, int part) {
   const clip_decision d = *st.pending;
   st.pending.reset();
   if (j.sink) j.sink->clipped(clip_record{st.worker, pp, part, d.step, d.scale, d.lr});
-  eng.apply(d.step, d.scale, d.lr);
+  eng.apply(d.step, d.scale, d.lr, d.adam_step, d.skip);
   for (auto& o : eng.take_outgoing())
     route(self, j, address{role::shard, pp, part}, o.to, o.tag, std::move(o.t),
           send_note{st.b->be.get()});
-  self->send(j.coordinator, shard_report{d.step, pp, part, eng.state_bytes()});
+  self->send(j.coordinator,
+             shard_report{d.step, pp, part, eng.state_bytes(), eng.peak_device_bytes()});
 }
 
 caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,

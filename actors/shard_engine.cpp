@@ -13,6 +13,7 @@ shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, i
     auto [lo, hi] = layout_.shard_range(ch.initial.numel(), part_);
     ranges_.emplace_back(lo, hi);
     core::tensor m = be_.empty({hi - lo}, core::dtype::f32);
+    be_.wait_ready(ch.initial);  // the stage's backend wrote it (stage_engine records it ready)
     if (hi > lo) be_.copy(ch.initial.slice(lo, {hi - lo}), m);
     master_.push_back(m);
     core::tensor g = be_.empty({hi - lo}, core::dtype::f32);
@@ -50,6 +51,7 @@ void shard_engine::rebuild_slots() {
 }
 
 void shard_engine::deliver(int replica, const transport::tag& tg, core::tensor t) {
+  be_.wait_ready(t);
   auto [it, fresh] = stash_.emplace(std::make_pair(tg, replica), std::move(t));
   TROUPE_CHECK(fresh, "shard(pp=" + std::to_string(pp_) + ", part=" + std::to_string(part_) +
                           ") received " + tg.to_string() + " from replica " +
@@ -98,11 +100,12 @@ std::vector<std::pair<int, std::vector<double>>> shard_engine::take_norm_parts()
   return std::exchange(norm_parts_, {});
 }
 
-void shard_engine::apply(std::int64_t step, float scale, double lr) {
+void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t adam_step,
+                         bool skip) {
   TROUPE_CHECK(reduced_step_ == step, "shard(pp=" + std::to_string(pp_) + ", part=" +
                                           std::to_string(part_) + ") asked to update step " +
                                           std::to_string(step) + " before its gradients arrived");
-  model::adamw_update(be_, slots_, cfg_.optimizer, lr, scale, static_cast<int>(step));
+  if (!skip) model::adamw_update_t(be_, slots_, cfg_.optimizer, lr, scale, adam_step);
   for (std::size_t i = 0; i < chunks_.size(); ++i) {
     for (int d = 0; d < layout_.dp; ++d) {
       if (!layout_.shard_updates(part_, d)) continue;
@@ -110,12 +113,12 @@ void shard_engine::apply(std::int64_t step, float scale, double lr) {
       out_.push_back(outgoing{to,
                               transport::tag{step, static_cast<std::uint32_t>(tensor_kind::param_slice),
                                              chunks_[i].chunk, -1, part_},
-                              master_[i]});
+                              hand_over(be_, master_[i], true)});
       if (layout_.returns_reduced_grads())
         out_.push_back(outgoing{to,
                                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::reduced_grad),
                                                chunks_[i].chunk, -1, part_},
-                                reduced_[i]});
+                                hand_over(be_, reduced_[i], true)});
     }
   }
 }

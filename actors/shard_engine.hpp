@@ -19,7 +19,8 @@ namespace troupe::actors {
 struct shard_chunk {
   int chunk = 0;                          // global chunk id
   std::vector<model::param_info> params;  // the chunk's parameters (offsets into its flat buffer)
-  core::tensor initial;                   // the chunk's initial flat params (host or device)
+  core::tensor initial;                   // the chunk's initial flat params (host or device;
+                                          // REQUIRES: record_ready by the backend that wrote it)
 };
 
 class shard_engine {
@@ -27,7 +28,8 @@ class shard_engine {
   shard_engine(const core::config& cfg, job_layout layout, int pp, int part, kernels::backend& be,
                std::vector<shard_chunk> chunks);
 
-  /// Stashes replica `replica`'s gradient slice (tag kind grad_slice).
+  /// Stashes replica `replica`'s gradient slice (tag kind grad_slice); this shard's backend will
+  /// wait for it.
   void deliver(int replica, const transport::tag& tg, core::tensor t);
   /// True once every replica's slice of every chunk of `step` arrived; then reduces them, in
   /// replica order, and computes the norm blocks (only once per step).
@@ -35,9 +37,15 @@ class shard_engine {
   /// Norm blocks of each chunk's slice after reduce(), as (chunk, blocks); empty when this shard
   /// does not contribute to the norm.
   std::vector<std::pair<int, std::vector<double>>> take_norm_parts();
-  /// AdamW on the owned slices with the coordinator's decision; queues the updated parameter
-  /// slices (and, under ZeRO-1, the reduced gradients) for the replicas.
-  void apply(std::int64_t step, float scale, double lr);
+  /// AdamW on the owned slices with the coordinator's decision — gradient factor `scale` (clip and
+  /// loss-scale undo), learning rate, AdamW's 1-based t — or, when `skip` (dynamic loss scaling
+  /// saw an overflow), no update at all. Either way queues the parameter slices (and, under
+  /// ZeRO-1, the reduced gradients) for the replicas, which wait for them to finish the step.
+  void apply(std::int64_t step, float scale, double lr, std::int64_t adam_step, bool skip);
+  /// apply without loss scaling: t = step + 1, never skipped.
+  void apply(std::int64_t step, float scale, double lr) { apply(step, scale, lr, step + 1, false); }
+  /// Peak device memory of this shard's backend (0 on the CPU).
+  std::uint64_t peak_device_bytes() const { return be_.peak_memory_bytes(); }
   std::vector<outgoing> take_outgoing() { return std::exchange(out_, {}); }
 
   /// Bytes of optimizer state held: master slice + two moments.

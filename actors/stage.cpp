@@ -36,7 +36,8 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
       st.running = false;
       const auto& t = eng.timing();
       self->send(j.coordinator, stage_report{eng.step(), eng.dp(), eng.pp(), t.busy_s, t.comm_s,
-                                             t.wait_s, eng.peak_activation_bytes(), t.events});
+                                             t.wait_s, eng.peak_activation_bytes(), t.events,
+                                             eng.peak_device_bytes()});
       if (j.sink) j.sink->flush(st.worker);  // the worker's step is over: its log lines go to disk
       return;
     }
@@ -63,8 +64,8 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
     return caf::make_error(caf::sec::runtime_error, what);
   });
   return {
-      [=](step_atom, std::int64_t step) {
-        self->state.b->engine->begin_step(step);
+      [=](step_atom, std::int64_t step, float loss_scale) {
+        self->state.b->engine->begin_step(step, loss_scale);
         self->state.running = true;
         pump(self, *j);
       },

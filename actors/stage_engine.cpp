@@ -34,13 +34,26 @@ stage_engine::stage_engine(const core::config& cfg, job_layout layout, int dp, i
   TROUPE_CHECK(static_cast<int>(chunks_.size()) == layout_.v,
                "stage holds " + std::to_string(chunks_.size()) + " chunks, expected " +
                    std::to_string(layout_.v));
-  std::int64_t tokens = static_cast<std::int64_t>(layout_.dp) * layout_.microbatches *
-                        cfg_.parallel.micro_batch_size * cfg_.model.seq_length;
-  grad_scale_ = 1.0f / static_cast<float>(tokens);
+  tokens_ = static_cast<std::int64_t>(layout_.dp) * layout_.microbatches *
+            cfg_.parallel.micro_batch_size * cfg_.model.seq_length;
+  // The optimizer shards seed their master weights from these buffers on their own streams.
+  for (auto& c : chunks_) be_.record_ready(c.flat_params());
 }
 
-void stage_engine::begin_step(std::int64_t step) {
+core::tensor hand_over(kernels::backend& be, core::tensor t, bool reused) {
+  if (!t.defined() || t.dev().is_cpu()) return t;
+  if (reused) {
+    core::tensor copy = be.empty(t.shape(), t.type());
+    be.copy(t, copy);
+    t = std::move(copy);
+  }
+  be.record_ready(t);
+  return t;
+}
+
+void stage_engine::begin_step(std::int64_t step, float loss_scale) {
   step_ = step;
+  grad_scale_ = model::loss_grad_scale(loss_scale, tokens_);
   pc_ = 0;
   losses_.assign(pp_ == layout_.rank_of_chunk(layout_.chunks() - 1) ? layout_.microbatches : 0, NAN);
   losses_ready_ = false;
@@ -54,6 +67,11 @@ void stage_engine::begin_step(std::int64_t step) {
 }
 
 void stage_engine::deliver(const transport::tag& tg, core::tensor t) {
+  be_.wait_ready(t);
+  stash(tg, std::move(t));
+}
+
+void stage_engine::stash(const transport::tag& tg, core::tensor t) {
   auto [it, fresh] = stash_.emplace(tg, std::move(t));
   TROUPE_CHECK(fresh, "stage(dp=" + std::to_string(dp_) + ", pp=" + std::to_string(pp_) +
                           ") received " + tg.to_string() + " twice");
@@ -77,7 +95,9 @@ transport::tag stage_engine::tag_of(tensor_kind k, int chunk, int mb, int part) 
 }
 
 void stage_engine::emit(address to, transport::tag tg, core::tensor t) {
-  out_.push_back(outgoing{to, tg, std::move(t)});
+  // Activations and input gradients are fresh tensors nobody writes again: they leave as they are.
+  const bool reused = tg.kind == static_cast<std::uint32_t>(tensor_kind::grad_slice);
+  out_.push_back(outgoing{to, tg, hand_over(be_, std::move(t), reused)});
 }
 
 std::vector<outgoing> stage_engine::take_outgoing() { return std::exchange(out_, {}); }
@@ -161,7 +181,7 @@ bool stage_engine::execute(const schedules::instruction& op) {
       if (op.chunk == last) {
         losses_.at(op.mb) = ch.loss_sum(op.mb);
       } else {
-        deliver(tag_of(tensor_kind::activation, op.chunk + 1, op.mb), std::move(out));
+        stash(tag_of(tensor_kind::activation, op.chunk + 1, op.mb), std::move(out));
       }
       return true;
     }
@@ -177,7 +197,7 @@ bool stage_engine::execute(const schedules::instruction& op) {
       core::tensor dinput = op.kind == op_kind::B ? ch.backward(op.mb, grad_out)
                                                   : ch.backward_input(op.mb, grad_out);
       if (op.chunk != 0)
-        deliver(tag_of(tensor_kind::gradient, op.chunk - 1, op.mb), std::move(dinput));
+        stash(tag_of(tensor_kind::gradient, op.chunk - 1, op.mb), std::move(dinput));
       if (op.chunk == last && op.mb == layout_.microbatches - 1) losses_ready_ = !losses_sent_;
       return true;
     }

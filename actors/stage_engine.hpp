@@ -34,6 +34,12 @@ struct outgoing {
   core::tensor t;
 };
 
+/// `t` made ready to leave backend `be` for another backend (another stream on a GPU): when
+/// `reused` (a view of a buffer the sender writes again, e.g. gradient or master buffers), a device
+/// copy of it, so the receiver's reads never race the sender's next writes; then record_ready. On
+/// the CPU the view itself (ops finish before they return).
+core::tensor hand_over(kernels::backend& be, core::tensor t, bool reused);
+
 /// Timings of one step of one stage.
 struct stage_timing {
   double busy_s = 0;
@@ -53,9 +59,10 @@ class stage_engine {
                std::vector<schedules::instruction> program, kernels::backend& be,
                std::vector<model::chunk> chunks, clock::time_point epoch);
 
-  /// Starts step `step`: resets the program counter and timings.
-  void begin_step(std::int64_t step);
-  /// Stashes a tensor that arrived for this stage.
+  /// Starts step `step`: resets the program counter and timings. `loss_scale` multiplies the loss
+  /// gradient (dynamic loss scaling; 1 without).
+  void begin_step(std::int64_t step, float loss_scale = 1.0f);
+  /// Stashes a tensor that arrived for this stage (its backend's stream will wait for it).
   void deliver(const transport::tag& tg, core::tensor t);
   /// Executes instructions until one must wait, one queued a tensor to send (so the host can send
   /// it at once), or the step is done. Returns true when done.
@@ -77,6 +84,8 @@ class stage_engine {
   /// What the stage waits for, for hang reports ("" when not waiting).
   std::string waiting_for() const;
   std::uint64_t peak_activation_bytes() const;
+  /// Peak device memory of this stage's backend (0 on the CPU).
+  std::uint64_t peak_device_bytes() const { return be_.peak_memory_bytes(); }
   std::vector<model::chunk>& chunks() { return chunks_; }
   int dp() const { return dp_; }
   int pp() const { return pp_; }
@@ -88,6 +97,7 @@ class stage_engine {
   bool finish_step();
   model::chunk& chunk_for(int global_chunk);
   bool has(const transport::tag& tg) const { return stash_.count(tg) > 0; }
+  void stash(const transport::tag& tg, core::tensor t);
   core::tensor take(const transport::tag& tg);
   core::tensor on_device(core::tensor t);
   transport::tag tag_of(tensor_kind k, int chunk, int mb, int part = 0) const;
@@ -102,7 +112,8 @@ class stage_engine {
   kernels::backend& be_;
   std::vector<model::chunk> chunks_;
   clock::time_point epoch_;
-  float grad_scale_ = 0;  // d loss / d token loss = 1 / tokens per step (global)
+  std::int64_t tokens_ = 0;  // tokens per step (global)
+  float grad_scale_ = 0;     // d loss / d token loss = loss scale / tokens per step
 
   std::int64_t step_ = -1;
   std::size_t pc_ = 0;

@@ -322,6 +322,8 @@ status resolve_and_check(config& c) {
                         "RoPE rotates pairs of dimensions, so llama needs an even head_dim");
   m.ffn_hidden_size = m.ffn_size();
   if (!set("model.tie_embeddings")) m.tie_embeddings = gpt2;
+  if (!set("precision.dynamic_loss_scale"))
+    c.precision.dynamic_loss_scale = c.precision.compute == precision_kind::fp16;
 
   const int chunks = p.pipeline_stage * p.virtual_pipeline;
   if (m.num_layers % chunks != 0)

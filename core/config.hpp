@@ -71,8 +71,9 @@ struct recompute_config {
 
 struct precision_config {
   precision_kind compute = precision_kind::fp32;
-  double loss_scale = 65536.0;  // fp16 initial dynamic loss scale
+  double loss_scale = 65536.0;  // initial dynamic loss scale
   int loss_scale_window = 1000; // good steps before the scale doubles
+  bool dynamic_loss_scale = false;  // default: true for fp16, false otherwise (set during validation)
 
   bool operator==(const precision_config&) const = default;
 };

@@ -165,9 +165,12 @@ std::vector<key_spec> make_specs() {
   s.push_back(choice_key("precision", "compute", &C::precision, &precision_config::compute,
                          {"fp32", "bf16", "fp16"}));
   s.push_back(float_key("precision", "loss_scale", &C::precision, &precision_config::loss_scale, 0,
-                        true, inf, false));
+                        true, std::numeric_limits<float>::max(), false,
+                        "the loss is multiplied by the scale as an fp32 number"));
   s.push_back(int_key("precision", "loss_scale_window", &C::precision,
                       &precision_config::loss_scale_window, 1, int_max));
+  s.push_back(bool_key("precision", "dynamic_loss_scale", &C::precision,
+                       &precision_config::dynamic_loss_scale));
 
   s.push_back(float_key("optimizer", "lr", &C::optimizer, &O::lr, 0, false, inf, false));
   s.push_back(float_key("optimizer", "min_lr", &C::optimizer, &O::min_lr, 0, false, inf, false));

@@ -37,6 +37,9 @@ struct storage {
   std::size_t bytes = 0;
   device dev;
   std::function<void(void*)> release;
+  /// A device backend's hand-off state for this memory (CUDA: the event that marks the bytes
+  /// ready, the streams that used them); null on the host and until a tensor is handed over.
+  std::shared_ptr<void> sync;
   storage() = default;
   storage(const storage&) = delete;
   storage& operator=(const storage&) = delete;

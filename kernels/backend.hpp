@@ -148,6 +148,20 @@ class backend {
                      const adamw_params& p, tensor& low) = 0;
   /// True when any element of x (fp32/bf16/f16) is NaN or infinite.
   virtual bool has_nonfinite(const tensor& x) = 0;
+
+  // --- hand-off between backends (several stages on one device) -----------------------------
+  // A backend queues work on its own stream; a tensor another backend made may still be being
+  // written when it arrives. The sender calls record_ready(t) before handing t over, the receiver
+  // wait_ready(t) before using it; neither blocks the host. On the CPU ops finish before they
+  // return, so both do nothing.
+  /// Marks t's bytes ready once the work this backend queued so far has run.
+  virtual void record_ready(const tensor& t) { (void)t; }
+  /// Orders this backend's later work after the latest record_ready(t), and keeps t's memory from
+  /// being reused by its owner before that work has run. REQUIRES: t was record_ready'd if it was
+  /// made by another backend.
+  virtual void wait_ready(const tensor& t) { (void)t; }
+  /// Peak bytes of device memory this backend held (0 where not counted: the CPU backend).
+  virtual std::uint64_t peak_memory_bytes() const { return 0; }
 };
 
 /// "cpu" or "cuda[:i]". Throws core::failure when the device is not available in this build or

@@ -44,6 +44,10 @@ std::string to_json_line(const step_metrics& m) {
   append_float(out, "tokens_per_s", m.tokens_per_s);
   append_float(out, "elapsed_s", m.elapsed_s);
   if (m.val_loss) append_float(out, "val_loss", *m.val_loss);
+  if (m.loss_scale) {
+    append_float(out, "loss_scale", *m.loss_scale);
+    out += m.skipped ? ",\"skipped\":true" : ",\"skipped\":false";
+  }
   return out + "}";
 }
 
@@ -58,6 +62,8 @@ core::result<step_metrics> parse_json_line(const std::string& line) {
     m.tokens_per_s = read_float(j, "tokens_per_s");
     m.elapsed_s = read_float(j, "elapsed_s");
     if (j.contains("val_loss")) m.val_loss = read_float(j, "val_loss");
+    if (j.contains("loss_scale")) m.loss_scale = read_float(j, "loss_scale");
+    if (j.contains("skipped")) m.skipped = j.at("skipped").get<bool>();
     return m;
   } catch (const nlohmann::json::exception& e) {
     return core::error::make(std::string("not a metrics line: ") + e.what(), "line: " + line);
@@ -84,6 +90,11 @@ std::string progress_line(const step_metrics& m, int total_steps, double remaini
   if (remaining_s >= 0) out += " | ETA " + format_duration(remaining_s);
   if (m.val_loss) {
     std::snprintf(buf, sizeof buf, " | val %.4f", *m.val_loss);
+    out += buf;
+  }
+  if (m.loss_scale && (m.skipped || m.next_loss_scale != *m.loss_scale)) {
+    std::snprintf(buf, sizeof buf, " | %sloss scale → %g", m.skipped ? "skipped (overflow), " : "",
+                  static_cast<double>(m.next_loss_scale));
     out += buf;
   }
   return out;

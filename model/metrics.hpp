@@ -21,15 +21,20 @@ struct step_metrics {
   float tokens_per_s = 0;
   float elapsed_s = 0;            // since training (this invocation) started
   std::optional<float> val_loss;  // when validation ran after this step
+  std::optional<float> loss_scale;  // dynamic loss scaling: the scale this step's loss used
+  bool skipped = false;             // the update was skipped (non-finite gradients)
+  float next_loss_scale = 0;        // the scale of the next step (progress line only)
 };
 
-/// {"step":..,"loss":..,"lr":..,"grad_norm":..,"tokens_per_s":..,"elapsed_s":..[,"val_loss":..]}
+/// {"step":..,"loss":..,"lr":..,"grad_norm":..,"tokens_per_s":..,"elapsed_s":..[,"val_loss":..]
+///  [,"loss_scale":..,"skipped":true|false]}
 std::string to_json_line(const step_metrics& m);
 /// Parses a line written by to_json_line (extra keys are ignored).
 core::result<step_metrics> parse_json_line(const std::string& line);
 
 /// "step   12/300 | loss 7.1234 | lr 3.00e-04 | norm 1.234 | 1350 tok/s | 0:12 | ETA 4:48"
-/// (plus "| val 6.98" when present). `total_steps` is the step count of the whole schedule;
+/// (plus "| val 6.98" when present, and "| skipped (overflow), loss scale → 32768" or
+/// "| loss scale → 131072" when dynamic loss scaling skipped the step or changed the scale). `total_steps` is the step count of the whole schedule;
 /// `remaining_s` < 0 hides the ETA.
 std::string progress_line(const step_metrics& m, int total_steps, double remaining_s);
 

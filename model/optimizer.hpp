@@ -11,6 +11,13 @@
 //   6. lr(step): linear warm-up, then cosine to min_lr                     (learning_rate)
 //   7. AdamW per tensor, decay only where param_info.decay, t = step + 1, grads scaled by clip
 //                                                                          (adamw_update)
+//
+// Dynamic loss scaling (precision.dynamic_loss_scale, loss_scaler): the loss gradient is multiplied
+// by the scale S (loss_grad_scale), so every gradient and every norm block is S times the true
+// one. decide_step then takes norm = sqrt(Σ blocks) / S; a non-finite Σ (an overflow in some
+// gradient) skips the step everywhere — no AdamW call, moments, parameters and AdamW's t
+// untouched — and halves S; loss_scale_window applied steps in a row double it. AdamW's gradient
+// factor is clip / S (the unscale folded into the clip), and t counts applied updates.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +60,7 @@ void tie_gradients(kernels::backend& be, tensor& g_wte, tensor& g_head);
 
 /// Step 4, first half: appends the per-block fp64 sums of squares of each slot's gradient, slots in
 /// the given order, skipping tied copies. Blocks are kernels::norm_block elements of one tensor.
+/// One device-to-host copy for all slots (the host needs these bytes: the norm decides the step).
 void append_sumsq_blocks(kernels::backend& be, const std::vector<param_slot>& slots,
                          std::vector<double>& blocks);
 
@@ -70,6 +78,59 @@ double learning_rate(const core::optimizer_config& opt, const core::train_config
 /// at 0-based `step`, with the given learning rate and gradient scale.
 void adamw_update(kernels::backend& be, std::vector<param_slot>& slots,
                   const core::optimizer_config& opt, double lr, float grad_scale, int step);
+/// The same with AdamW's 1-based t given (dynamic loss scaling counts applied updates).
+void adamw_update_t(kernels::backend& be, std::vector<param_slot>& slots,
+                    const core::optimizer_config& opt, double lr, float grad_scale,
+                    std::int64_t t);
+
+/// The state of dynamic loss scaling, carried by whoever decides steps (the single-rank trainer, the
+/// coordinator) and saved in checkpoints. Disabled, it is inert: scale 1, AdamW's t = step + 1.
+struct loss_scaler {
+  bool enabled = false;
+  float scale = 1;           // the loss gradient is multiplied by this
+  int window = 1000;         // applied steps in a row before the scale doubles
+  int good_steps = 0;        // applied steps since the scale last changed
+  std::int64_t updates = 0;  // optimizer updates applied so far (AdamW's t of the next is this + 1)
+
+  /// Fresh state from the config, `updates_done` updates already applied (a resumed run).
+  static loss_scaler from(const core::precision_config& p, std::int64_t updates_done = 0);
+  /// AdamW's 1-based t for 0-based `step` if it is applied.
+  std::int64_t adam_step(int step) const { return enabled ? updates + 1 : step + 1; }
+  /// Advances the state after a step: applied (good) or skipped (overflow).
+  void record(bool applied);
+  /// {scale, good_steps, updates} as fp64, the checkpoint tensor `loss_scaler_tensor_name`.
+  std::vector<double> to_vector() const;
+  /// The state a to_vector() wrote (enabled and window come from the config). Errors name `where`.
+  static core::result<loss_scaler> from_vector(const core::precision_config& p,
+                                               const std::vector<double>& v,
+                                               const std::string& where);
+};
+
+/// Name of the checkpoint tensor (in an optimizer file) that holds a loss_scaler's state.
+inline constexpr const char* loss_scaler_tensor_name = "troupe.loss_scaler";
+
+/// The cross-entropy's grad_scale: d(step loss)/d(token loss) times the loss scale,
+/// loss_scale / tokens_per_step as float (1.0f / tokens when scaling is off).
+float loss_grad_scale(float loss_scale, std::int64_t tokens_per_step);
+
+/// What the optimizer does with one step (steps 4-6 plus dynamic loss scaling).
+struct step_decision {
+  double grad_norm = 0;     // of the unscaled gradients, before clipping; not finite on overflow
+  float clip = 1;
+  double lr = 0;
+  float grad_scale = 1;     // AdamW's gradient factor: clip / loss scale
+  bool skip = false;        // non-finite gradients under dynamic loss scaling: no update
+  std::int64_t adam_step = 1;  // AdamW's t when applied
+  float loss_scale = 1;     // the scale this step's loss gradient used
+  float next_loss_scale = 1;
+};
+
+/// Decides step `step` from its gradients' norm blocks (in global order, computed from gradients
+/// scaled by scaler.scale) and advances `scaler`. The single-rank trainer and the coordinator both
+/// call this, so they decide identically.
+step_decision decide_step(const std::vector<double>& blocks, loss_scaler& scaler,
+                          const core::optimizer_config& opt, const core::train_config& train,
+                          int step);
 
 /// What one optimizer step computed, for logs and metrics.
 struct optimizer_step_stats {

@@ -39,6 +39,7 @@ core::result<std::unique_ptr<trainer>> trainer::create(const core::config& cfg,
     if (!val) return val.err();
     t->val_.emplace(std::move(val.value()));
   }
+  t->scaler_ = loss_scaler::from(cfg.precision);
   t->micro_batches_ = lo.micro_batches;
   t->tokens_per_step_ = static_cast<std::int64_t>(lo.micro_batches) *
                         cfg.parallel.micro_batch_size * cfg.model.seq_length;
@@ -57,7 +58,7 @@ tensor trainer::to_device(const tensor& host) {
 
 core::result<step_result> trainer::train_step(int step) {
   for (chunk& c : chunks_) c.zero_grads();  // 1
-  const float grad_scale = 1.0f / static_cast<float>(tokens_per_step_);
+  const float grad_scale = loss_grad_scale(scaler_.scale, tokens_per_step_);
   double loss_total = 0;
   for (int mb = 0; mb < micro_batches_; ++mb) {  // 2
     batch b = train_.cut(static_cast<std::uint64_t>(step), 0, mb);
@@ -89,15 +90,23 @@ core::result<step_result> trainer::train_step(int step) {
     tensor g_head = s.grad;
     tie_gradients(be_, g_wte, g_head);
   }
-  optimizer_step_stats st = optimizer_step(be_, slots, cfg_.optimizer, cfg_.train, step);  // 4-7
-  for (chunk& c : chunks_) c.params_updated();
+  std::vector<double> blocks;  // 4-6
+  append_sumsq_blocks(be_, slots, blocks);
+  const step_decision d = decide_step(blocks, scaler_, cfg_.optimizer, cfg_.train, step);
+  if (!d.skip) {  // 7
+    adamw_update_t(be_, slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
+    for (chunk& c : chunks_) c.params_updated();
+  }
 
   step_result r;
   r.loss = loss_total / static_cast<double>(tokens_per_step_);  // 8
-  r.grad_norm = st.grad_norm;
-  r.clip = st.clip;
-  r.lr = st.lr;
+  r.grad_norm = d.grad_norm;
+  r.clip = d.clip;
+  r.lr = d.lr;
   r.tokens = tokens_per_step_;
+  r.skipped = d.skip;
+  r.loss_scale = d.loss_scale;
+  r.next_loss_scale = d.next_loss_scale;
   return r;
 }
 
@@ -131,6 +140,7 @@ checkpoint::save_request trainer::snapshot(int steps_done) {
     model.tensors.insert(model.tensors.end(), m.tensors.begin(), m.tensors.end());
     opt.tensors.insert(opt.tensors.end(), o.tensors.begin(), o.tensors.end());
   }
+  if (scaler_.enabled) opt.tensors.push_back(loss_scaler_tensor(scaler_));
   req.shards = {std::move(model), std::move(opt)};
   return req;
 }
@@ -139,7 +149,34 @@ core::status trainer::restore(const checkpoint::reader& ck) {
   for (std::size_t i = 0; i < chunks_.size(); ++i)
     if (auto st = checkpoint::restore(ck, be_, cfg_.model, chunks_[i], &states_[i]); !st)
       return st;
+  auto s = restore_loss_scaler(ck, cfg_.precision);
+  if (!s) return s.err();
+  scaler_ = s.value();
   return {};
+}
+
+safetensors::named_tensor loss_scaler_tensor(const loss_scaler& s) {
+  const std::vector<double> v = s.to_vector();
+  tensor t = tensor::zeros({static_cast<std::int64_t>(v.size())}, core::dtype::f64);
+  std::copy(v.begin(), v.end(), t.data<double>());
+  return {loss_scaler_tensor_name, t};
+}
+
+core::result<loss_scaler> restore_loss_scaler(const checkpoint::reader& ck,
+                                              const core::precision_config& p) {
+  // A checkpoint without the state (scaling was off when it was written) has applied every step.
+  if (!p.dynamic_loss_scale || !ck.contains(loss_scaler_tensor_name))
+    return loss_scaler::from(p, ck.info().next_step);
+  auto t = ck.load(loss_scaler_tensor_name);
+  if (!t) return t.err();
+  if (t->type() != core::dtype::f64)
+    return core::error::at_file((fs::path(ck.dir()) / "manifest.json").string(),
+                                std::string("tensor ") + loss_scaler_tensor_name + " is " +
+                                    core::dtype_name(t->type()) + ", expected fp64",
+                                "the checkpoint is damaged or not written by troupe");
+  const double* p0 = t->data<double>();
+  return loss_scaler::from_vector(p, std::vector<double>(p0, p0 + t->numel()),
+                                  (fs::path(ck.dir()) / "manifest.json").string());
 }
 
 namespace {
@@ -257,6 +294,11 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
     m.lr = static_cast<float>(r->lr);
     m.grad_norm = static_cast<float>(r->grad_norm);
     m.tokens_per_s = static_cast<float>(static_cast<double>(r->tokens) / dt);
+    if (tr.scaler().enabled) {
+      m.loss_scale = r->loss_scale;
+      m.skipped = r->skipped;
+      m.next_loss_scale = r->next_loss_scale;
+    }
     const bool eval_now = tr.has_validation() &&
                           ((cfg.train.eval_interval > 0 && done % cfg.train.eval_interval == 0) ||
                            done == sum.end_step);

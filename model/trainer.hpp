@@ -6,16 +6,20 @@
 //
 //  1. zero all gradients.
 //  2. for mb = 0 .. M-1 in order: (tokens, targets) = loader.cut(step, 0, mb); forward through the
-//     chunks in order, the last with grad_scale = 1.0f / float(tokens_per_step);
+//     chunks in order, the last with grad_scale = loss_scale / float(tokens_per_step) (loss_scale
+//     is 1 unless dynamic loss scaling is on; model/optimizer.hpp);
 //     loss_total (double) += last.loss_sum(mb); backward through the chunks in reverse order.
 //  3. tied embeddings (GPT-2): g_wte += g_lm_head; g_lm_head = g_wte           (tie_gradients)
 //  4. norm = sqrt(Σ sumsq_blocks(grad) over every parameter in global order — chunk order, then
 //     parameter order — skipping the tied lm_head copy; fp64 blocks summed sequentially)
 //  5. clip = grad_clip > 0 && norm > grad_clip ? float(grad_clip / (norm + 1e-6)) : 1.0f
+//     (with dynamic loss scaling: norm / loss_scale, and a non-finite norm skips steps 7 and the
+//     update of AdamW's t, and halves the scale — decide_step in model/optimizer.hpp)
 //  6. lr = step < warmup ? lr·(step+1)/warmup
 //                        : min_lr + ½(lr − min_lr)(1 + cos(π·min(1, (step−warmup)/max(1, steps−warmup))))
 //     in double, passed to the kernel as float.
-//  7. AdamW on every parameter tensor (tied copy included), t = step + 1, grad_scale = clip,
+//  7. AdamW on every parameter tensor (tied copy included), t = step + 1 (with dynamic loss
+//     scaling: applied updates + 1), grad_scale = clip (/ loss_scale),
 //     weight decay only where param_info.decay; then params_updated() on every chunk.
 //  8. reported loss = loss_total / tokens_per_step (mean token loss, double).
 //
@@ -47,6 +51,9 @@ struct step_result {
   float clip = 1;        // step 5
   double lr = 0;         // step 6
   std::int64_t tokens = 0;
+  bool skipped = false;        // dynamic loss scaling skipped the update (overflow)
+  float loss_scale = 1;        // the scale this step used
+  float next_loss_scale = 1;   // the scale the next step uses
 };
 
 /// The model, its optimizer state and its data on one rank.
@@ -67,8 +74,10 @@ class trainer {
   /// The checkpoint of the current state after `steps_done` steps (views of live tensors on the
   /// CPU: write it before the next step).
   checkpoint::save_request snapshot(int steps_done);
-  /// Loads parameters and AdamW moments by name.
+  /// Loads parameters, AdamW moments and the loss-scaler state by name.
   core::status restore(const checkpoint::reader& ck);
+  /// Dynamic loss scaling state (inert unless precision.dynamic_loss_scale).
+  const loss_scaler& scaler() const { return scaler_; }
 
   const core::config& config() const { return cfg_; }
   std::vector<chunk>& chunks() { return chunks_; }
@@ -87,9 +96,17 @@ class trainer {
   std::optional<loader> val_;
   std::vector<chunk> chunks_;
   std::vector<optimizer_state> states_;
+  loss_scaler scaler_;
   int micro_batches_ = 0;
   std::int64_t tokens_per_step_ = 0;
 };
+
+/// The checkpoint tensor holding a loss scaler's state (loss_scaler_tensor_name, fp64 [3]).
+safetensors::named_tensor loss_scaler_tensor(const loss_scaler& s);
+/// The loss scaler a resumed run continues with: the saved state, or — when the checkpoint has
+/// none (written with scaling off) or scaling is off — a fresh one that counts next_step updates.
+core::result<loss_scaler> restore_loss_scaler(const checkpoint::reader& ck,
+                                              const core::precision_config& p);
 
 /// How `train_single_rank` runs beyond the config.
 struct train_options {

@@ -38,10 +38,76 @@ device_allocator::device_allocator(int device) : device_(device) {}
 device_allocator::~device_allocator() {
   std::lock_guard<std::mutex> lock(mu_);
   try {
+    for (auto& b : pending_) {
+      for (cudaEvent_t e : b.after) events_.push_back(e);
+      free_.emplace(b.size, b.p);  // free_cached_locked synchronises the device first
+    }
+    pending_.clear();
     free_cached_locked();
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
   } catch (...) {
     // Destructors must not throw; a failing cudaFree at shutdown (driver torn down) loses nothing.
   }
+}
+
+cudaEvent_t device_allocator::take_event() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!events_.empty()) {
+      cudaEvent_t e = events_.back();
+      events_.pop_back();
+      return e;
+    }
+  }
+  device_guard guard(device_);
+  cudaEvent_t e = nullptr;
+  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void device_allocator::recycle_event(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back(e);
+}
+
+void device_allocator::release_after(void* p, std::vector<cudaEvent_t> after) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end()) return;
+  // Still counted in in_use: the block is not reusable until the other streams are done with it.
+  pending_.push_back(pending_block{p, it->second, std::move(after)});
+  live_.erase(it);
+}
+
+std::size_t device_allocator::pending_blocks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_.size();
+}
+
+void device_allocator::collect_pending_locked() {
+  if (pending_.empty()) return;
+  device_guard guard(device_);
+  std::size_t keep = 0;
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    pending_block& b = pending_[i];
+    while (!b.after.empty()) {
+      const cudaError_t e = cudaEventQuery(b.after.back());
+      if (e == cudaErrorNotReady) {
+        cudaGetLastError();  // "not ready" is an answer, not an error: do not leave it behind
+        break;
+      }
+      TROUPE_CUDA_CHECK(e);
+      events_.push_back(b.after.back());
+      b.after.pop_back();
+    }
+    if (b.after.empty()) {
+      stats_.in_use -= b.size;
+      free_.emplace(b.size, b.p);
+    } else {
+      pending_[keep++] = std::move(b);
+    }
+  }
+  pending_.resize(keep);
 }
 
 std::size_t device_allocator::round_size(std::size_t bytes) {
@@ -53,6 +119,7 @@ std::size_t device_allocator::round_size(std::size_t bytes) {
 void* device_allocator::allocate(std::size_t bytes) {
   const std::size_t size = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  collect_pending_locked();
   void* p = nullptr;
   auto it = free_.find(size);
   if (it != free_.end()) {
@@ -63,6 +130,10 @@ void* device_allocator::allocate(std::size_t bytes) {
     cudaError_t e = cudaMalloc(&p, size);
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear the sticky-free error before retrying
+      // Out of memory: wait for the blocks other streams still read, then free the whole cache.
+      for (auto& b : pending_)
+        for (cudaEvent_t ev : b.after) TROUPE_CUDA_CHECK(cudaEventSynchronize(ev));
+      collect_pending_locked();
       free_cached_locked();
       e = cudaMalloc(&p, size);
     }

@@ -7,8 +7,10 @@
 //
 // Blocks are reused in stream order: a block released while kernels that use it are still queued
 // on this backend's stream can be handed to the next allocation at once, because that allocation's
-// kernels run on the same stream after them. A tensor used on another stream must be synchronised
-// with an event before it is released (the transport does that).
+// kernels run on the same stream after them. A block that other streams used too (a tensor handed to
+// another backend, cuda_handoff.hpp) is released with events recorded on those streams: it waits in
+// a pending list and joins the free list once they have all completed (polled, never waited for),
+// so its next user cannot overwrite bytes another stream still reads.
 #pragma once
 
 #include <cstddef>
@@ -18,11 +20,14 @@
 #include <unordered_map>
 #include <vector>
 
+struct CUevent_st;
+
 namespace troupe::kernels::cuda {
 
 /// Counters of one allocator; bytes are rounded block sizes.
 struct memory_stats {
-  std::size_t in_use = 0;         // bytes held by live tensors and scratch
+  std::size_t in_use = 0;         // bytes held by live tensors and scratch (and blocks released
+                                  // while another stream may still read them)
   std::size_t peak_in_use = 0;    // high-water mark of in_use since the last reset_peak()
   std::size_t reserved = 0;       // bytes obtained from cudaMalloc and not yet returned
   std::size_t peak_reserved = 0;  // high-water mark of reserved since the last reset_peak()
@@ -42,6 +47,15 @@ class device_allocator {
   void* allocate(std::size_t bytes);
   /// Returns a block to the cache. Thread-safe (tensors may die on any actor thread).
   void release(void* p);
+  /// Returns a block to the cache once every event in `after` has completed (events recorded on
+  /// the other streams that used it). Takes the events: they go back to the pool. Thread-safe.
+  void release_after(void* p, std::vector<CUevent_st*> after);
+  /// An event (no timing) from this allocator's pool; give it back with release_after or
+  /// recycle_event.
+  CUevent_st* take_event();
+  void recycle_event(CUevent_st* e);
+  /// Blocks released with events that have not completed yet.
+  std::size_t pending_blocks() const;
   /// Frees every cached (unused) block back to the device.
   void empty_cache();
   memory_stats stats() const;
@@ -53,11 +67,20 @@ class device_allocator {
 
  private:
   void free_cached_locked();
+  void collect_pending_locked();
+
+  struct pending_block {
+    void* p;
+    std::size_t size;
+    std::vector<CUevent_st*> after;
+  };
 
   int device_;
   mutable std::mutex mu_;
   std::unordered_map<void*, std::size_t> live_;            // block -> class size
   std::multimap<std::size_t, void*> free_;                 // class size -> cached blocks
+  std::vector<pending_block> pending_;                     // released, other streams not done
+  std::vector<CUevent_st*> events_;                        // idle events
   memory_stats stats_;
 };
 

@@ -25,6 +25,11 @@ bool cuda_device_present() {
 
 namespace cuda {
 
+namespace {
+// Host-to-device copies up to this size are staged through page-locked memory without a wait.
+constexpr std::size_t staged_copy_limit = std::size_t{1} << 20;
+}  // namespace
+
 cuda_backend::cuda_backend(int device_index) {
   int n = 0;
   TROUPE_CUDA_CHECK(cudaGetDeviceCount(&n));
@@ -56,7 +61,11 @@ tensor cuda_backend::empty(const core::shape_t& shape, core::dtype t) {
   st->dev = dev();
   std::shared_ptr<device_allocator> alloc = ctx_->alloc;
   st->data = alloc->allocate(st->bytes);
-  st->release = [alloc](void* p) { alloc->release(p); };
+  // The storage outlives nothing it holds: `owner` is read in its own destructor, before its
+  // members go, to see which other streams used the block (cuda_handoff.hpp).
+  const core::storage* owner = st.get();
+  cudaStream_t own = ctx_->stream;
+  st->release = [alloc, owner, own](void* p) { release_block(*alloc, own, p, owner->sync); };
   return tensor::over(std::move(st), 0, shape, t);
 }
 
@@ -84,12 +93,23 @@ void cuda_backend::copy(const tensor& src, tensor& dst) {
     std::memcpy(dst.raw(), src.raw(), src.bytes());
     return;
   }
+  if (src_host && src.bytes() <= staged_copy_limit) {
+    // Small uploads (a micro-batch's tokens and targets) go through a page-locked staging buffer:
+    // the source is read before copy returns, as callers expect, but the stream is not waited for,
+    // so a stage can queue its next micro-batch while the GPU works on the last.
+    pinned_buffer& b = ctx_->staging_buffer(src.bytes());
+    std::memcpy(b.p, src.raw(), src.bytes());
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), b.p, src.bytes(), cudaMemcpyHostToDevice,
+                                      ctx_->stream));
+    TROUPE_CUDA_CHECK(cudaEventRecord(b.done, ctx_->stream));
+    return;
+  }
   const cudaMemcpyKind kind = src_host   ? cudaMemcpyHostToDevice
                               : dst_host ? cudaMemcpyDeviceToHost
                                          : cudaMemcpyDefault;
   TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), kind, ctx_->stream));
   // Host tensors are pageable: the caller may read the destination or free the source as soon as
-  // copy returns, so a copy that touches the host completes before returning.
+  // copy returns, so any other copy that touches the host completes before returning.
   if (src_host || dst_host) TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
 }
 
@@ -241,6 +261,18 @@ bool cuda_backend::has_nonfinite(const tensor& x) {
   activate();
   return launch_has_nonfinite(*ctx_, x);
 }
+
+void cuda_backend::record_ready(const tensor& t) {
+  activate();
+  cuda::record_ready(ctx_->stream_owner, t);
+}
+
+void cuda_backend::wait_ready(const tensor& t) {
+  activate();
+  cuda::wait_ready(ctx_->stream_owner, t);
+}
+
+std::uint64_t cuda_backend::peak_memory_bytes() const { return ctx_->alloc->stats().peak_in_use; }
 
 memory_stats cuda_backend::memory() const { return ctx_->alloc->stats(); }
 

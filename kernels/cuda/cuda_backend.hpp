@@ -82,6 +82,10 @@ class cuda_backend final : public backend {
              tensor& low) override;
   bool has_nonfinite(const tensor& x) override;
 
+  void record_ready(const tensor& t) override;
+  void wait_ready(const tensor& t) override;
+  std::uint64_t peak_memory_bytes() const override;
+
   /// Allocator counters of this backend (peak bytes of its stage).
   memory_stats memory() const;
   /// Restarts the peak counters at the current values.

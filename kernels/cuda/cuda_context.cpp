@@ -1,5 +1,7 @@
 #include "kernels/cuda/cuda_context.hpp"
 
+#include <algorithm>
+
 #include "kernels/cuda/cuda_check.hpp"
 
 namespace troupe::kernels::cuda {
@@ -12,7 +14,8 @@ constexpr std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
 context::context(int dev) : device(dev) {
   TROUPE_CUDA_CHECK(cudaSetDevice(device));
   TROUPE_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  stream_owner = std::make_shared<stream_handle>(device);
+  stream = stream_owner->stream;
   TROUPE_CUBLAS_CHECK(cublasLtCreate(&lt));
   alloc = std::make_shared<device_allocator>(device);
   workspace_bytes = gemm_workspace_bytes;
@@ -30,8 +33,28 @@ context::~context() {
     cublasLtMatrixLayoutDestroy(plan.lc);
     cublasLtMatmulDescDestroy(plan.desc);
   }
+  for (auto& b : staging) {
+    cudaEventDestroy(b.done);
+    cudaFreeHost(b.p);
+  }
   if (lt) cublasLtDestroy(lt);
-  if (stream) cudaStreamDestroy(stream);
+  // The stream itself goes when the last hand-off state that remembers it does (stream_handle).
+}
+
+pinned_buffer& context::staging_buffer(std::size_t bytes) {
+  for (auto& b : staging) {
+    if (b.bytes < bytes) continue;
+    const cudaError_t e = cudaEventQuery(b.done);
+    if (e == cudaSuccess) return b;
+    if (e != cudaErrorNotReady) TROUPE_CUDA_CHECK(e);
+    cudaGetLastError();  // "not ready" is an answer, not an error
+  }
+  pinned_buffer b;
+  b.bytes = std::max<std::size_t>(bytes, std::size_t{64} << 10);
+  TROUPE_CUDA_CHECK(cudaHostAlloc(&b.p, b.bytes, cudaHostAllocDefault));
+  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+  staging.push_back(b);
+  return staging.back();
 }
 
 }  // namespace troupe::kernels::cuda

@@ -11,8 +11,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "kernels/cuda/cuda_allocator.hpp"
+#include "kernels/cuda/cuda_handoff.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -29,6 +31,13 @@ struct gemm_plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
+/// A page-locked host buffer for small host-to-device copies, reusable once `done` has completed.
+struct pinned_buffer {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  cudaEvent_t done = nullptr;  // recorded after the copy that reads it
+};
+
 struct context {
   explicit context(int device);
   ~context();
@@ -37,12 +46,17 @@ struct context {
 
   int device = 0;
   int sm_count = 0;
-  cudaStream_t stream = nullptr;
+  std::shared_ptr<stream_handle> stream_owner;  // shared with hand-off states (cuda_handoff.hpp)
+  cudaStream_t stream = nullptr;                // stream_owner->stream
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   std::shared_ptr<device_allocator> alloc;
   std::map<gemm_key, gemm_plan> gemm_plans;
+  std::vector<pinned_buffer> staging;  // host-to-device copies (cuda_backend::copy)
+
+  /// A staging buffer of at least `bytes` whose previous copy has completed (a new one if none).
+  pinned_buffer& staging_buffer(std::size_t bytes);
 };
 
 /// A scratch buffer from the context's allocator, returned to the cache when it goes out of scope.

@@ -1,0 +1,138 @@
+// The actor runtime on one GPU (runtime.device = "cuda"): every stage and optimizer shard is a CUDA
+// backend with its own stream, and tensors pass between them with events, not host waits. In fp32
+// the kernels are deterministic and a pipeline runs the same kernels in the same order as one
+// rank, so pipeline_stage 2 and 4 must give the single-rank CUDA loop's losses and weights bit for
+// bit, and the same config twice the same bits. Also fp16 with dynamic loss scaling, skipped steps
+// included. Skips without a GPU (run on a GPU machine: test_actors -tc='cuda*').
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "actors/runtime.hpp"
+#include "kernels/backend.hpp"
+#include "model/checkpoint.hpp"
+#include "model/metrics.hpp"
+#include "tests/model/trainer_fixture.hpp"
+
+namespace {
+
+using namespace troupe;
+namespace ck = troupe::model::checkpoint;
+using model::testing::scratch_dir;
+using model::testing::tiny_run;
+
+bool gpu_or_skip() {
+  if (kernels::cuda_available()) return true;
+  MESSAGE("skipped: no CUDA device in this build or on this machine");
+  return false;
+}
+
+struct outcome {
+  std::vector<double> losses;
+  std::map<std::string, std::uint64_t> hashes;
+  std::vector<bool> skipped;
+};
+
+outcome collect(const core::result<model::train_summary>& r, const core::config& cfg) {
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
+  outcome o;
+  o.losses = r.value().losses;
+  auto rd = ck::reader::open(r.value().checkpoint);
+  REQUIRE_MESSAGE(rd.ok(), (rd.ok() ? "" : rd.err().to_string()));
+  for (const auto& [name, rec] : rd->info().tensors) o.hashes[name] = rec.xxh64;
+  std::ifstream in(cfg.runtime.run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto m = model::parse_json_line(line);
+    REQUIRE(m.ok());
+    o.skipped.push_back(m->skipped);
+  }
+  return o;
+}
+
+outcome actors_run(const core::config& cfg) {
+  actors::run_options opt;
+  opt.log = nullptr;
+  return collect(actors::run_actor_job(cfg, opt), cfg);
+}
+
+outcome oracle_run(const core::config& cfg) {
+  model::train_options opt;
+  opt.log = nullptr;
+  return collect(model::train_single_rank(cfg, opt), cfg);
+}
+
+void check_identical(const outcome& a, const outcome& b) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (std::size_t i = 0; i < a.losses.size(); ++i) {
+    INFO("step ", i, ": ", a.losses[i], " vs ", b.losses[i]);
+    CHECK(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)) == 0);
+  }
+  CHECK(a.skipped == b.skipped);
+  REQUIRE(a.hashes.size() == b.hashes.size());
+  for (const auto& [name, h] : a.hashes) {
+    INFO("tensor ", name);
+    REQUIRE(b.hashes.count(name));
+    CHECK(h == b.hashes.at(name));
+  }
+}
+
+// A small GPT-2 with head_dim 64 (the tensor-core attention in fp16), 4 layers, 4 micro-batches.
+core::config gpu_config(const scratch_dir& tmp, const std::string& run, int pp,
+                        core::precision_kind p = core::precision_kind::fp32) {
+  auto cfg = tiny_run(tmp);
+  cfg.model.num_layers = 4;
+  cfg.model.hidden_size = 128;
+  cfg.model.num_heads = 2;
+  cfg.model.ffn_hidden_size = 512;
+  cfg.model.seq_length = 64;
+  cfg.parallel.pipeline_stage = pp;
+  cfg.parallel.micro_batch_num = 4;
+  cfg.train.steps = 5;
+  cfg.train.eval_interval = 0;
+  cfg.runtime.device = "cuda";
+  cfg.runtime.threads = 4;  // stages on several threads: hand-offs really cross threads
+  cfg.runtime.run_dir = tmp / run;
+  cfg.precision.compute = p;
+  if (p == core::precision_kind::fp16) {
+    cfg.precision.dynamic_loss_scale = true;
+    cfg.precision.loss_scale = 1 << 30;  // dlogits up to 2^30 / 512 tokens: inf in fp16, skipped
+    cfg.precision.loss_scale_window = 2;
+    cfg.train.steps = 12;
+  }
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("cuda actor runtime: pipeline_stage 2 and 4 on one GPU equal the single-rank loop") {
+  if (!gpu_or_skip()) return;
+  scratch_dir tmp("cuda_rt_split");
+  auto oracle = oracle_run(gpu_config(tmp, "single", 1));
+  for (int pp : {2, 4}) {
+    INFO("pipeline_stage ", pp);
+    check_identical(actors_run(gpu_config(tmp, "pp" + std::to_string(pp), pp)), oracle);
+  }
+}
+
+TEST_CASE("cuda actor runtime: the same pipeline config twice gives the same bits") {
+  if (!gpu_or_skip()) return;
+  scratch_dir tmp("cuda_rt_twice");
+  auto cfg = gpu_config(tmp, "a", 4);
+  cfg.parallel.data_parallel = 2;
+  cfg.optimizer.zero_stage = 1;
+  auto a = actors_run(cfg);
+  cfg.runtime.run_dir = tmp / "b";
+  check_identical(actors_run(cfg), a);
+}
+
+TEST_CASE("cuda actor runtime: fp16 with dynamic loss scaling skips like the single-rank loop") {
+  if (!gpu_or_skip()) return;
+  scratch_dir tmp("cuda_rt_fp16");
+  auto oracle = oracle_run(gpu_config(tmp, "single", 1, core::precision_kind::fp16));
+  int skipped = 0;
+  for (bool s : oracle.skipped) skipped += s ? 1 : 0;
+  CHECK(skipped >= 1);
+  CHECK(skipped < static_cast<int>(oracle.skipped.size()));
+  check_identical(actors_run(gpu_config(tmp, "pp2", 2, core::precision_kind::fp16)), oracle);
+}
