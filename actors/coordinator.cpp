@@ -503,6 +503,7 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
         if (st.hang_reporting) {
           std::string text = "no progress for " + std::to_string(static_cast<int>(idle)) +
                              " s at step " + std::to_string(st.step) + "; who waits on whom:";
+          std::sort(st.hang_lines.begin(), st.hang_lines.end());
           for (auto& l : st.hang_lines) text += "\n    " + l;
           fail(self, *j, core::error::make(text, "a peer never sent what the schedule expects; "
                                                  "check a custom schedule with `troupe schedule check`"));
@@ -510,10 +511,17 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
         }
         if (idle > limit && !st.awaiting_eval) {
           st.hang_reporting = true;
-          for (auto& [k, a] : j->stages)
+          for (auto& [k, a] : j->stages) {
+            const int dp = k.first, pp = k.second;
             self->request(a, std::chrono::seconds(2), status_atom::value)
                 .then([self](std::string& line) { self->state.hang_lines.push_back(line); },
-                      [](caf::error&) {});
+                      [self, dp, pp, rank = j->layout.worker(dp, pp)](caf::error&) {
+                        // A stage busy in one long kernel, or a worker process that is stopped.
+                        self->state.hang_lines.push_back(
+                            stage_name(dp, pp) + " (rank " + std::to_string(rank) +
+                            "): no answer within 2 s — stuck inside an instruction, or its process is stopped");
+                      });
+          }
           self->delayed_send(self, std::chrono::seconds(3), tick_atom::value);
           return;
         }
