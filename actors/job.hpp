@@ -100,7 +100,11 @@ void route(Self* self, const job& j, const address& from, const address& to,
 inline core::tensor receive(const job& j, int dst_worker, const tensor_ready& m,
                             kernels::backend* be = nullptr) {
   core::tensor t = j.endpoint(dst_worker).recv(m.src, m.tag(), j.recv_timeout);
-  if (j.sink) observe_receive(*j.sink, m.src, dst_worker, m.tag(), t, be);
+  if (j.sink) {
+    // A device tensor may still be in flight on another stream: order the log's copy after it.
+    if (be && t.defined() && !t.dev().is_cpu()) be->wait_ready(t);
+    observe_receive(*j.sink, m.src, dst_worker, m.tag(), t, be);
+  }
   return t;
 }
 

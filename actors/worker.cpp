@@ -194,7 +194,7 @@ void tell_nodes(caf::scoped_actor& self, const job& j, const core::result<model:
   const bool ok = r.ok();
   const std::string text = ok ? std::string() : r.err().to_string();
   for (auto& [rank, node] : j.nodes)
-    self->request(node, std::chrono::seconds(10), stop_atom::value, ok, text)
+    self->request(node, std::chrono::seconds(5), stop_atom::value, ok, text)
         .receive([](bool) {}, [](caf::error&) {});
 }
 
@@ -355,6 +355,7 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
       auto future = done->get_future();
       future.wait();
       result = future.get();
+      if (!result.ok() && opt.report) opt.report(with_rank(result.err(), rank));
       caf::scoped_actor self{sys};
       tell_nodes(self, j, result);
     } else {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "actors/runtime.hpp"
@@ -28,6 +29,10 @@ struct worker_options {
   int node_rank = 0;
   int local_rank = 0;
   std::chrono::milliseconds rendezvous_timeout{300000};
+  /// Called once with the job's error as soon as this worker knows the job failed, before the
+  /// (bounded) goodbyes to the other workers, so the reason reaches the log even if the launcher
+  /// stops this process meanwhile. Empty = not called.
+  std::function<void(const core::error&)> report;
 };
 
 /// Runs this process's worker of `cfg`'s job until the job ends. Worker 0 returns the job's

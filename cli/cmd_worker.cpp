@@ -95,9 +95,15 @@ int run_worker_command(const worker_args& a) {
   }
   opt->run.resume = a.resume;
   opt->run.max_steps = a.steps;
+  bool reported = false;
+  opt->report = [&reported](const core::error& e) {
+    print_error(e.to_string());
+    std::fflush(stderr);
+    reported = true;
+  };
   auto summary = actors::run_worker(cfg.value(), opt.value());
   if (!summary) {
-    print_error(summary.err().to_string());
+    if (!reported) print_error(summary.err().to_string());
     return 1;
   }
   std::printf("worker rank %d: done\n", rank);

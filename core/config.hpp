@@ -128,6 +128,7 @@ struct runtime_config {
   std::string fault_inject;     // test-only: "rank:step:instruction" makes that instruction throw
   bool record = true;           // message logs in <run_dir>/messages/ (docs/replay.md)
   bool record_tensors = false;  // also the bytes of every tensor a worker receives from another
+  int watchdog_s = 60;          // no progress this long: report who waits on whom and stop
 
   bool operator==(const runtime_config&) const = default;
 };

@@ -216,6 +216,8 @@ std::vector<key_spec> make_specs() {
   s.push_back(string_key("runtime", "fault_inject", &C::runtime, &runtime_config::fault_inject));
   s.push_back(bool_key("runtime", "record", &C::runtime, &runtime_config::record));
   s.push_back(bool_key("runtime", "record_tensors", &C::runtime, &runtime_config::record_tensors));
+  s.push_back(int_key("runtime", "watchdog_s", &C::runtime, &runtime_config::watchdog_s, 1, 86400,
+                      "seconds without progress before the job is stopped with a hang report"));
   return s;
 }
 

@@ -234,3 +234,28 @@ TEST_CASE("two launch calls on loopback (node_rank 0 and 1, two workers each) fo
   CHECK_MESSAGE(n1.wait() == 0, n1.stderr_text());
   require_same_result(tmp.path / "inproc", tmp.path / "nodes");
 }
+
+TEST_CASE("a worker that stops making progress (SIGSTOP) is reported by the watchdog with who waits on whom") {
+  scratch_dir tmp("launch_hang");
+  child l(tmp.path, "launch", launch_args(free_port(), "--grace 2") + tiny_sets(tmp, "hung", 40) +
+                                  " --set runtime.watchdog_s=4");
+  const fs::path metrics = tmp.path / "hung" / "metrics.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  while (slurp(metrics).find('\n') == std::string::npos) {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, l.stderr_text());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const auto workers = nlohmann::json::parse(slurp(tmp.path / "hung" / "logs" / "workers.json"));
+  pid_t stopped = -1;
+  for (auto& w : workers)
+    if (w.at("rank").get<int>() == 3) stopped = w.at("pid").get<pid_t>();
+  REQUIRE(stopped > 0);
+  REQUIRE(::kill(stopped, SIGSTOP) == 0);
+  const int code = l.wait(std::chrono::seconds(120));
+  CHECK(code != 0);
+  const std::string log0 = slurp(tmp.path / "hung" / "logs" / "worker_0.log");
+  CHECK_MESSAGE(contains(log0, "who waits on whom"), log0);
+  CHECK_MESSAGE(contains(log0, "stage(dp=1, pp=1) (rank 3): no answer within 2 s"), log0);
+  CHECK_MESSAGE(contains(log0, "waiting for"), log0);
+  for (auto& w : workers) CHECK(::kill(w.at("pid").get<pid_t>(), 0) != 0);
+}
