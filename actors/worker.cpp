@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <caf/io/all.hpp>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -230,6 +231,14 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
   const bool gpu = cfg.runtime.device != "cpu";
   if (gpu) {
 #ifdef TROUPE_HAVE_NCCL
+    // NCCL refuses two ranks on one GPU of one host. For exercising this path with a single GPU
+    // (tests, a laptop), TROUPE_NCCL_HOST_PER_RANK=1 gives every rank its own NCCL host id, so
+    // that NCCL treats the ranks as separate hosts and connects them over sockets.
+    if (const char* v = std::getenv("TROUPE_NCCL_HOST_PER_RANK"); v && std::string(v) == "1") {
+      char name[256] = {0};
+      ::gethostname(name, sizeof name - 1);
+      ::setenv("NCCL_HOSTID", (std::string(name) + "-rank" + std::to_string(rank)).c_str(), 1);
+    }
     transport::nccl_options no;
     no.control = to;
     no.device = cfg.runtime.device.rfind("cuda:", 0) == 0 ? std::atoi(cfg.runtime.device.c_str() + 5) : 0;
