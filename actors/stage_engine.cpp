@@ -95,7 +95,8 @@ transport::tag stage_engine::tag_of(tensor_kind k, int chunk, int mb, int part) 
 }
 
 void stage_engine::emit(address to, transport::tag tg, core::tensor t) {
-  // Activations and input gradients are fresh tensors nobody writes again: they leave as they are.
+  // Activations, input gradients and the tied-gradient copy are fresh tensors nobody writes again:
+  // they leave as they are. Gradient slices are views of the gradient buffer: a copy leaves.
   const bool reused = tg.kind == static_cast<std::uint32_t>(tensor_kind::grad_slice);
   out_.push_back(outgoing{to, tg, hand_over(be_, std::move(t), reused)});
 }
@@ -271,8 +272,12 @@ bool stage_engine::reduce_grad(int c) {
   // the partner may need this rank's later instructions before it reaches its own REDUCE_GRAD.
   core::tensor mine = chunk_for(c).grad(c == 0 ? emb : "lm_head.weight");
   if (state == 0) {
+    // A copy: this rank adds the partner's gradient into `mine` while the partner reads this one.
+    // On a GPU the copy stays on the device (a host round trip of the embedding's gradient costs
+    // tens of milliseconds per step).
     emit(address{role::stage, dp_, layout_.rank_of_chunk(partner)},
-         tag_of(tensor_kind::tied_grad, c, -1), be_.to_host(mine).clone());
+         tag_of(tensor_kind::tied_grad, c, -1),
+         be_.dev().is_cpu() ? mine.clone() : hand_over(be_, mine, true));
     state = 1;
   }
   if (!finishing_) return true;
@@ -281,7 +286,7 @@ bool stage_engine::reduce_grad(int c) {
     waiting_for_ = "the tied embedding gradient of chunk " + std::to_string(partner);
     return false;
   }
-  be_.accumulate(be_.from_host(take(tg)), mine);
+  be_.accumulate(on_device(take(tg)), mine);
   send_slices(c);
   return true;
 }

@@ -12,7 +12,8 @@
 //
 // Usage: gpu_pipeline_bench [--config FILE] [--pp P] [--micro M] [--micro-batch B] [--steps S]
 //                           [--warmup W] [--schedule NAME] [--precision bf16|fp32|fp16]
-//                           [--no-single] [--out FILE.json]
+//                           [--device cuda|cpu] [--no-single] [--keep DIR] [--out FILE.json]
+// (--device cpu --precision fp32 --config configs/tiny.toml checks the program on a CPU.)
 // Random tokens (vocab 50257), vocabulary padded to 50304 like shared/bench/torch_gpt2.py.
 #include <unistd.h>
 
@@ -41,7 +42,8 @@ namespace {
 struct options {
   std::string config = "configs/gpt2_124m.toml";
   int pp = 4, micro = 8, micro_batch = 16, steps = 12, warmup = 4;
-  std::string schedule = "1f1b", precision = "bf16", out = "gpu_pipeline_bench.json";
+  std::string schedule = "1f1b", precision = "bf16", device = "cuda", out = "gpu_pipeline_bench.json";
+  std::string keep;  // a directory to copy each run's metrics.jsonl and trace.json to
   bool single = true;
 };
 
@@ -76,7 +78,7 @@ core::config make_config(const options& o, const std::string& dir, int pp) {
       "optimizer.zero_stage=0",
       "data.train=\"" + dir + "/train.bin\"",
       "data.val=\"\"",
-      "runtime.device=\"cuda\"",
+      "runtime.device=\"" + o.device + "\"",
       "runtime.record=false",
       "runtime.run_dir=\"" + dir + "/run_pp" + std::to_string(pp) + "\"",
       "checkpoint.dir=\"" + dir + "/ckpt_pp" + std::to_string(pp) + "\"",
@@ -118,7 +120,10 @@ measured run(const core::config& c, const options& o) {
   m.last_loss = last["loss"].get<double>();
   for (const auto& l : lines) m.skipped += l.value("skipped", false) ? 1 : 0;
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  for (const auto& s : last["stages"])
+  std::vector<nlohmann::json> stages(last["stages"].begin(), last["stages"].end());
+  std::sort(stages.begin(), stages.end(),  // listed in the order the stages reported
+            [](const auto& a, const auto& b) { return a["pp"].template get<int>() < b["pp"].template get<int>(); });
+  for (const auto& s : stages)
     m.stage_gib.emplace_back(s.value("peak_device_bytes", 0.0) / gib,
                              s.value("optimizer_peak_device_bytes", 0.0) / gib);
   return m;
@@ -153,12 +158,15 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") o.warmup = std::stoi(next());
     else if (a == "--schedule") o.schedule = next();
     else if (a == "--precision") o.precision = next();
+    else if (a == "--device") o.device = next();
+    else if (a == "--keep") o.keep = next();
     else if (a == "--no-single") o.single = false;
     else if (a == "--out") o.out = next();
     else {
       std::fprintf(stderr, "usage: gpu_pipeline_bench [--config FILE] [--pp P] [--micro M] "
                            "[--micro-batch B] [--steps S] [--warmup W] [--schedule NAME] "
-                           "[--precision bf16|fp32|fp16] [--no-single] [--out FILE.json]\n");
+                           "[--precision bf16|fp32|fp16] [--device cuda|cpu] [--no-single] "
+                           "[--keep DIR] [--out FILE.json]\n");
       return 2;
     }
   }
@@ -181,6 +189,13 @@ int main(int argc, char** argv) {
                   o.precision.c_str());
       std::fflush(stdout);
       results.push_back(run(c, o));
+      if (!o.keep.empty()) {
+        fs::create_directories(o.keep);
+        for (const char* f : {"metrics.jsonl", "trace.json"})
+          fs::copy_file(c.runtime.run_dir + "/" + f,
+                        o.keep + "/pp" + std::to_string(pp) + "_" + f,
+                        fs::copy_options::overwrite_existing);
+      }
       const measured& m = results.back();
       nlohmann::json j = {{"pp", pp},           {"tokens_per_s", m.tokens_per_s},
                           {"tflops", m.tflops}, {"bubble_measured", m.bubble},

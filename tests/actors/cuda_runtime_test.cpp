@@ -84,6 +84,7 @@ core::config gpu_config(const scratch_dir& tmp, const std::string& run, int pp,
   cfg.model.num_layers = 4;
   cfg.model.hidden_size = 128;
   cfg.model.num_heads = 2;
+  cfg.model.num_kv_heads = 2;  // tiny_run's validation filled in its own head count
   cfg.model.ffn_hidden_size = 512;
   cfg.model.seq_length = 64;
   cfg.parallel.pipeline_stage = pp;
