@@ -57,7 +57,8 @@ TEST_CASE("gpu: a launched pipeline (2 worker processes, nccl) on one GPU equals
   const int code = sh("cd '" + tmp.path.string() + "' && TROUPE_NCCL_HOST_PER_RANK=1 '" + bin +
                       "' launch --worker_num 2 --master_port 29731 '" + config + "' --set runtime.run_dir='" +
                       l_dir + "' > launch.out 2> launch.err");
-  INFO(slurp_file(tmp.path / "launch.out") + slurp_file(tmp.path / "launch.err"));
+  const std::string launch_log = slurp_file(tmp.path / "launch.out") + slurp_file(tmp.path / "launch.err");
+  INFO(launch_log);
   REQUIRE(code == 0);
   int files = 0;
   for (auto& e : fs::directory_iterator(fs::path(in_dir) / "checkpoints" / "step_000004")) {
