@@ -171,6 +171,17 @@ void maybe_decide(self_t* self, const job& j) {
   // The single-rank trainer decides with the same function: same norm, clip, lr, skip, scale.
   const model::step_decision d = model::decide_step(blocks, st.scaler, j.cfg.optimizer, j.cfg.train,
                                                     static_cast<int>(st.step));
+  if (!d.skip && !std::isfinite(d.grad_norm)) {
+    // Without dynamic loss scaling a non-finite gradient would poison every parameter.
+    fail(self, j, core::error::make("the gradient norm is " +
+                                        std::string(std::isnan(d.grad_norm) ? "NaN" : "infinite") +
+                                        " at step " + std::to_string(st.step) +
+                                        "; the parameters were not updated",
+                                    "lower optimizer.lr or set train.grad_clip; with fp16 turn on "
+                                    "precision.dynamic_loss_scale; resume from the last checkpoint "
+                                    "with --resume"));
+    return;
+  }
   st.decision = d;
   st.grad_norm = d.grad_norm;
   st.lr = d.lr;

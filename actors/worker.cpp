@@ -211,7 +211,10 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
                                    " workers but the config needs data_parallel × model_parallel × "
                                    "pipeline_stage = " + std::to_string(world),
                                "pass --worker_num " + std::to_string(world) + " to troupe launch");
-  if (cfg.runtime.device == "cuda") cfg.runtime.device = "cuda:" + std::to_string(opt.local_rank);  // a GPU per local rank
+  // A GPU per local rank; with TROUPE_NCCL_HOST_PER_RANK=1 (below) every rank shares GPU 0.
+  const char* shared_gpu = std::getenv("TROUPE_NCCL_HOST_PER_RANK");
+  const bool share_gpu0 = shared_gpu && std::string(shared_gpu) == "1";
+  if (cfg.runtime.device == "cuda") cfg.runtime.device = "cuda:" + std::to_string(share_gpu0 ? 0 : opt.local_rank);
   if (cfg.runtime.threads == 0) {
     // The node's cores are shared by its workers.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -232,9 +235,10 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
   if (gpu) {
 #ifdef TROUPE_HAVE_NCCL
     // NCCL refuses two ranks on one GPU of one host. For exercising this path with a single GPU
-    // (tests, a laptop), TROUPE_NCCL_HOST_PER_RANK=1 gives every rank its own NCCL host id, so
-    // that NCCL treats the ranks as separate hosts and connects them over sockets.
-    if (const char* v = std::getenv("TROUPE_NCCL_HOST_PER_RANK"); v && std::string(v) == "1") {
+    // (tests, a laptop), TROUPE_NCCL_HOST_PER_RANK=1 puts every rank on GPU 0 and gives each its
+    // own NCCL host id, so that NCCL treats the ranks as separate hosts and connects them over
+    // sockets.
+    if (share_gpu0) {
       char name[256] = {0};
       ::gethostname(name, sizeof name - 1);
       ::setenv("NCCL_HOSTID", (std::string(name) + "-rank" + std::to_string(rank)).c_str(), 1);

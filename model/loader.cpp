@@ -23,6 +23,7 @@ loader_options loader_options::from(const core::config& c) {
   o.micro_batch_size = c.parallel.micro_batch_size;
   o.micro_batches = c.parallel.micro_batch_num * c.train.gradient_accumulation_steps;
   o.seed = c.train.seed;
+  o.vocab_size = c.model.vocab_size;
   return o;
 }
 
@@ -137,6 +138,14 @@ batch loader::gather(const std::vector<std::uint64_t>& windows) const {
     auto it = std::upper_bound(first_window_.begin(), first_window_.end(), windows[i]);
     auto s = static_cast<std::size_t>(it - first_window_.begin()) - 1;
     const std::uint16_t* src = shards_[s].tokens().data() + (windows[i] - first_window_[s]);
+    if (opt_.vocab_size > 0)
+      for (int t = 0; t <= T; ++t)
+        if (src[t] >= opt_.vocab_size)
+          throw core::failure("token id " + std::to_string(src[t]) + " at token " +
+                              std::to_string(windows[i] - first_window_[s] + static_cast<std::uint64_t>(t)) +
+                              " of " + shards_[s].path() + " is not below model.vocab_size " +
+                              std::to_string(opt_.vocab_size) +
+                              " (hint: tokenize the data with the model's vocabulary, or raise model.vocab_size)");
     for (int t = 0; t < T; ++t) {
       x[static_cast<std::size_t>(i) * T + t] = src[t];
       y[static_cast<std::size_t>(i) * T + t] = src[t + 1];

@@ -42,6 +42,9 @@ struct loader_options {
   int micro_batch_size = 1;       // B
   int micro_batches = 1;          // M: micro_batch_num × gradient_accumulation_steps
   std::uint64_t seed = 1234;
+  /// Token ids must be below this (model.vocab_size); 0 = not checked. Checked on every cut, on
+  /// the host: a GPU embedding would read out of bounds without a word.
+  int vocab_size = 0;
 
   /// The options a config implies (model.seq_length, parallel.micro_batch_size, ...).
   static loader_options from(const core::config& c);

@@ -1,7 +1,7 @@
 // `troupe launch` on GPUs: the worker processes move tensors with the nccl transport. Only one GPU
 // is lent to this project, and NCCL refuses two ranks of one host on one GPU, so the test gives
 // each rank its own NCCL host id (TROUPE_NCCL_HOST_PER_RANK=1: NCCL then connects the ranks over
-// sockets) and puts both pipeline stages on cuda:0. In fp32 the kernels are deterministic and
+// sockets) and puts both pipeline stages on GPU 0. In fp32 the kernels are deterministic and
 // each stage runs the same kernels in the same order whether it shares a process or not, so the
 // launched job must equal `troupe train` in one process bit for bit. Skips without a GPU or NCCL.
 #include <doctest/doctest.h>
@@ -47,7 +47,7 @@ TEST_CASE("gpu: a launched pipeline (2 worker processes, nccl) on one GPU equals
   auto cfg = troupe::model::testing::tiny_run(tmp);
   cfg.parallel.pipeline_stage = 2;
   cfg.train.steps = 4;
-  cfg.runtime.device = "cuda:0";
+  cfg.runtime.device = "cuda";
   const std::string config = tmp / "gpu.toml";
   std::ofstream(config) << troupe::core::to_toml(cfg);
   const std::string bin = TROUPE_BINARY_DIR "/troupe";

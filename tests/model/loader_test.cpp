@@ -237,3 +237,31 @@ TEST_CASE("loader_options::from takes T, B, M and the seed from a config") {
   CHECK(o.micro_batches == 6);
   CHECK(o.seed == 99);
 }
+
+TEST_CASE("a token id not below vocab_size makes cut fail naming the id, its position and the shard") {
+  auto dir = scratch_dir("vocab");
+  // Tokens 100, 101, ...: with vocab_size 150 every window holding ids >= 150 is refused.
+  const auto path = counting_shard(dir / "ids.bin", 100, 200);
+  auto o = opts(8, 2, 1);
+  o.vocab_size = 150;
+  auto l = open_or_fail({path}, o);
+  bool refused = false;
+  for (std::uint64_t step = 0; step < 40 && !refused; ++step) {
+    try {
+      auto b = l.cut(step, 0, 0);
+      for (auto v : values(b.tokens)) CHECK(v < 150);
+      for (auto v : values(b.targets)) CHECK(v < 150);
+    } catch (const core::failure& e) {
+      refused = true;
+      const std::string m = e.what();
+      CHECK(m.find("is not below model.vocab_size 150") != std::string::npos);
+      CHECK(m.find(path) != std::string::npos);
+      CHECK(m.find("token id 1") != std::string::npos);
+    }
+  }
+  CHECK(refused);
+  o.vocab_size = 0;  // unchecked: the same cuts go through
+  auto unchecked = open_or_fail({path}, o);
+  for (std::uint64_t step = 0; step < 40; ++step) CHECK_NOTHROW(unchecked.cut(step, 0, 0));
+  fs::remove_all(dir);
+}
