@@ -187,7 +187,7 @@ void maybe_decide(self_t* self, const job& j) {
   st.lr = d.lr;
   st.decided = true;
   for (auto& [k, a] : j.shards)
-    self->send(a, clip_decision{st.step, d.grad_scale, d.lr, d.adam_step, d.skip});
+    self->send(a, clip_decision{st.step, d.grad_scale, d.lr, d.adam_step, d.skip, d.loss_scale});
 }
 
 double validation_loss(coord_state& st, const job& j) {

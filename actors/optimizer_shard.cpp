@@ -24,7 +24,7 @@ void apply_when_reduced(shard_self* self, const job& j, int pp, int part) {
   if (!st.pending || !eng.reduce(st.pending->step)) return;
   const clip_decision d = *st.pending;
   st.pending.reset();
-  if (j.sink) j.sink->clipped(clip_record{st.worker, pp, part, d.step, d.scale, d.lr});
+  if (j.sink) j.sink->clipped(clip_record{st.worker, pp, part, d.step, d.scale, d.lr, d.adam_step, d.skip, d.loss_scale});
   eng.apply(d.step, d.scale, d.lr, d.adam_step, d.skip);
   for (auto& o : eng.take_outgoing())
     route(self, j, address{role::shard, pp, part}, o.to, o.tag, std::move(o.t),

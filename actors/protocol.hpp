@@ -84,6 +84,7 @@ struct clip_decision {
   double lr = 0;
   std::int64_t adam_step = 1;
   bool skip = false;
+  float loss_scale = 1;  // the scale the step's losses were multiplied by (logged for replay)
 };
 
 /// An optimizer shard finished step `step`.
@@ -127,7 +128,8 @@ typename Inspector::result_type inspect(Inspector& f, norm_part& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, clip_decision& x) {
-  return f(TROUPE_INSPECT_NAME("clip_decision"), x.step, x.scale, x.lr, x.adam_step, x.skip);
+  return f(TROUPE_INSPECT_NAME("clip_decision"), x.step, x.scale, x.lr, x.adam_step, x.skip,
+           x.loss_scale);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_report& x) {

@@ -275,7 +275,8 @@ std::string to_line(const clip_record& c) {
   return "{\"step\":" + std::to_string(c.step) + ",\"src\":" + std::to_string(c.src) +
          ",\"control\":\"clip\",\"pp\":" + std::to_string(c.pp) + ",\"part\":" +
          std::to_string(c.part) + ",\"scale\":\"" + hex_double(c.scale) + "\",\"lr\":\"" +
-         hex_double(c.lr) + "\"}";
+         hex_double(c.lr) + "\",\"adam_step\":" + std::to_string(c.adam_step) +
+         ",\"skip\":" + (c.skip ? "true" : "false") + ",\"loss_scale\":\"" + hex_double(c.loss_scale) + "\"}";
 }
 
 core::result<message_log> read_log(const std::string& dir, int rank) {
@@ -314,6 +315,11 @@ core::result<message_log> read_log(const std::string& dir, int rank) {
         c.part = j.at("part").get<int>();
         c.scale = static_cast<float>(std::strtod(j.at("scale").get<std::string>().c_str(), nullptr));
         c.lr = std::strtod(j.at("lr").get<std::string>().c_str(), nullptr);
+        // Logs written before dynamic loss scaling lack these: no skips, t = step + 1, scale 1.
+        c.adam_step = j.value("adam_step", c.step + 1);
+        c.skip = j.value("skip", false);
+        if (j.contains("loss_scale"))
+          c.loss_scale = static_cast<float>(std::strtod(j.at("loss_scale").get<std::string>().c_str(), nullptr));
         out.clips.push_back(c);
         continue;
       }

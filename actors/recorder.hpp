@@ -85,6 +85,9 @@ struct clip_record {
   std::int64_t step = 0;
   float scale = 1;
   double lr = 0;
+  std::int64_t adam_step = 1;  // AdamW's t (step + 1 unless loss scaling skipped steps)
+  bool skip = false;           // dynamic loss scaling skipped the update
+  float loss_scale = 1;        // the step's loss scale, which the stages multiplied the loss by
 };
 
 /// "gradient", "param_slice", ... ("kind 12" for an unknown value).

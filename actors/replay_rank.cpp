@@ -134,7 +134,10 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
         }
       }
       if (checker.mismatch()) break;
-      stage.begin_step(s);
+      // The step's loss scale (1 unless dynamic loss scaling is on), from the shard's clip record:
+      // every shard logs the decision the stages' step began with.
+      const auto clip = run.clips.find({me, s});
+      stage.begin_step(s, clip == run.clips.end() ? 1.0f : clip->second.loss_scale);
       for (auto& t : inbox[s]) {
         if (is_snapshot(t.tag.kind)) continue;
         // A gradient slice is for the shard, from the stage of replica src / P.
@@ -160,7 +163,7 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
                                         "no clip decision recorded for step " + std::to_string(s),
                                         "the log is incomplete; record the run again");
           shard.take_norm_parts();
-          shard.apply(s, c->second.scale, c->second.lr);
+          shard.apply(s, c->second.scale, c->second.lr, c->second.adam_step, c->second.skip);
           for (auto& o : shard.take_outgoing())
             if (!send(shard_addr, o.to, o.tag, std::move(o.t), nullptr)) break;
           if (checker.mismatch()) break;

@@ -411,3 +411,39 @@ TEST_CASE("with interleaved stages every logged transfer names an instruction of
   auto rep = replay(cfg.runtime.run_dir);
   CHECK_MESSAGE(rep.matched, rep.mismatch);
 }
+
+TEST_CASE("with dynamic loss scaling (skipped steps, changing scale) a worker still replays alone") {
+  scratch_dir tmp("rp_scale");
+  auto cfg = recorded_config(tmp);
+  cfg.model.init_std = 1.0f;
+  cfg.parallel.micro_batch_size = 1;
+  cfg.train.steps = 8;
+  cfg.train.eval_interval = 0;
+  cfg.precision.dynamic_loss_scale = true;
+  cfg.precision.loss_scale = 3.4e38;
+  cfg.precision.loss_scale_window = 2;
+  cfg.runtime.record_tensors = true;
+  train(cfg);
+  // The run did skip steps: some clip records say so, and the scale changed.
+  int skips = 0;
+  std::set<float> scales;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto log = actors::read_log(actors::messages_dir(cfg.runtime.run_dir), rank);
+    REQUIRE(log.ok());
+    for (const auto& c : log.value().clips) {
+      skips += c.skip ? 1 : 0;
+      scales.insert(c.loss_scale);
+    }
+  }
+  CHECK(skips > 0);
+  CHECK(scales.size() > 1);
+  auto whole = replay(cfg.runtime.run_dir, {});
+  CHECK_MESSAGE(whole.matched, whole.mismatch);
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank ", rank);
+    actors::replay_options opt;
+    opt.rank = rank;
+    auto rep = replay(cfg.runtime.run_dir, opt);
+    CHECK_MESSAGE(rep.matched, rep.mismatch);
+  }
+}
