@@ -363,10 +363,9 @@ core::error process_lost(const coord_state& st, const job& j, int rank, const st
     std::snprintf(buf, sizeof buf, "%.1f", ago);
     text += "; its last report, " + std::string(buf) + " s before: " + beat->second.first.status;
   }
-  core::error e = core::error::make(text, "see that worker's log for how it ended (killed, out of memory, "
-                                          "crashed); resume from the last checkpoint with --resume");
-  e.where.rank = rank;
-  return e;
+  // The text names the dead rank; the error's own rank is the one reporting it.
+  return core::error::make(text, "see that worker's log for how it ended (killed, out of memory, "
+                                 "crashed); resume from the last checkpoint with --resume");
 }
 
 caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinator_setup s) {

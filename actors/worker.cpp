@@ -113,8 +113,9 @@ caf::behavior node_actor(node_t* self, std::shared_ptr<job> j, int rank, local_a
                 [](caf::error&) {});
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
       },
-      [=](stop_atom, bool ok, std::string& text) {
-        settle(self, ok ? core::status{} : core::status{core::error::make(text, "see worker 0's log")});
+      [=](stop_atom, bool ok, std::string& message, std::string& hint) {
+        settle(self, ok ? core::status{}
+                        : core::status{core::error::make(message, hint.empty() ? "see worker 0's log" : hint)});
         return true;
       },
       [=](stop_atom) {
@@ -193,9 +194,10 @@ core::result<local_actors> meet(caf::scoped_actor& self, const job& j, int r, co
 /// bounded time) until each has heard it, so its process stays reachable until then.
 void tell_nodes(caf::scoped_actor& self, const job& j, const core::result<model::train_summary>& r) {
   const bool ok = r.ok();
-  const std::string text = ok ? std::string() : r.err().to_string();
+  const std::string message = ok ? std::string() : r.err().message;
+  const std::string hint = ok ? std::string() : r.err().hint;
   for (auto& [rank, node] : j.nodes)
-    self->request(node, std::chrono::seconds(5), stop_atom::value, ok, text)
+    self->request(node, std::chrono::seconds(5), stop_atom::value, ok, message, hint)
         .receive([](bool) {}, [](caf::error&) {});
 }
 
