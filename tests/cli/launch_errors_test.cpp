@@ -38,12 +38,8 @@ namespace {
 
 const std::string troupe_binary = TROUPE_BINARY_DIR "/troupe";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+/// The whole file (empty when it does not exist yet).
+std::string slurp(const fs::path& p) { return troupe::model::testing::file_bytes(p.string()); }
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;

@@ -10,24 +10,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "kernels/backend.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace fs = std::filesystem;
+using troupe::model::testing::file_bytes;
 
 namespace {
 
-std::string slurp_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-int sh(const std::string& cmd) {
+[[maybe_unused]] int sh(const std::string& cmd) {
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
@@ -57,14 +50,15 @@ TEST_CASE("gpu: a launched pipeline (2 worker processes, nccl) on one GPU equals
   const int code = sh("cd '" + tmp.path.string() + "' && TROUPE_NCCL_HOST_PER_RANK=1 '" + bin +
                       "' launch --worker_num 2 --master_port 29731 '" + config + "' --set runtime.run_dir='" +
                       l_dir + "' > launch.out 2> launch.err");
-  const std::string launch_log = slurp_file(tmp.path / "launch.out") + slurp_file(tmp.path / "launch.err");
+  const std::string launch_log = file_bytes(tmp / "launch.out") + file_bytes(tmp / "launch.err");
   INFO(launch_log);
   REQUIRE(code == 0);
   int files = 0;
   for (auto& e : fs::directory_iterator(fs::path(in_dir) / "checkpoints" / "step_000004")) {
     if (e.path().extension() != ".safetensors") continue;
     ++files;
-    CHECK_MESSAGE(slurp_file(e.path()) == slurp_file(fs::path(l_dir) / "checkpoints" / "step_000004" / e.path().filename()),
+    CHECK_MESSAGE(file_bytes(e.path().string()) ==
+                      file_bytes((fs::path(l_dir) / "checkpoints" / "step_000004" / e.path().filename()).string()),
                   e.path().filename().string());
   }
   CHECK(files > 0);
