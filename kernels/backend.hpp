@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/tensor.hpp"
 
 namespace troupe::kernels {
@@ -41,6 +42,14 @@ struct adamw_params {
   float weight_decay = 0;  // decoupled: p -= lr * wd * p
   float grad_scale = 1;    // gradients are multiplied by this first (clipping, loss-scale undo)
   int step = 1;            // 1-based, for bias correction
+};
+
+/// One range [begin, end) of elements of flat optimizer buffers for `adamw_runs`, and whether
+/// weight decay applies to it.
+struct adamw_run {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  bool decay = true;
 };
 
 /// Elements per block of `sumsq_blocks`. Tensors are laid out in flat buffers at multiples of this,
@@ -76,6 +85,24 @@ class backend {
   virtual void linear_backward_input(const tensor& dy, const tensor& w, tensor& dx) = 0;
   /// dw[OC,IC] += dyᵀ · x; db[OC] += Σ_rows dy (when db is defined).
   virtual void linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw, tensor& db) = 0;
+
+  // --- fused variants -------------------------------------------------------------------------
+  // Each has a default composed of the ops above (kernels/fused_defaults.cpp), so a backend need
+  // not implement them; the CUDA backend fuses them into cuBLASLt epilogues. Their outputs are
+  // WRITTEN, not accumulated: the layer calls them where an output buffer is fresh, which saves
+  // zeroing it first. Outputs must not alias inputs.
+  /// y = x · wᵀ (+ b) + r: a linear layer ending in a residual add (r shaped like y).
+  virtual void linear_forward_residual(const tensor& x, const tensor& w, const tensor& b,
+                                       const tensor& r, tensor& y);
+  /// pre = x · wᵀ (+ b), y = gelu(pre) (tanh approximation): GPT-2's c_fc and its activation.
+  virtual void linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b, tensor& pre,
+                                   tensor& y);
+  /// dx = dy · w (written, not accumulated).
+  virtual void linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx);
+  /// dx = (dy · w) ⊙ gelu'(pre) (written): the gradient of c_fc's output through the GELU, given
+  /// the gradient dy of the next linear layer's output and its weight w.
+  virtual void linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
+                                          tensor& dx);
 
   // --- embeddings ---------------------------------------------------------------------------
   /// out[B*T,C] = wte[tok] (+ wpe[t] when wpe is defined, t = row % T). tokens: int32 [B*T].
@@ -146,6 +173,25 @@ class backend {
   /// shape). When `low` is defined (bf16/f16, same shape), it receives the updated params.
   virtual void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
                      const adamw_params& p, tensor& low) = 0;
+  /// AdamW over ranges of flat buffers in one call (the whole optimizer step of a chunk): the
+  /// elements of each run take `adamw` with p.weight_decay where run.decay, else 0; elements
+  /// outside every run are not touched. Runs are disjoint, 0 <= begin <= end <= param.numel();
+  /// low (when defined) is laid out like param. Gives the bits of one `adamw` call per run, which
+  /// is what this default does; the CUDA backend makes it one launch.
+  virtual void adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                          const std::vector<adamw_run>& runs, const adamw_params& p, tensor& low) {
+    for (const adamw_run& r : runs) {
+      if (r.begin > r.end)
+        throw core::failure("adamw_runs: run [" + std::to_string(r.begin) + ", " +
+                            std::to_string(r.end) + ") ends before it begins");
+      const core::shape_t s{r.end - r.begin};
+      tensor ps = param.slice(r.begin, s), ms = m.slice(r.begin, s), vs = v.slice(r.begin, s);
+      tensor ls = low.defined() ? low.slice(r.begin, s) : tensor{};
+      adamw_params q = p;
+      q.weight_decay = r.decay ? p.weight_decay : 0.0f;
+      adamw(ps, grad.slice(r.begin, s), ms, vs, q, ls);
+    }
+  }
   /// True when any element of x (fp32/bf16/f16) is NaN or infinite.
   virtual bool has_nonfinite(const tensor& x) = 0;
 

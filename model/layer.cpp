@@ -63,15 +63,12 @@ tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a
   a.qkv = qkv_forward(w, a.n1);
   recompute_attention(a);
   tensor mid = alloc({n, c});
-  be_.linear_forward(a.att, w.proj_w, w.proj_b, mid);
-  be_.add(mid, x, mid);
+  be_.linear_forward_residual(a.att, w.proj_w, w.proj_b, x, mid);
   a.mid = mid;
   a.n2 = alloc({n, c});
   norm_stats(n, a.mean2, a.rstd2);
   norm_forward(a.mid, w.norm2_w, w.norm2_b, a.n2, a.mean2, a.rstd2);
-  tensor out = mlp_forward(w, a);
-  be_.add(out, a.mid, out);
-  return out;
+  return mlp_forward(w, a);
 }
 
 void layer_ops::recompute_attention(layer_acts& a) {
@@ -102,7 +99,8 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
     if (bias) db1 = zeros({c}, core::dtype::f32), db2 = zeros({c}, core::dtype::f32);
   }
 
-  tensor dn2 = zeros({n, c});
+  // Buffers an op writes whole are allocated, not zeroed; only accumulated ones are zeroed.
+  tensor dn2 = alloc({n, c});
   mlp_backward_input(w, a, dy, dn2, s);
   tensor d_mid = alloc({n, c});
   be_.copy(dy, d_mid);  // the residual path
@@ -110,12 +108,12 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   if (!s.norms_done) s.d_n2 = dn2;
 
   if (!a.att.defined()) recompute_attention(a);
-  tensor datt = zeros({n, a.att.dim(1)});
-  be_.linear_backward_input(d_mid, w.proj_w, datt);
+  tensor datt = alloc({n, a.att.dim(1)});
+  be_.linear_backward_input_write(d_mid, w.proj_w, datt);
   s.d_mid = d_mid;
   tensor dqkv = zeros({n, qkv_width_});
   be_.attention_backward(datt, a.qkv, a.att, a.lse, dims(n), dqkv);
-  tensor dn1 = zeros({n, c});
+  tensor dn1 = alloc({n, c});
   qkv_backward_input(w, dqkv, dn1, s);
 
   tensor dx = alloc({n, c});
@@ -141,6 +139,10 @@ void layer_ops::backward_weight(const layer_tensors& w, const layer_acts& a,
 void layer_ops::keep_for_weight(layer_acts& a) const {
   a.qkv = {};
   a.lse = {};
+  mlp_keep_for_weight(a);
+}
+
+void layer_ops::mlp_keep_for_weight(layer_acts& a) const {
   a.fc = {};
   a.up = {};
 }

@@ -54,7 +54,9 @@ struct layer_acts {
   tensor mid;                  // residual stream after attention
   tensor n2, mean2, rstd2;     // norm2 output and statistics
   tensor fc, up;               // MLP pre-activations (GPT-2 c_fc; LLaMA gate and up)
-  tensor act;                  // MLP activation, the output projection's input
+  tensor act;                  // MLP activation, the output projection's input (LLaMA only:
+                               // GPT-2 recomputes gelu(fc) in the weight phase, which keeps
+                               // one [N, 4C] tensor per layer instead of two)
 
   /// Every field, for memory accounting and release.
   template <class F>
@@ -128,18 +130,23 @@ class layer_ops {
  protected:
   /// qkv [N, (H + 2 Hkv) D] from the norm1 output, in the layout attention expects.
   virtual tensor qkv_forward(const layer_tensors& w, const tensor& n1) = 0;
-  /// dn1 += gradient through the qkv projection from d qkv; keeps its dy in s.d_qkv.
+  /// dn1 = gradient through the qkv projection from d qkv (dn1 is written, not accumulated);
+  /// keeps its dy in s.d_qkv.
   virtual void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
                                   layer_stash& s) = 0;
   virtual void qkv_backward_weight(const layer_acts& a, const layer_stash& s,
                                    layer_tensors& g) = 0;
-  /// MLP of the norm2 output a.n2, keeping its activations in a; returns its output [N, C].
+  /// The MLP of the norm2 output a.n2 plus the residual a.mid: returns a.mid + MLP(a.n2) [N, C]
+  /// and keeps the MLP's activations in a.
   virtual tensor mlp_forward(const layer_tensors& w, layer_acts& a) = 0;
-  /// dn2 += gradient through the MLP from dy; keeps the dys in s.
+  /// dn2 = gradient through the MLP from dy (written, not accumulated); keeps the dys in s.
   virtual void mlp_backward_input(const layer_tensors& w, const layer_acts& a, const tensor& dy,
                                   tensor& dn2, layer_stash& s) = 0;
   virtual void mlp_backward_weight(const layer_acts& a, const layer_stash& s,
                                    layer_tensors& g) = 0;
+  /// keep_for_weight's MLP part: drops the MLP activations mlp_backward_weight does not read
+  /// (by default the pre-activations fc and up).
+  virtual void mlp_keep_for_weight(layer_acts& a) const;
 
   kernels::attention_dims dims(std::int64_t rows) const;
 

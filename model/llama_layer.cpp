@@ -33,7 +33,7 @@ class llama_layer_ops final : public layer_ops {
     tensor d_proj = zeros(dqkv.shape());
     be_.rope_backward(dqkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(),
                       static_cast<float>(cfg_.rope_theta), d_proj);
-    be_.linear_backward_input(d_proj, stacked(w), dn1);
+    be_.linear_backward_input_write(d_proj, stacked(w), dn1);
     s.d_qkv = d_proj;
   }
 
@@ -59,18 +59,18 @@ class llama_layer_ops final : public layer_ops {
     a.act = alloc({n, ffn_});
     be_.swiglu_forward(a.fc, a.up, a.act);
     tensor out = alloc({n, cfg_.hidden_size});
-    be_.linear_forward(a.act, w.out_w, {}, out);
+    be_.linear_forward_residual(a.act, w.out_w, {}, a.mid, out);
     return out;
   }
 
   void mlp_backward_input(const layer_tensors& w, const layer_acts& a, const tensor& dy,
                           tensor& dn2, layer_stash& s) override {
     const std::int64_t n = a.n2.dim(0);
-    tensor dact = zeros({n, ffn_});
-    be_.linear_backward_input(dy, w.out_w, dact);
+    tensor dact = alloc({n, ffn_});
+    be_.linear_backward_input_write(dy, w.out_w, dact);
     tensor dgate = zeros({n, ffn_}), dup = zeros({n, ffn_});
     be_.swiglu_backward(dact, a.fc, a.up, dgate, dup);
-    be_.linear_backward_input(dgate, w.fc_w, dn2);
+    be_.linear_backward_input_write(dgate, w.fc_w, dn2);
     be_.linear_backward_input(dup, w.up_w, dn2);
     s.d_out = dy;
     s.d_fc = dgate;

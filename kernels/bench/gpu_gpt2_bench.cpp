@@ -4,8 +4,9 @@
 // numbers. A program, not a test: it prints a table row and one JSON line.
 //
 // One step = zero grads, forward + fused cross-entropy, backward, tied-gradient sum, global-norm
-// clip (one sumsq_blocks over the flat gradient buffer; the tied copy's blocks left out), AdamW
-// over runs of parameters that share a weight-decay flag, and the refresh of the bf16 weights.
+// clip (one sumsq_blocks over the flat gradient buffer; the tied copy's blocks left out), and AdamW
+// as the trainer runs it (model::adamw_update_t: one adamw_runs call over the flat buffers, which
+// also writes the bf16 weights).
 // Timing: wall clock around each step, ended by a stream synchronisation; the median of the timed
 // steps is reported, after warm-up steps that also fill the allocator's cache.
 //
@@ -77,25 +78,6 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-/// Contiguous ranges of the flat buffers whose parameters share a weight-decay flag.
-struct decay_run {
-  std::int64_t begin = 0, end = 0;
-  bool decay = true;
-};
-
-std::vector<decay_run> decay_runs(std::vector<model::param_info> ps) {
-  std::sort(ps.begin(), ps.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
-  std::vector<decay_run> runs;
-  for (const auto& p : ps) {
-    if (!runs.empty() && runs.back().decay == p.decay)
-      runs.back().end = p.offset + p.numel;
-    else
-      runs.push_back({p.offset, p.offset + p.numel, p.decay});
-  }
-  return runs;
-}
-
-
 /// Forwards every op to another backend and adds up the wall time of each op kind, synchronising
 /// after each call: a per-op breakdown of one step (the sync per op adds launch latency, so the
 /// sum exceeds the unprofiled step time).
@@ -118,6 +100,36 @@ class profiling_backend final : public kernels::backend {
   }
   void linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw, tensor& db) override {
     timed("linear_backward_weight", [&] { in_.linear_backward_weight(dy, x, dw, db); });
+  }
+  void linear_forward_residual(const tensor& x, const tensor& w, const tensor& b, const tensor& r,
+                               tensor& y) override {
+    timed("linear_forward_residual", [&] { in_.linear_forward_residual(x, w, b, r, y); });
+  }
+  void linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b, tensor& pre,
+                           tensor& y) override {
+    timed("linear_gelu_forward", [&] { in_.linear_gelu_forward(x, w, b, pre, y); });
+  }
+  void linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) override {
+    timed("linear_backward_input_write", [&] { in_.linear_backward_input_write(dy, w, dx); });
+  }
+  void linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
+                                  tensor& dx) override {
+    timed("linear_backward_input_gelu", [&] { in_.linear_backward_input_gelu(dy, w, pre, dx); });
+  }
+  void linear_forward_residual(const tensor& x, const tensor& w, const tensor& b, const tensor& r,
+                               tensor& y) override {
+    timed("linear_forward_residual", [&] { in_.linear_forward_residual(x, w, b, r, y); });
+  }
+  void linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b, tensor& pre,
+                           tensor& y) override {
+    timed("linear_gelu_forward", [&] { in_.linear_gelu_forward(x, w, b, pre, y); });
+  }
+  void linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) override {
+    timed("linear_backward_input_write", [&] { in_.linear_backward_input_write(dy, w, dx); });
+  }
+  void linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
+                                  tensor& dx) override {
+    timed("linear_backward_input_gelu", [&] { in_.linear_backward_input_gelu(dy, w, pre, dx); });
   }
   void embedding_forward(const tensor& t, const tensor& wte, const tensor& wpe, int seq,
                          tensor& out) override {
@@ -187,6 +199,11 @@ class profiling_backend final : public kernels::backend {
   void adamw(tensor& p, const tensor& g, tensor& m, tensor& v, const kernels::adamw_params& ap,
              tensor& low) override {
     timed("adamw", [&] { in_.adamw(p, g, m, v, ap, low); });
+  }
+  void adamw_runs(tensor& p, const tensor& g, tensor& m, tensor& v,
+                  const std::vector<kernels::adamw_run>& runs, const kernels::adamw_params& ap,
+                  tensor& low) override {
+    timed("adamw_runs", [&] { in_.adamw_runs(p, g, m, v, runs, ap, low); });
   }
   bool has_nonfinite(const tensor& x) override { return in_.has_nonfinite(x); }
 
@@ -265,11 +282,10 @@ int main(int argc, char** argv) {
       targets.data<std::int32_t>()[i] = static_cast<std::int32_t>(r.below(o.vocab));
     }
 
-    const std::vector<decay_run> runs = decay_runs(c.params());
+    std::vector<model::param_slot> slots = model::slots_of(c, state);
     const model::param_info* tied = nullptr;
     for (const auto& p : c.params())
       if (p.tied) tied = &p;
-    tensor& flat_p = c.flat_params();
     tensor& flat_g = c.flat_grads();
     const std::int64_t n = flat_g.numel();
     tensor blocks = be.empty({(n + kernels::norm_block - 1) / kernels::norm_block}, core::dtype::f64);
@@ -298,22 +314,7 @@ int main(int argc, char** argv) {
       }
       last_norm = std::sqrt(total);
       const float clip = model::clip_scale(last_norm, 1.0);
-      kernels::adamw_params ap;
-      ap.lr = static_cast<float>(opt.lr);
-      ap.beta1 = static_cast<float>(opt.beta1);
-      ap.beta2 = static_cast<float>(opt.beta2);
-      ap.eps = static_cast<float>(opt.eps);
-      ap.grad_scale = clip;
-      ap.step = index + 1;
-      tensor none;
-      for (const decay_run& run : runs) {
-        ap.weight_decay = run.decay ? static_cast<float>(opt.weight_decay) : 0.0f;
-        const std::int64_t len = run.end - run.begin;
-        tensor p = flat_p.slice(run.begin, {len}), g = flat_g.slice(run.begin, {len});
-        tensor m = state.exp_avg.slice(run.begin, {len}), v = state.exp_avg_sq.slice(run.begin, {len});
-        be.adamw(p, g, m, v, ap, none);
-      }
-      c.params_updated();
+      model::adamw_update_t(be, slots, opt, opt.lr, clip, index + 1);
       be.synchronize();
     };
 

@@ -143,6 +143,29 @@ void cuda_backend::linear_backward_weight(const tensor& dy, const tensor& x, ten
   launch_linear_backward_weight(*ctx_, dy, x, dw, db);
 }
 
+void cuda_backend::linear_forward_residual(const tensor& x, const tensor& w, const tensor& b,
+                                           const tensor& r, tensor& y) {
+  activate();
+  launch_linear_forward_residual(*ctx_, x, w, b, r, y);
+}
+
+void cuda_backend::linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b,
+                                       tensor& pre, tensor& y) {
+  activate();
+  launch_linear_gelu_forward(*ctx_, x, w, b, pre, y);
+}
+
+void cuda_backend::linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) {
+  activate();
+  launch_linear_backward_input_write(*ctx_, dy, w, dx);
+}
+
+void cuda_backend::linear_backward_input_gelu(const tensor& dy, const tensor& w,
+                                              const tensor& pre, tensor& dx) {
+  activate();
+  launch_linear_backward_input_gelu(*ctx_, dy, w, pre, dx);
+}
+
 void cuda_backend::embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe,
                                      int seq, tensor& out) {
   activate();
@@ -255,6 +278,13 @@ void cuda_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v
                          const adamw_params& p, tensor& low) {
   activate();
   launch_adamw(param, grad, m, v, p, low, ctx_->stream);
+}
+
+void cuda_backend::adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                              const std::vector<adamw_run>& runs, const adamw_params& p,
+                              tensor& low) {
+  activate();
+  launch_adamw_runs(param, grad, m, v, runs, p, low, ctx_->stream);
 }
 
 bool cuda_backend::has_nonfinite(const tensor& x) {

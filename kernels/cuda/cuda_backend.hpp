@@ -41,6 +41,13 @@ class cuda_backend final : public backend {
   void linear_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y) override;
   void linear_backward_input(const tensor& dy, const tensor& w, tensor& dx) override;
   void linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw, tensor& db) override;
+  void linear_forward_residual(const tensor& x, const tensor& w, const tensor& b, const tensor& r,
+                               tensor& y) override;
+  void linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b, tensor& pre,
+                           tensor& y) override;
+  void linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) override;
+  void linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
+                                  tensor& dx) override;
 
   void embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe, int seq,
                          tensor& out) override;
@@ -80,6 +87,9 @@ class cuda_backend final : public backend {
   void sumsq_blocks(const tensor& x, tensor& out) override;
   void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const adamw_params& p,
              tensor& low) override;
+  void adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                  const std::vector<adamw_run>& runs, const adamw_params& p,
+                  tensor& low) override;
   bool has_nonfinite(const tensor& x) override;
 
   void record_ready(const tensor& t) override;

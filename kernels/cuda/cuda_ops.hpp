@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cuda/cuda_context.hpp"
@@ -21,6 +23,15 @@ void launch_linear_forward(context& ctx, const tensor& x, const tensor& w, const
 void launch_linear_backward_input(context& ctx, const tensor& dy, const tensor& w, tensor& dx);
 void launch_linear_backward_weight(context& ctx, const tensor& dy, const tensor& x, tensor& dw,
                                    tensor& db);
+// linear.cu, fused variants (backend.hpp): outputs written, not accumulated
+void launch_linear_forward_residual(context& ctx, const tensor& x, const tensor& w,
+                                    const tensor& b, const tensor& r, tensor& y);
+void launch_linear_gelu_forward(context& ctx, const tensor& x, const tensor& w, const tensor& b,
+                                tensor& pre, tensor& y);
+void launch_linear_backward_input_write(context& ctx, const tensor& dy, const tensor& w,
+                                        tensor& dx);
+void launch_linear_backward_input_gelu(context& ctx, const tensor& dy, const tensor& w,
+                                       const tensor& pre, tensor& dx);
 
 // embedding.cu
 void launch_embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe, int seq,
@@ -44,6 +55,8 @@ void launch_rmsnorm_backward(context& ctx, const tensor& dy, const tensor& x, co
 // gelu.cu
 void launch_gelu_forward(const tensor& x, tensor& y, cudaStream_t s);
 void launch_gelu_backward(const tensor& dy, const tensor& x, tensor& dx, cudaStream_t s);
+/// d = d · GELU'(x) in place.
+void launch_gelu_backward_scale(const tensor& x, tensor& d, cudaStream_t s);
 
 // swiglu.cu
 void launch_swiglu_forward(const tensor& gate, const tensor& up, tensor& y, cudaStream_t s);
@@ -76,6 +89,9 @@ void launch_cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
 void launch_sumsq_blocks(const tensor& x, tensor& out, cudaStream_t s);
 void launch_adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const adamw_params& p,
                   tensor& low, cudaStream_t s);
+void launch_adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                       const std::vector<adamw_run>& runs, const adamw_params& p, tensor& low,
+                       cudaStream_t s);
 bool launch_has_nonfinite(context& ctx, const tensor& x);
 
 }  // namespace troupe::kernels::cuda

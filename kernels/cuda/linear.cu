@@ -5,12 +5,24 @@
 // The bias rides on the GEMM epilogue when it has the output's dtype (one pass over y instead of
 // two); db is a deterministic column sum (column_sum.cuh). dw may be fp32 while dy and x are bf16:
 // cuBLASLt writes fp32 C from bf16 A/B, which is how fp32 weight gradients of a bf16 model are kept.
-// Backward GEMMs use beta = 1 to accumulate in place, as the backend contract requires.
+// Backward GEMMs use beta = 1 to accumulate in place, as the backend contract requires; the
+// "write" variants use beta = 0 and so need no zeroed output.
+//
+// Fused variants (backend.hpp): a residual add rides on C (D = A·B + bias + 1·R, R read as C, D
+// written elsewhere); GELU rides on the epilogue for 16-bit activations: GELU_AUX_BIAS writes
+// gelu(x·wᵀ + b) and, as its aux matrix, the pre-activation; DGELU multiplies dy·w by gelu'(aux).
+// cuBLASLt's GELU is the tanh approximation GPT-2 uses (PyTorch's _addmm_activation relies on it
+// for gelu(approximate='tanh'), pytorch/pytorch#104061); its aux leading dimension must be a
+// multiple of 8. fp32 keeps the exact kernels of gelu.cu instead (the epilogue's tanh is not
+// within the 1e-5 agreement with the CPU reference that fp32 promises), and so does any case
+// the heuristic has no fused algorithm for.
 //
 // A plan (descriptors + the heuristic's algorithm) is cached per shape, layout, dtype and pointer
 // alignment: a training step repeats a dozen shapes, and the heuristic costs microseconds. Without
 // atomics in any chosen algorithm (cuBLASLt uses none unless asked), results are run-to-run identical.
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_common.cuh"
@@ -62,7 +74,8 @@ std::int64_t alignment_of(const void* p) {
   return al;
 }
 
-/// One column-major GEMM D = alpha·op(A)·op(B) + beta·C (+ bias over the m rows), C = D.
+/// One column-major GEMM D = alpha·op(A)·op(B) + beta·C (+ bias over the m rows, + an activation
+/// epilogue); C is D unless c_in is set.
 struct gemm_call {
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;
@@ -77,14 +90,30 @@ struct gemm_call {
   std::int64_t ldc = 0;
   float beta = 0;
   const void* bias = nullptr;  // length m, dtype c_type
+  const void* c_in = nullptr;  // C when it is not D (beta != 0): a residual read, D written
+  enum class act { none, gelu, dgelu } epilogue = act::none;
+  void* aux = nullptr;         // gelu: pre-activation written; dgelu: read. m×n, ld = ldc
 };
 
-gemm_plan& plan_for(context& ctx, const gemm_call& g) {
+/// Flags of a call that select a different plan: transposes, epilogue, beta, aux and C alignment.
+std::int64_t plan_flags(const gemm_call& g) {
+  return (g.trans_a ? 1 : 0) | (g.trans_b ? 2 : 0) | (g.bias ? 4 : 0) | (g.beta != 0 ? 8 : 0) |
+         static_cast<std::int64_t>(g.epilogue) << 4 |
+         (g.aux ? alignment_of(g.aux) : 0) << 8 | (g.c_in ? alignment_of(g.c_in) : 0) << 20;
+}
+
+// Keys the heuristic found no algorithm for (fused epilogues only: the callers fall back to the
+// unfused kernels). Shared by all contexts: support depends on the key and the GPU, not the stream.
+std::mutex unsupported_mutex;
+std::set<gemm_key> unsupported_keys;
+
+/// The plan of g; nullptr when `optional` and cuBLASLt has no algorithm for it (else throws).
+gemm_plan* plan_for(context& ctx, const gemm_call& g, bool optional) {
   gemm_key key;
   key.v = {g.m,
            g.n,
            g.k,
-           (g.trans_a ? 1 : 0) | (g.trans_b ? 2 : 0) | (g.bias ? 4 : 0) | (g.beta != 0 ? 8 : 0),
+           plan_flags(g),
            static_cast<std::int64_t>(g.a_type) | static_cast<std::int64_t>(g.b_type) << 8 |
                static_cast<std::int64_t>(g.c_type) << 16,
            g.lda,
@@ -95,7 +124,11 @@ gemm_plan& plan_for(context& ctx, const gemm_call& g) {
            alignment_of(g.c),
            g.bias ? alignment_of(g.bias) : 0};
   auto found = ctx.gemm_plans.find(key);
-  if (found != ctx.gemm_plans.end()) return found->second;
+  if (found != ctx.gemm_plans.end()) return &found->second;
+  if (optional) {
+    std::lock_guard<std::mutex> lock(unsupported_mutex);
+    if (unsupported_keys.count(key)) return nullptr;
+  }
 
   gemm_plan p;
   TROUPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -105,12 +138,24 @@ gemm_plan& plan_for(context& ctx, const gemm_call& g) {
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   TROUPE_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  if (g.bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epi = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (g.epilogue == gemm_call::act::gelu)
+    epi = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  else if (g.epilogue == gemm_call::act::dgelu)
+    epi = CUBLASLT_EPILOGUE_DGELU;
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT)
     TROUPE_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  if (g.bias)
     TROUPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                        &g.bias, sizeof(g.bias)));
+  if (g.epilogue != gemm_call::act::none) {
+    // The aux matrix has D's shape and dtype (the default aux type) and D's leading dimension.
+    TROUPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
+    const std::int64_t aux_ld = g.ldc;
+    TROUPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
   }
   // Stored shapes: op(A) is m×k, so A is k×m when transposed.
   TROUPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, cuda_type(g.a_type), g.trans_a ? g.k : g.m,
@@ -128,7 +173,8 @@ gemm_plan& plan_for(context& ctx, const gemm_call& g) {
   // (a slice of qkv, a parameter at an offset) can be less aligned.
   const std::uint32_t al_a = static_cast<std::uint32_t>(alignment_of(g.a));
   const std::uint32_t al_b = static_cast<std::uint32_t>(alignment_of(g.b));
-  const std::uint32_t al_c = static_cast<std::uint32_t>(alignment_of(g.c));
+  const std::uint32_t al_c = static_cast<std::uint32_t>(alignment_of(g.c_in ? g.c_in : g.c));
+  const std::uint32_t al_d = static_cast<std::uint32_t>(alignment_of(g.c));
   TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
   TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -136,12 +182,21 @@ gemm_plan& plan_for(context& ctx, const gemm_call& g) {
   TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
   cublasLtMatmulHeuristicResult_t result{};
   int found_count = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.la, p.lb, p.lc, p.lc,
                                                            pref, 1, &result, &found_count);
   cublasLtMatmulPreferenceDestroy(pref);
+  if ((st != CUBLAS_STATUS_SUCCESS || found_count == 0) && optional) {
+    cublasLtMatrixLayoutDestroy(p.la);
+    cublasLtMatrixLayoutDestroy(p.lb);
+    cublasLtMatrixLayoutDestroy(p.lc);
+    cublasLtMatmulDescDestroy(p.desc);
+    std::lock_guard<std::mutex> lock(unsupported_mutex);
+    unsupported_keys.insert(key);
+    return nullptr;
+  }
   if (st != CUBLAS_STATUS_SUCCESS || found_count == 0)
     throw core::failure("cuda linear: cuBLASLt has no algorithm for m=" + std::to_string(g.m) +
                         " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + " A " +
@@ -149,19 +204,26 @@ gemm_plan& plan_for(context& ctx, const gemm_call& g) {
                         core::dtype_name(g.c_type) + " (status " + cublasGetStatusName(st) +
                         "; hint: dtypes of x and w must match)");
   p.algo = result.algo;
-  return ctx.gemm_plans.emplace(key, p).first->second;
+  return &ctx.gemm_plans.emplace(key, p).first->second;
 }
 
-void gemm(context& ctx, const gemm_call& g) {
-  if (g.m == 0 || g.n == 0) return;
-  gemm_plan& p = plan_for(ctx, g);
+/// Runs g; with `optional`, returns false instead of throwing when no algorithm supports it.
+bool gemm(context& ctx, const gemm_call& g, bool optional = false) {
+  if (g.m == 0 || g.n == 0) return true;
+  gemm_plan* p = plan_for(ctx, g, optional);
+  if (!p) return false;
   if (g.bias)
-    TROUPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+    TROUPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                        &g.bias, sizeof(g.bias)));
+  if (g.epilogue != gemm_call::act::none)
+    TROUPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
   const float alpha = 1.0f;
-  TROUPE_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, p.desc, &alpha, g.a, p.la, g.b, p.lb, &g.beta, g.c,
-                                     p.lc, g.c, p.lc, &p.algo, ctx.workspace, ctx.workspace_bytes,
-                                     ctx.stream));
+  const void* c_in = g.c_in ? g.c_in : g.c;
+  TROUPE_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, p->desc, &alpha, g.a, p->la, g.b, p->lb, &g.beta,
+                                     c_in, p->lc, g.c, p->lc, &p->algo, ctx.workspace,
+                                     ctx.workspace_bytes, ctx.stream));
+  return true;
 }
 
 /// Rows N and the inner width of a [.., W] activation.
@@ -174,9 +236,11 @@ void check_matrix(const tensor& w, const char* op) {
 
 }  // namespace
 
-void launch_linear_forward(context& ctx, const tensor& x, const tensor& w, const tensor& b,
-                           tensor& y) {
-  const char* op = "linear_forward";
+namespace {
+
+/// Checks y = x·wᵀ (+ b) and returns its GEMM (bias fused when it has y's dtype); N in `rows`.
+gemm_call forward_call(const char* op, const tensor& x, const tensor& w, const tensor& b,
+                       const tensor& y, std::int64_t& rows) {
   check_matrix(w, op);
   const std::int64_t OC = w.dim(0), IC = w.dim(1);
   require_float(x, op, "x");
@@ -191,8 +255,7 @@ void launch_linear_forward(context& ctx, const tensor& x, const tensor& w, const
     require_float(b, op, "b");
     require_numel(b, OC, op, "b");
   }
-  if (N == 0) return;
-  const bool fused_bias = b.defined() && b.type() == y.type();
+  rows = N;
   gemm_call g;
   g.trans_a = true;
   g.m = OC;
@@ -208,17 +271,21 @@ void launch_linear_forward(context& ctx, const tensor& x, const tensor& w, const
   g.c_type = y.type();
   g.ldc = OC;
   g.beta = 0;
-  g.bias = fused_bias ? b.raw() : nullptr;
-  gemm(ctx, g);
-  if (b.defined() && !fused_bias) {
-    add_bias_kernel<<<grid_for(N * OC, 256), 256, 0, ctx.stream>>>(
-        y.raw(), code_of(y.type()), b.raw(), code_of(b.type()), N, static_cast<int>(OC));
-    TROUPE_CUDA_CHECK_LAUNCH();
-  }
+  g.bias = b.defined() && b.type() == y.type() ? b.raw() : nullptr;
+  return g;
 }
 
-void launch_linear_backward_input(context& ctx, const tensor& dy, const tensor& w, tensor& dx) {
-  const char* op = "linear_backward_input";
+/// y += b for a bias the GEMM did not fuse (its dtype differs from y's).
+void add_unfused_bias(context& ctx, const gemm_call& g, const tensor& b, tensor& y) {
+  if (!b.defined() || g.bias) return;
+  add_bias_kernel<<<grid_for(g.n * g.m, 256), 256, 0, ctx.stream>>>(
+      y.raw(), code_of(y.type()), b.raw(), code_of(b.type()), g.n, static_cast<int>(g.m));
+  TROUPE_CUDA_CHECK_LAUNCH();
+}
+
+/// Checks dx (+)= dy·w and returns its GEMM with the given beta.
+gemm_call backward_input_call(const char* op, const tensor& dy, const tensor& w, const tensor& dx,
+                              float beta) {
   check_matrix(w, op);
   const std::int64_t OC = w.dim(0), IC = w.dim(1);
   require_type(dy, w.type(), op, "dy (must match w)");
@@ -228,7 +295,6 @@ void launch_linear_backward_input(context& ctx, const tensor& dy, const tensor& 
   const std::int64_t N = rows_of(dy, OC);
   require_float(dx, op, "dx");
   require_numel(dx, N * IC, op, "dx");
-  if (N == 0) return;
   gemm_call g;
   g.m = IC;
   g.n = N;
@@ -242,8 +308,100 @@ void launch_linear_backward_input(context& ctx, const tensor& dy, const tensor& 
   g.c = dx.raw();
   g.c_type = dx.type();
   g.ldc = IC;
+  g.beta = beta;
+  return g;
+}
+
+/// True when GELU may ride on the epilogue of a GEMM writing d with aux `aux` (file comment).
+bool gelu_epilogue_ok(const gemm_call& g, const tensor& d, const tensor& aux) {
+  return d.type() != dtype::f32 && aux.type() == d.type() && g.ldc % 8 == 0 &&
+         aligned16(aux.raw()) && aligned16(d.raw());
+}
+
+void require_distinct(const tensor& out, const tensor& in, const char* op, const char* out_name,
+                      const char* in_name) {
+  require(out.raw() != in.raw(), op,
+          std::string(out_name) + " must not alias " + in_name + " (it is written)");
+}
+
+}  // namespace
+
+void launch_linear_forward(context& ctx, const tensor& x, const tensor& w, const tensor& b,
+                           tensor& y) {
+  std::int64_t n = 0;
+  gemm_call g = forward_call("linear_forward", x, w, b, y, n);
+  if (n == 0) return;
+  gemm(ctx, g);
+  add_unfused_bias(ctx, g, b, y);
+}
+
+void launch_linear_forward_residual(context& ctx, const tensor& x, const tensor& w,
+                                    const tensor& b, const tensor& r, tensor& y) {
+  const char* op = "linear_forward_residual";
+  std::int64_t n = 0;
+  gemm_call g = forward_call(op, x, w, b, y, n);
+  require_type(r, y.type(), op, "r (must match y)");
+  require_numel(r, y.numel(), op, "r");
+  require_distinct(y, r, op, "y", "r");
+  if (n == 0) return;
+  // D = x·wᵀ + 1·R (+ bias): the residual is read as C, so y is written once.
+  g.c_in = r.raw();
   g.beta = 1;
   gemm(ctx, g);
+  add_unfused_bias(ctx, g, b, y);
+}
+
+void launch_linear_gelu_forward(context& ctx, const tensor& x, const tensor& w, const tensor& b,
+                                tensor& pre, tensor& y) {
+  const char* op = "linear_gelu_forward";
+  std::int64_t n = 0;
+  gemm_call g = forward_call(op, x, w, b, pre, n);
+  require_type(y, pre.type(), op, "y (must match pre)");
+  require_numel(y, pre.numel(), op, "y");
+  require_distinct(y, pre, op, "y", "pre");
+  if (n == 0) return;
+  if (g.bias || !b.defined()) {
+    if (gelu_epilogue_ok(g, y, pre)) {
+      gemm_call fused = g;
+      fused.c = y.raw();
+      fused.epilogue = gemm_call::act::gelu;
+      fused.aux = pre.raw();
+      if (gemm(ctx, fused, true)) return;
+    }
+  }
+  gemm(ctx, g);
+  add_unfused_bias(ctx, g, b, pre);
+  launch_gelu_forward(pre, y, ctx.stream);
+}
+
+void launch_linear_backward_input(context& ctx, const tensor& dy, const tensor& w, tensor& dx) {
+  gemm_call g = backward_input_call("linear_backward_input", dy, w, dx, 1);
+  gemm(ctx, g);
+}
+
+void launch_linear_backward_input_write(context& ctx, const tensor& dy, const tensor& w,
+                                        tensor& dx) {
+  gemm_call g = backward_input_call("linear_backward_input_write", dy, w, dx, 0);
+  gemm(ctx, g);
+}
+
+void launch_linear_backward_input_gelu(context& ctx, const tensor& dy, const tensor& w,
+                                       const tensor& pre, tensor& dx) {
+  const char* op = "linear_backward_input_gelu";
+  gemm_call g = backward_input_call(op, dy, w, dx, 0);
+  require_type(pre, dx.type(), op, "pre (must match dx)");
+  require_numel(pre, dx.numel(), op, "pre");
+  require_distinct(dx, pre, op, "dx", "pre");
+  if (g.n == 0) return;
+  if (gelu_epilogue_ok(g, dx, pre)) {
+    gemm_call fused = g;
+    fused.epilogue = gemm_call::act::dgelu;
+    fused.aux = pre.raw();
+    if (gemm(ctx, fused, true)) return;
+  }
+  // Unfused: dx = dy·w, then dx = dx ⊙ gelu'(pre) in place.
+  gemm(ctx, g);
+  launch_gelu_backward_scale(pre, dx, ctx.stream);
 }
 
 void launch_linear_backward_weight(context& ctx, const tensor& dy, const tensor& x, tensor& dw,

@@ -296,12 +296,12 @@ TEST_CASE("gradients of micro-batches accumulate in backward call order, whateve
 }
 
 /// Bytes a GPT-2 chunk holding the whole model keeps per micro-batch without recompute, from the
-/// layer diagram in layer.hpp: per layer x, n1, mid, n2, att (C each), qkv (3C), fc and act (4C
-/// each), four norm statistics and lse (H per row); the head keeps its input, norm output, two
-/// statistics and dlogits (V); the tokens (int32).
+/// layer diagram in layer.hpp: per layer x, n1, mid, n2, att (C each), qkv (3C), fc (4C; GPT-2
+/// recomputes act = gelu(fc) in backward), four norm statistics and lse (H per row); the head
+/// keeps its input, norm output, two statistics and dlogits (V); the tokens (int32).
 std::size_t gpt2_none_bytes(const core::model_config& cfg, std::int64_t n) {
   const std::int64_t c = cfg.hidden_size, h = cfg.num_heads, v = cfg.vocab_size;
-  const std::int64_t layer = n * (5 * c + 3 * c + 8 * c + 4 + h);
+  const std::int64_t layer = n * (5 * c + 3 * c + 4 * c + 4 + h);
   const std::int64_t head = n * (2 * c + 2 + v);
   return static_cast<std::size_t>(4 * (cfg.num_layers * layer + head + n));
 }

@@ -1,0 +1,37 @@
+// Defaults of the fused backend ops (backend.hpp, "fused variants"): each is the composition of
+// the plain ops it stands for, so a backend that does not fuse (the CPU reference) gets them for
+// free and computes the same values as the unfused sequence the model ran before.
+#include "core/error.hpp"
+#include "kernels/backend.hpp"
+
+namespace troupe::kernels {
+
+void backend::linear_forward_residual(const tensor& x, const tensor& w, const tensor& b,
+                                      const tensor& r, tensor& y) {
+  // The linear output is written before the add reads r: r must be another buffer.
+  TROUPE_CHECK(!y.defined() || !r.defined() || y.raw() != r.raw(),
+               "linear_forward_residual: y must not alias the residual r");
+  linear_forward(x, w, b, y);
+  add(y, r, y);
+}
+
+void backend::linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b, tensor& pre,
+                                  tensor& y) {
+  linear_forward(x, w, b, pre);
+  gelu_forward(pre, y);
+}
+
+void backend::linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) {
+  zero(dx);
+  linear_backward_input(dy, w, dx);
+}
+
+void backend::linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
+                                         tensor& dx) {
+  tensor d_act = empty(dx.shape(), dx.type());
+  linear_backward_input_write(dy, w, d_act);
+  zero(dx);
+  gelu_backward(d_act, pre, dx);
+}
+
+}  // namespace troupe::kernels
