@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <caf/io/all.hpp>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <condition_variable>
 #include <mutex>
@@ -137,6 +139,27 @@ std::string blob_word(const std::string& blob, const std::string& key) {
     at = end + 1;
   }
   return "";
+}
+
+/// What a worker is doing once its job's outcome is known (read by the shutdown guard).
+std::atomic<const char*> shutdown_phase{"stopping its actors"};
+
+/// Bounds a worker's shutdown once the job's outcome is known: stopping the actor system, closing
+/// the data transport (NCCL communicators wait for their peers) and the process's exit must not
+/// keep a finished job's worker alive — the launcher would wait for it forever. Checkpoints and
+/// metrics are written before the outcome is known, so exiting then loses nothing.
+void guard_shutdown(int rank, bool ok, std::chrono::seconds limit) {
+  std::thread([rank, ok, limit] {
+    std::this_thread::sleep_for(limit);
+    std::fprintf(stderr,
+                 "troupe worker rank %d: the job %s, but shutting down has been stuck for %lld s "
+                 "while %s; exiting without waiting further (hint: with NCCL, a peer that never "
+                 "closes its communicators causes this; its log says why)\n",
+                 rank, ok ? "finished" : "failed", static_cast<long long>(limit.count()),
+                 shutdown_phase.load());
+    std::fflush(stderr);
+    std::_Exit(ok ? 0 : 1);
+  }).detach();
 }
 
 /// The data plane of one worker: tcp for CPU ranks, nccl for GPU ranks.
@@ -378,14 +401,19 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
       future.wait();
       if (auto st = future.get(); !st.ok()) result = st.err();
     }
+    guard_shutdown(rank, result.ok(), std::chrono::seconds(45));
     stop_local();
+    shutdown_phase = "stopping the actor system";
   }
   j.clear_directory();
   // Close the data transport now, flushing and saying goodbye, so peers still finishing do not
   // mistake this worker's exit for a crash.
+  shutdown_phase = "closing the data transport (flushing, then NCCL finalize)";
   j.endpoints[rank].reset();
+  shutdown_phase = "closing the recorder";
   close_recorder(h);
   if (rank == 0) print_summary(opt.run.log, result);
+  shutdown_phase = "exiting the process (CUDA and NCCL teardown)";
   if (!result.ok()) return with_rank(result.err(), rank);
   return result;
 }

@@ -37,7 +37,9 @@ struct worker_options {
 
 /// Runs this process's worker of `cfg`'s job until the job ends. Worker 0 returns the job's
 /// summary; the others return an empty summary when the job succeeded. Errors name the rank, the
-/// peer or the config key at fault.
+/// peer or the config key at fault. Once the job's outcome is known the rest of the process's life
+/// is bounded: if shutting down (actors, transport, exit) takes over 45 s, the process says where
+/// it was stuck and exits with the outcome — call it only from a worker process.
 core::result<model::train_summary> run_worker(const core::config& cfg, const worker_options& opt);
 
 }  // namespace troupe::actors

@@ -794,13 +794,29 @@ struct nccl_transport::impl {
     }
     auto deadline = clock_type::now() + linger;
     std::atomic<bool> never{false};
-    // Children before the job's communicator they were split from.
-    std::reverse(all.begin(), all.end());
+    // Every communicator's finalize is started before any is waited for: a finalize may wait for
+    // the peer's finalize of the same communicator, and ranks list their pair communicators in
+    // different orders. Waiting for each in turn left the workers of a two-GPU job (NVLink, P2P)
+    // alive after its last step; the shutdown guard in actors/worker.cpp bounds what remains.
+    std::vector<std::unique_lock<std::mutex>> locks;
+    std::vector<comm_slot*> started;
     for (comm_slot* s : all) {
-      std::lock_guard<std::mutex> lk(s->mu);
+      std::unique_lock<std::mutex> lk(s->mu);
       if (!s->comm) continue;
+      ncclResult_t r = ncclCommFinalize(s->comm);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        ncclCommAbort(s->comm);
+        s->comm = nullptr;
+        continue;
+      }
+      started.push_back(s);
+      locks.push_back(std::move(lk));
+    }
+    // Children before the job's communicator they were split from.
+    std::reverse(started.begin(), started.end());
+    for (comm_slot* s : started) {
       try {
-        TROUPE_NCCL_CHECK(ncclCommFinalize(s->comm), s->comm, deadline, never);
+        settle(ncclInProgress, s->comm, "ncclCommFinalize", __FILE__, __LINE__, deadline, never);
         ncclCommDestroy(s->comm);
       } catch (const std::exception&) {
         ncclCommAbort(s->comm);  // a peer is gone or stuck: leave without waiting for it
