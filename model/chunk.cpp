@@ -412,6 +412,7 @@ const chunk_spec& chunk::spec() const { return impl_->spec_; }
 const std::vector<param_info>& chunk::params() const { return impl_->infos_; }
 tensor& chunk::flat_params() { return impl_->params_; }
 tensor& chunk::flat_grads() { return impl_->grads_; }
+tensor& chunk::flat_low() { return impl_->low_; }
 tensor chunk::param(const std::string& name) { return impl_->view(impl_->params_, name); }
 tensor chunk::grad(const std::string& name) { return impl_->view(impl_->grads_, name); }
 

@@ -67,6 +67,9 @@ class chunk {
   /// Flat fp32 master parameters / gradients (padded; padding stays zero).
   tensor& flat_params();
   tensor& flat_grads();
+  /// The low-precision working copy of flat_params() (bf16/fp16, same layout) the layers read;
+  /// undefined in fp32. Whoever writes it keeps it equal to flat_params() rounded.
+  tensor& flat_low();
   /// View of one parameter / its gradient by name. Throws core::failure for unknown names.
   tensor param(const std::string& name);
   tensor grad(const std::string& name);

@@ -18,10 +18,12 @@ optimizer_state make_optimizer_state(kernels::backend& be, chunk& c) {
 std::vector<param_slot> slots_of(chunk& c, optimizer_state& state) {
   std::vector<param_slot> out;
   out.reserve(c.params().size());
+  const tensor& low = c.flat_low();
   for (const param_info& p : c.params()) {
     out.push_back(param_slot{p, c.param(p.name), c.grad(p.name),
                              state.exp_avg.slice(p.offset, p.shape),
-                             state.exp_avg_sq.slice(p.offset, p.shape)});
+                             state.exp_avg_sq.slice(p.offset, p.shape),
+                             low.defined() ? low.slice(p.offset, p.shape) : tensor{}});
   }
   return out;
 }
@@ -79,6 +81,86 @@ double learning_rate(const core::optimizer_config& opt, const core::train_config
   return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
+namespace {
+
+std::int64_t element_offset(const tensor& t) {
+  return static_cast<std::int64_t>(t.byte_offset() / core::dtype_size(t.type()));
+}
+
+/// Element offset of slot b's tensor `field` relative to slot a's, when both view one storage.
+template <class F>
+bool same_shift(const param_slot& a, const param_slot& b, F field, std::int64_t shift) {
+  const tensor& x = field(a);
+  const tensor& y = field(b);
+  if (x.defined() != y.defined()) return false;
+  if (!x.defined()) return true;
+  return x.store() == y.store() && x.type() == y.type() &&
+         element_offset(y) - element_offset(x) == shift;
+}
+
+/// True when slot b sits in the same flat buffers as slot a at one common shift, so both can be
+/// runs of one adamw_runs call.
+bool same_buffers(const param_slot& a, const param_slot& b) {
+  if (a.param.store() != b.param.store() || a.param.type() != b.param.type()) return false;
+  const std::int64_t shift = element_offset(b.param) - element_offset(a.param);
+  return same_shift(a, b, [](const param_slot& s) -> const tensor& { return s.grad; }, shift) &&
+         same_shift(a, b, [](const param_slot& s) -> const tensor& { return s.exp_avg; }, shift) &&
+         same_shift(a, b, [](const param_slot& s) -> const tensor& { return s.exp_avg_sq; }, shift) &&
+         same_shift(a, b, [](const param_slot& s) -> const tensor& { return s.low; }, shift);
+}
+
+/// A view of `t`'s storage from `from` elements after t's start, `n` elements long.
+tensor span_of(const tensor& t, std::int64_t from, std::int64_t n) {
+  if (!t.defined()) return {};
+  const std::int64_t begin = element_offset(t) + from;
+  return tensor::over(t.store(), static_cast<std::size_t>(begin) * core::dtype_size(t.type()), {n},
+                      t.type());
+}
+
+/// One adamw_runs call over slots [first, last), which all pass same_buffers with slots[first].
+void adamw_group(kernels::backend& be, std::vector<param_slot>& slots, std::size_t first,
+                 std::size_t last, const kernels::adamw_params& p) {
+  const param_slot& base = slots[first];
+  std::int64_t lo = 0, hi = 0;
+  bool any = false;
+  for (std::size_t i = first; i < last; ++i) {
+    const std::int64_t at = element_offset(slots[i].param) - element_offset(base.param);
+    const std::int64_t n = slots[i].param.numel();
+    for (const tensor* t : {&slots[i].grad, &slots[i].exp_avg, &slots[i].exp_avg_sq, &slots[i].low})
+      TROUPE_CHECK(!t->defined() || t->numel() == n,
+                   "optimizer slot " + slots[i].info.name + ": its tensors differ in size");
+    if (n == 0) continue;
+    lo = any ? std::min(lo, at) : at;
+    hi = any ? std::max(hi, at + n) : at + n;
+    any = true;
+  }
+  if (!any) return;
+  std::vector<kernels::adamw_run> runs;
+  for (std::size_t i = first; i < last; ++i) {
+    const std::int64_t n = slots[i].param.numel();
+    if (n == 0) continue;
+    const std::int64_t at = element_offset(slots[i].param) - element_offset(base.param) - lo;
+    runs.push_back({at, at + n, slots[i].info.decay});
+  }
+  // Adjacent runs with the same decay flag become one (fewer runs, same element-wise arithmetic).
+  std::sort(runs.begin(), runs.end(),
+            [](const kernels::adamw_run& a, const kernels::adamw_run& b) { return a.begin < b.begin; });
+  std::vector<kernels::adamw_run> merged;
+  for (const kernels::adamw_run& r : runs) {
+    if (!merged.empty() && merged.back().end == r.begin && merged.back().decay == r.decay)
+      merged.back().end = r.end;
+    else
+      merged.push_back(r);
+  }
+  const std::int64_t n = hi - lo;
+  tensor param = span_of(base.param, lo, n), grad = span_of(base.grad, lo, n);
+  tensor m = span_of(base.exp_avg, lo, n), v = span_of(base.exp_avg_sq, lo, n);
+  tensor low = span_of(base.low, lo, n);
+  be.adamw_runs(param, grad, m, v, merged, p, low);
+}
+
+}  // namespace
+
 void adamw_update(kernels::backend& be, std::vector<param_slot>& slots,
                   const core::optimizer_config& opt, double lr, float grad_scale, int step) {
   adamw_update_t(be, slots, opt, lr, grad_scale, static_cast<std::int64_t>(step) + 1);
@@ -94,11 +176,12 @@ void adamw_update_t(kernels::backend& be, std::vector<param_slot>& slots,
   base.eps = static_cast<float>(opt.eps);
   base.grad_scale = grad_scale;
   base.step = static_cast<int>(t);
-  tensor no_low;
-  for (param_slot& s : slots) {
-    kernels::adamw_params p = base;
-    p.weight_decay = s.info.decay ? static_cast<float>(opt.weight_decay) : 0.0f;
-    be.adamw(s.param, s.grad, s.exp_avg, s.exp_avg_sq, p, no_low);
+  base.weight_decay = static_cast<float>(opt.weight_decay);
+  for (std::size_t first = 0; first < slots.size();) {
+    std::size_t last = first + 1;
+    while (last < slots.size() && same_buffers(slots[first], slots[last])) ++last;
+    adamw_group(be, slots, first, last, base);
+    first = last;
   }
 }
 

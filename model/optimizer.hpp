@@ -40,6 +40,7 @@ struct param_slot {
   tensor grad;
   tensor exp_avg;     // AdamW first moment m
   tensor exp_avg_sq;  // AdamW second moment v
+  tensor low{};       // the bf16/fp16 working copy AdamW refreshes, or undefined
 };
 
 /// AdamW moments of one chunk: fp32 flat buffers laid out exactly like the chunk's flat params.
@@ -51,7 +52,9 @@ struct optimizer_state {
 /// Zero-filled moments shaped like `c`'s flat parameter buffer, on the backend's device.
 optimizer_state make_optimizer_state(kernels::backend& be, chunk& c);
 
-/// Slots for every parameter of `c` in its parameter order, viewing `state` at the same offsets.
+/// Slots for every parameter of `c` in its parameter order, viewing `state` at the same offsets,
+/// and c.flat_low() when the chunk has a low-precision copy: AdamW then writes it, so the caller
+/// need not call c.params_updated() after adamw_update.
 std::vector<param_slot> slots_of(chunk& c, optimizer_state& state);
 
 /// Step 3: sums the two uses of a tied embedding in the fixed order (embedding, then head) and
@@ -75,7 +78,10 @@ float clip_scale(double norm, double grad_clip);
 double learning_rate(const core::optimizer_config& opt, const core::train_config& train, int step);
 
 /// Step 7: one AdamW update of every slot (tied copies included, so both copies move identically)
-/// at 0-based `step`, with the given learning rate and gradient scale.
+/// at 0-based `step`, with the given learning rate and gradient scale; a slot's `low` copy, when
+/// defined, receives the rounded new weights. Consecutive slots that view the same flat buffers
+/// (one chunk's, one shard's) go to the backend as one adamw_runs call; the numbers are those of
+/// one adamw call per slot.
 void adamw_update(kernels::backend& be, std::vector<param_slot>& slots,
                   const core::optimizer_config& opt, double lr, float grad_scale, int step);
 /// The same with AdamW's 1-based t given (dynamic loss scaling counts applied updates).

@@ -93,10 +93,8 @@ core::result<step_result> trainer::train_step(int step) {
   std::vector<double> blocks;  // 4-6
   append_sumsq_blocks(be_, slots, blocks);
   const step_decision d = decide_step(blocks, scaler_, cfg_.optimizer, cfg_.train, step);
-  if (!d.skip) {  // 7
-    adamw_update_t(be_, slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
-    for (chunk& c : chunks_) c.params_updated();
-  }
+  // 7: the slots carry each chunk's low-precision copy, so AdamW refreshes it in the same pass
+  if (!d.skip) adamw_update_t(be_, slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
 
   step_result r;
   r.loss = loss_total / static_cast<double>(tokens_per_step_);  // 8

@@ -20,7 +20,8 @@
 //     in double, passed to the kernel as float.
 //  7. AdamW on every parameter tensor (tied copy included), t = step + 1 (with dynamic loss
 //     scaling: applied updates + 1), grad_scale = clip (/ loss_scale),
-//     weight decay only where param_info.decay; then params_updated() on every chunk.
+//     weight decay only where param_info.decay, writing each chunk's low-precision weight copy in
+//     the same pass (one adamw_runs call per chunk).
 //  8. reported loss = loss_total / tokens_per_step (mean token loss, double).
 //
 // Validation loss = Σ loss_sum over eval_cut(0 .. eval_batches-1) / (eval_batches × B × T), forward

@@ -116,21 +116,6 @@ class profiling_backend final : public kernels::backend {
                                   tensor& dx) override {
     timed("linear_backward_input_gelu", [&] { in_.linear_backward_input_gelu(dy, w, pre, dx); });
   }
-  void linear_forward_residual(const tensor& x, const tensor& w, const tensor& b, const tensor& r,
-                               tensor& y) override {
-    timed("linear_forward_residual", [&] { in_.linear_forward_residual(x, w, b, r, y); });
-  }
-  void linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b, tensor& pre,
-                           tensor& y) override {
-    timed("linear_gelu_forward", [&] { in_.linear_gelu_forward(x, w, b, pre, y); });
-  }
-  void linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) override {
-    timed("linear_backward_input_write", [&] { in_.linear_backward_input_write(dy, w, dx); });
-  }
-  void linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
-                                  tensor& dx) override {
-    timed("linear_backward_input_gelu", [&] { in_.linear_backward_input_gelu(dy, w, pre, dx); });
-  }
   void embedding_forward(const tensor& t, const tensor& wte, const tensor& wpe, int seq,
                          tensor& out) override {
     timed("embedding_forward", [&] { in_.embedding_forward(t, wte, wpe, seq, out); });

@@ -1,12 +1,16 @@
 // Softmax cross-entropy fused with its backward, one block per row of logits:
 //   m = max_i x_i,  s = Σ_i exp(x_i − m),  loss = log s + m − x_target,
 //   dlogits_i = (exp(x_i − m)/s − [i = target])·grad_scale, written over the logits.
-// Fusing the backward means the [N, V] probabilities are never stored: the logits buffer (the
-// largest activation of GPT-2, 16·1024 × 50304) is read three times from L2 and written once. The
-// statistics are fp32 (the sum's block reduction in fp64) whatever the logits' dtype; the
-// reductions run in a fixed order, so results are bit-identical run to run. A negative target
-// marks an ignored row (zero loss, zero gradient); a target ≥ V, which the CPU reference rejects
-// with an error, gives a NaN loss here (a kernel cannot throw), which the NaN check reports.
+// Fusing the backward means the [N, V] probabilities are never stored. The logits (the largest
+// activation of GPT-2, 16·1024 × 50304) are read twice: the first pass keeps a running max and a
+// sum rescaled whenever the max grows (online softmax), so m and s come from one read; the second
+// pass, reading the row again while it is still in L2, writes the gradient with streaming stores
+// (it is not read again soon, and should not push the rows of other blocks out of L2). Two blocks
+// of 512 threads per SM keep about 264 rows (26 MB) live, which L2 holds. Statistics are fp32 (the
+// sum's block reduction in fp64) whatever the logits' dtype; the reductions run in a fixed order,
+// so results are bit-identical run to run. A negative target marks an ignored row (zero loss, zero
+// gradient); a target ≥ V, which the CPU reference rejects with an error, gives a NaN loss here (a
+// kernel cannot throw), which the NaN check reports.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
 
@@ -15,9 +19,34 @@ namespace troupe::kernels::cuda {
 // ------------------------------------------------------------------------------------------------
 // CUDA kernels
 
+namespace {
+constexpr int ce_threads = 512;
+constexpr int ce_unroll = 4;  // packs loaded before any is used: more bytes in flight per thread
+}  // namespace
+
+/// Loads with the "last use" hint (the line may be evicted) and stores that stream past L2.
 template <class T, int V>
-__global__ void cross_entropy_kernel(T* logits, const int* targets, float* losses,
-                                     float grad_scale, int vocab) {
+__device__ __forceinline__ pack<T, V> load_last(const T* p) {
+  if constexpr (sizeof(pack<T, V>) == 16) {
+    const int4 r = __ldlu(reinterpret_cast<const int4*>(p));
+    return *reinterpret_cast<const pack<T, V>*>(&r);
+  } else {
+    return *reinterpret_cast<const pack<T, V>*>(p);
+  }
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_streaming(T* p, const pack<T, V>& v) {
+  if constexpr (sizeof(pack<T, V>) == 16)
+    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&v));
+  else
+    *reinterpret_cast<pack<T, V>*>(p) = v;
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(ce_threads, 2)
+    cross_entropy_kernel(T* logits, const int* targets, float* losses, float grad_scale,
+                         int vocab) {
   __shared__ float red_f[32];
   __shared__ double red_d[32];
   const std::int64_t row = blockIdx.x;
@@ -29,43 +58,66 @@ __global__ void cross_entropy_kernel(T* logits, const int* targets, float* losse
       for (int i = threadIdx.x; i < vocab; i += blockDim.x) x[i] = from_f<T>(0.0f);
     return;
   }
-  float m = -INFINITY;
-  for (int i = threadIdx.x * V; i < vocab; i += blockDim.x * V) {
-    pack<T, V> p = *reinterpret_cast<const pack<T, V>*>(x + i);
+  const int step = blockDim.x * V;
+  // Pass 1: this thread's running max m and Σ exp(x − m), rescaled when m grows.
+  float m = -INFINITY, part = 0.0f;
+  for (int base = threadIdx.x * V; base < vocab; base += step * ce_unroll) {
+    pack<T, V> p[ce_unroll];
 #pragma unroll
-    for (int k = 0; k < V; ++k) m = fmaxf(m, to_f(p.v[k]));
-  }
-  m = warp_max(m);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) red_f[threadIdx.x / 32] = m;
-  __syncthreads();
-  m = red_f[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) m = fmaxf(m, red_f[w]);
-
-  float part = 0.0f;
-  for (int i = threadIdx.x * V; i < vocab; i += blockDim.x * V) {
-    pack<T, V> p = *reinterpret_cast<const pack<T, V>*>(x + i);
+    for (int u = 0; u < ce_unroll; ++u)
+      if (base + u * step < vocab) p[u] = *reinterpret_cast<const pack<T, V>*>(x + base + u * step);
 #pragma unroll
-    for (int k = 0; k < V; ++k) part += expf(to_f(p.v[k]) - m);
+    for (int u = 0; u < ce_unroll; ++u) {
+      if (base + u * step >= vocab) continue;
+      float pm = m;
+#pragma unroll
+      for (int k = 0; k < V; ++k) pm = fmaxf(pm, to_f(p[u].v[k]));
+      if (pm > m) {
+        part *= expf(m - pm);
+        m = pm;
+      }
+      // −∞ logits (masked entries) add nothing, also while m is still −∞ (where x − m is NaN).
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float xv = to_f(p[u].v[k]);
+        part += xv == -INFINITY ? 0.0f : expf(xv - m);
+      }
+    }
   }
-  const double s = block_sum(static_cast<double>(part), red_d);
+  float bm = warp_max(m);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red_f[threadIdx.x / 32] = bm;
+  __syncthreads();
+  bm = red_f[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) bm = fmaxf(bm, red_f[w]);
+  // Each thread's sum moved to the row max (a thread that saw only −∞ adds nothing).
+  const float mine = m == -INFINITY ? 0.0f : part * expf(m - bm);
+  const double s = block_sum(static_cast<double>(mine), red_d);
   const bool valid = t < vocab;
   if (threadIdx.x == 0)
-    losses[row] = valid ? static_cast<float>(log(s) + (static_cast<double>(m) - to_f(x[t])))
+    losses[row] = valid ? static_cast<float>(log(s) + (static_cast<double>(bm) - to_f(x[t])))
                         : __int_as_float(0x7fc00000);
   if (grad_scale == 0.0f) return;
-  // Every thread has read x[t] above only through thread 0; make sure that read precedes writes.
+  // Thread 0 read x[t] above; that read must precede the writes below.
   __syncthreads();
   const float f = static_cast<float>(grad_scale / s);
-  for (int i = threadIdx.x * V; i < vocab; i += blockDim.x * V) {
-    pack<T, V> p = *reinterpret_cast<const pack<T, V>*>(x + i);
+  for (int base = threadIdx.x * V; base < vocab; base += step * ce_unroll) {
+    pack<T, V> p[ce_unroll];
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      float g = expf(to_f(p.v[k]) - m) * f;
-      if (i + k == t) g -= grad_scale;
-      p.v[k] = from_f<T>(g);
+    for (int u = 0; u < ce_unroll; ++u)
+      if (base + u * step < vocab) p[u] = load_last<T, V>(x + base + u * step);
+#pragma unroll
+    for (int u = 0; u < ce_unroll; ++u) {
+      const int i = base + u * step;
+      if (i >= vocab) continue;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        float g = expf(to_f(p[u].v[k]) - bm) * f;
+        if (i + k == t) g -= grad_scale;
+        p[u].v[k] = from_f<T>(g);
+      }
+      store_streaming<T, V>(x + i, p[u]);
     }
-    *reinterpret_cast<pack<T, V>*>(x + i) = p;
   }
 }
 
@@ -86,7 +138,7 @@ void launch_cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
   dispatch_float(logits.type(), op, [&](auto tag) {
     using T = decltype(tag);
     with_row_vector<T>({&logits}, vocab, [&](auto v) {
-      cross_entropy_kernel<T, decltype(v)::value><<<static_cast<unsigned>(n), 512, 0, s>>>(
+      cross_entropy_kernel<T, decltype(v)::value><<<static_cast<unsigned>(n), ce_threads, 0, s>>>(
           logits.data<T>(), targets.data<int>(), losses.data<float>(), grad_scale,
           static_cast<int>(vocab));
     });

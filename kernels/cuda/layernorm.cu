@@ -2,7 +2,9 @@
 // backward, and the backward dx += rstd·(w·dy − mean(w·dy) − x̂·mean(w·dy·x̂)), dw += Σ dy·x̂,
 // db += Σ dy. One warp per row (rows are 768–1600 wide in GPT-2: a warp's lanes stride the row with
 // 16-byte accesses and the row stays in L1 between the passes), so no block-level synchronisation is
-// needed. The weight and bias gradients are column sums done deterministically by column_sum.cuh.
+// needed. Rows that fit in registers take the row-cached kernels (below), which read each row once
+// and fuse the weight and bias gradients into the dx pass; wider rows take the plain kernels, whose
+// weight and bias gradients are column sums done deterministically by column_sum.cuh.
 // x, y, dy, dx share one dtype; w, b and their gradients may be any float dtype (fp32 gradients of
 // bf16 weights).
 #include "kernels/cuda/column_sum.cuh"
@@ -95,6 +97,181 @@ __global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const void
   }
 }
 
+// Row-cached kernels for rows of at most `ITERS` · 32 · V elements (GPT-2's 768–1600 in bf16):
+// each lane keeps its columns of the row, and of w and b, in registers, so a row is read from
+// memory once, and each warp does several rows (w and b are loaded once per warp). The backward
+// also keeps the lane's dw and db partial sums in registers across its rows; a block adds its
+// warps' partials in warp order and writes one partial row per block, and a second kernel adds
+// the blocks' rows in block order. The split of rows over warps depends only on the row count, so
+// the sums are run-to-run identical without atomics.
+
+/// Blocks of the row-cached kernels: enough rows per warp to amortise the w/b loads and the
+/// backward's partial sums, few enough blocks to fill the GPU. Depends only on `rows`.
+inline unsigned cached_grid(std::int64_t rows, std::int64_t rows_per_block) {
+  return static_cast<unsigned>(
+      std::clamp<std::int64_t>((rows + rows_per_block - 1) / rows_per_block, 1, 256));
+}
+
+template <class T, int V, int ITERS>
+__global__ void __launch_bounds__(256)
+    layernorm_forward_cached_kernel(const T* x, const void* w, int wc, const void* b, int bc,
+                                    float eps, T* y, float* mean_out, float* rstd_out,
+                                    std::int64_t rows, int C) {
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  float wv[ITERS][V], bv[ITERS][V];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * 32 + lane) * V;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      wv[it][k] = c < C ? load_f(w, wc, c + k) : 0.0f;
+      bv[it][k] = c < C && b ? load_f(b, bc, c + k) : 0.0f;
+    }
+  }
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps;
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * warps + threadIdx.x / 32;
+       row < rows; row += stride) {
+    const T* xr = x + row * C;
+    pack<T, V> px[ITERS];
+    float s = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int c = (it * 32 + lane) * V;
+      if (c < C) {
+        px[it] = *reinterpret_cast<const pack<T, V>*>(xr + c);
+#pragma unroll
+        for (int k = 0; k < V; ++k) s += to_f(px[it].v[k]);
+      }
+    }
+    const float mean = warp_sum(s) / C;
+    float ss = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int c = (it * 32 + lane) * V;
+      if (c < C) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float d = to_f(px[it].v[k]) - mean;
+          ss += d * d;
+        }
+      }
+    }
+    const float rstd = 1.0f / sqrtf(warp_sum(ss) / C + eps);
+    T* yr = y + row * C;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int c = (it * 32 + lane) * V;
+      if (c < C) {
+        pack<T, V> o;
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          o.v[k] = from_f<T>((to_f(px[it].v[k]) - mean) * rstd * wv[it][k] + bv[it][k]);
+        *reinterpret_cast<pack<T, V>*>(yr + c) = o;
+      }
+    }
+    if (lane == 0) {
+      mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+  }
+}
+
+/// dx of every row, and per block the column sums [dw (C) | db (C)] of its rows into
+/// partial[blockIdx.x · 2C ...]. Dynamic shared memory: 2C floats.
+template <class T, int V, int ITERS>
+__global__ void __launch_bounds__(256)
+    layernorm_backward_cached_kernel(const T* dy, const T* x, const void* w, int wc,
+                                     const float* mean, const float* rstd, T* dx, float* partial,
+                                     std::int64_t rows, int C) {
+  extern __shared__ float sums[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float wv[ITERS][V], dw[ITERS][V], db[ITERS][V];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int c = (it * 32 + lane) * V;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      wv[it][k] = c < C ? load_f(w, wc, c + k) : 0.0f;
+      dw[it][k] = 0.0f;
+      db[it][k] = 0.0f;
+    }
+  }
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps;
+  for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * warps + warp; row < rows;
+       row += stride) {
+    const T* xr = x + row * C;
+    const T* dyr = dy + row * C;
+    const float mu = mean[row], rs = rstd[row];
+    T* dxr = dx + row * C;
+    // dx is loaded with x and dy (one memory round trip per row, not two).
+    pack<T, V> px[ITERS], pd[ITERS], po[ITERS];
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int c = (it * 32 + lane) * V;
+      if (c < C) {
+        px[it] = *reinterpret_cast<const pack<T, V>*>(xr + c);
+        pd[it] = *reinterpret_cast<const pack<T, V>*>(dyr + c);
+        po[it] = *reinterpret_cast<const pack<T, V>*>(dxr + c);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float wdy = wv[it][k] * to_f(pd[it].v[k]);
+          s1 += wdy;
+          s2 += wdy * ((to_f(px[it].v[k]) - mu) * rs);
+        }
+      }
+    }
+    const float m1 = warp_sum(s1) / C, m2 = warp_sum(s2) / C;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int c = (it * 32 + lane) * V;
+      if (c < C) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float d = to_f(pd[it].v[k]);
+          const float xhat = (to_f(px[it].v[k]) - mu) * rs;
+          po[it].v[k] = from_f<T>(to_f(po[it].v[k]) + rs * (wv[it][k] * d - m1 - xhat * m2));
+          dw[it][k] += d * xhat;
+          db[it][k] += d;
+        }
+        *reinterpret_cast<pack<T, V>*>(dxr + c) = po[it];
+      }
+    }
+  }
+  // The block's warps add their partials in warp order.
+  for (int wi = 0; wi < warps; ++wi) {
+    if (warp == wi) {
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int c = (it * 32 + lane) * V;
+        if (c < C) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            sums[c + k] = wi == 0 ? dw[it][k] : sums[c + k] + dw[it][k];
+            sums[C + c + k] = wi == 0 ? db[it][k] : sums[C + c + k] + db[it][k];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  float* out = partial + static_cast<std::int64_t>(blockIdx.x) * 2 * C;
+  for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) out[i] = sums[i];
+}
+
+/// dw[c] += Σ_blocks partial[block][c], db[c] += Σ_blocks partial[block][C + c], blocks in order.
+__global__ void layernorm_param_finish_kernel(const float* partial, int blocks, int C, void* dw,
+                                              int dwc, void* db, int dbc) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= 2 * C) return;
+  void* out = i < C ? dw : db;
+  if (!out) return;
+  float s = 0.0f;
+  for (int k = 0; k < blocks; ++k) s += partial[static_cast<std::int64_t>(k) * 2 * C + i];
+  const int c = i < C ? i : i - C, code = i < C ? dwc : dbc;
+  store_f(out, code, c, load_f(out, code, c) + s);
+}
+
 /// dw and db terms of one (row, column).
 template <class T>
 struct layernorm_param_terms {
@@ -115,6 +292,27 @@ struct layernorm_param_terms {
 
 namespace {
 constexpr int rows_per_block = 8;  // 8 warps of 32 lanes, one row each
+
+/// Calls f(std::integral_constant<int, I>) with the smallest I of {1, 2, 3, 4, 6, 8} such that
+/// rows of C elements fit in I · 32 · V; returns false (f not called) when none does, or when rows
+/// do not move in 16-byte packs (V = 1: odd widths, not worth the instantiations).
+template <int V, class F>
+bool with_row_iters(int C, F&& f) {
+  if constexpr (V == 1) {
+    (void)C;
+    (void)f;
+    return false;
+  } else {
+    const int need = (C + 32 * V - 1) / (32 * V);
+    if (need <= 1) return f(std::integral_constant<int, 1>{}), true;
+    if (need <= 2) return f(std::integral_constant<int, 2>{}), true;
+    if (need <= 3) return f(std::integral_constant<int, 3>{}), true;
+    if (need <= 4) return f(std::integral_constant<int, 4>{}), true;
+    if (need <= 6) return f(std::integral_constant<int, 6>{}), true;
+    if (need <= 8) return f(std::integral_constant<int, 8>{}), true;
+    return false;
+  }
+}
 
 }  // namespace
 
@@ -142,7 +340,16 @@ void launch_layernorm_forward(const tensor& x, const tensor& w, const tensor& b,
   dispatch_float(x.type(), op, [&](auto tag) {
     using T = decltype(tag);
     with_row_vector<T>({&x, &y}, C, [&](auto v) {
-      layernorm_forward_kernel<T, decltype(v)::value><<<grid, rows_per_block * 32, 0, s>>>(
+      constexpr int V = decltype(v)::value;
+      const bool cached = with_row_iters<V>(C, [&](auto iters) {
+        layernorm_forward_cached_kernel<T, V, decltype(iters)::value>
+            <<<cached_grid(rows, 8 * rows_per_block), rows_per_block * 32, 0, s>>>(
+                x.data<T>(), w.raw(), code_of(w.type()), b.defined() ? b.raw() : nullptr,
+                b.defined() ? code_of(b.type()) : 0, eps, y.data<T>(), mean.data<float>(),
+                rstd.data<float>(), rows, C);
+      });
+      if (cached) return;
+      layernorm_forward_kernel<T, V><<<grid, rows_per_block * 32, 0, s>>>(
           x.data<T>(), w.raw(), code_of(w.type()), b.defined() ? b.raw() : nullptr,
           b.defined() ? code_of(b.type()) : 0, eps, y.data<T>(), mean.data<float>(),
           rstd.data<float>(), rows, C);
@@ -179,6 +386,24 @@ void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, 
   const unsigned grid = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
   dispatch_float(x.type(), op, [&](auto tag) {
     using T = decltype(tag);
+    bool cached = false;
+    with_row_vector<T>({&x, &dy, &dx}, C, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      cached = with_row_iters<V>(C, [&](auto iters) {
+        const unsigned blocks = cached_grid(rows, 8 * rows_per_block);
+        scratch partial(ctx, sizeof(float) * 2 * static_cast<std::size_t>(C) * blocks);
+        layernorm_backward_cached_kernel<T, V, decltype(iters)::value>
+            <<<blocks, rows_per_block * 32, sizeof(float) * 2 * C, ctx.stream>>>(
+                dy.data<T>(), x.data<T>(), w.raw(), code_of(w.type()), mean.data<float>(),
+                rstd.data<float>(), dx.data<T>(), partial.as<float>(), rows, C);
+        TROUPE_CUDA_CHECK_LAUNCH();
+        layernorm_param_finish_kernel<<<(2 * C + 255) / 256, 256, 0, ctx.stream>>>(
+            partial.as<float>(), static_cast<int>(blocks), C, dw.raw(), code_of(dw.type()),
+            db.defined() ? db.raw() : nullptr, db.defined() ? code_of(db.type()) : 0);
+        TROUPE_CUDA_CHECK_LAUNCH();
+      });
+    });
+    if (cached) return;
     with_row_vector<T>({&x, &dy, &dx}, C, [&](auto v) {
       layernorm_backward_dx_kernel<T, decltype(v)::value>
           <<<grid, rows_per_block * 32, 0, ctx.stream>>>(dy.data<T>(), x.data<T>(), w.raw(),

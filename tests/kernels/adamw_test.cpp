@@ -103,4 +103,44 @@ TEST_CASE("adamw rejects mismatched sizes and step 0") {
         std::string::npos);
 }
 
+TEST_CASE("adamw_runs gives the bits of one adamw call per run and leaves gaps untouched") {
+  auto be = make_backend("cpu");
+  const int n = 3000;
+  // Unsorted runs with gaps between them and odd lengths; decay alternates.
+  const std::vector<adamw_run> runs = {{1024, 1768, false}, {0, 1000, true}, {2048, 2999, true}};
+  adamw_params hp;
+  hp.lr = 2e-3f;
+  hp.weight_decay = 0.1f;
+  hp.grad_scale = 0.7f;
+  hp.step = 5;
+  tensor g = randn({n}, 21);
+  auto start = [&] {
+    return std::vector<tensor>{randn({n}, 22), randn({n}, 23, 0.01f), randn({n}, 24, 0.01f),
+                               tensor::zeros({n}, dtype::bf16)};
+  };
+  std::vector<tensor> a = start(), b = start();
+  for (std::int64_t i = 0; i < n; ++i) {  // |v| so sqrt(v) is defined, as AdamW keeps it
+    a[2].data<float>()[i] = std::fabs(a[2].data<float>()[i]);
+    b[2].data<float>()[i] = std::fabs(b[2].data<float>()[i]);
+  }
+  const std::vector<tensor> before = {a[0].clone(), a[1].clone(), a[2].clone(), a[3].clone()};
+  be->adamw_runs(a[0], g, a[1], a[2], runs, hp, a[3]);
+  for (const adamw_run& r : runs) {
+    const core::shape_t s{r.end - r.begin};
+    tensor p = b[0].slice(r.begin, s), m = b[1].slice(r.begin, s), v = b[2].slice(r.begin, s),
+           low = b[3].slice(r.begin, s);
+    adamw_params q = hp;
+    q.weight_decay = r.decay ? hp.weight_decay : 0.0f;
+    be->adamw(p, g.slice(r.begin, s), m, v, q, low);
+  }
+  for (int i = 0; i < 4; ++i) CHECK(same_bits(a[i], b[i]));
+  for (std::int64_t gap : {1000, 1767 + 1, 2047, 2999}) {
+    INFO("gap element " << gap);
+    CHECK(a[0].data<float>()[gap] == before[0].data<float>()[gap]);
+    CHECK(a[1].data<float>()[gap] == before[1].data<float>()[gap]);
+    CHECK(a[3].data<std::uint16_t>()[gap] == 0);
+  }
+  CHECK(a[0].data<float>()[5] != before[0].data<float>()[5]);
+}
+
 }  // namespace troupe::kernels::cpu_test

@@ -204,3 +204,71 @@ TEST_CASE("optimizer_step equals norm, clip, schedule and AdamW applied one by o
   for (int s = 0; s < 2; ++s)
     CHECK(std::memcmp(a[s].param.raw(), b[s].param.raw(), a[s].param.bytes()) == 0);
 }
+
+TEST_CASE("adamw_update over views of one flat buffer equals one adamw call per slot, low copy "
+          "included, padding untouched") {
+  auto be = cpu();
+  auto o = opt_config();
+  // Three tensors at offsets of a padded flat buffer (as a chunk lays them out), plus a slot in a
+  // buffer of its own; the first three go to the backend as one adamw_runs call.
+  const std::int64_t n = 3 * 1024;
+  struct layout {
+    std::string name;
+    troupe::core::shape_t shape;
+    std::int64_t offset;
+    bool decay;
+  };
+  const std::vector<layout> ls = {{"w", {3, 300}, 0, true}, {"b", {700}, 1024, false},
+                                  {"w2", {2, 500}, 2048, true}};
+  auto make = [&] {
+    std::vector<tensor> flat = {filled({n}, 0.3f, 0.01f), filled({n}, -0.2f, 0.004f),
+                                filled({n}, 0.01f, 0.0f), filled({n}, 0.02f, 0.0f),
+                                tensor::zeros({n}, troupe::core::dtype::bf16)};
+    std::vector<param_slot> slots;
+    for (const layout& l : ls) {
+      param_slot s;
+      s.info.name = l.name;
+      s.info.shape = l.shape;
+      s.info.numel = troupe::core::numel_of(l.shape);
+      s.info.offset = l.offset;
+      s.info.decay = l.decay;
+      s.param = flat[0].slice(l.offset, l.shape);
+      s.grad = flat[1].slice(l.offset, l.shape);
+      s.exp_avg = flat[2].slice(l.offset, l.shape);
+      s.exp_avg_sq = flat[3].slice(l.offset, l.shape);
+      s.low = flat[4].slice(l.offset, l.shape);
+      slots.push_back(s);
+    }
+    slots.push_back(make_slot("own", {40}, true, false, 0.1f, 0.05f));
+    return std::make_pair(flat, slots);
+  };
+  auto [fa, sa] = make();
+  auto [fb, sb] = make();
+  const tensor own_before = sb.back().param.clone();
+  adamw_update(*be, sa, o, 3e-3, 0.5f, 4);
+  for (param_slot& s : sb) {
+    troupe::kernels::adamw_params p;
+    p.lr = static_cast<float>(3e-3);
+    p.beta1 = static_cast<float>(o.beta1);
+    p.beta2 = static_cast<float>(o.beta2);
+    p.eps = static_cast<float>(o.eps);
+    p.grad_scale = 0.5f;
+    p.step = 5;
+    p.weight_decay = s.info.decay ? static_cast<float>(o.weight_decay) : 0.0f;
+    be->adamw(s.param, s.grad, s.exp_avg, s.exp_avg_sq, p, s.low);
+  }
+  for (std::size_t i = 0; i < fa.size(); ++i) {
+    INFO("flat buffer " << i);
+    CHECK(std::memcmp(fa[i].raw(), fb[i].raw(), fa[i].bytes()) == 0);
+  }
+  CHECK(std::memcmp(sa.back().param.raw(), sb.back().param.raw(), 40 * sizeof(float)) == 0);
+  CHECK(std::memcmp(sb.back().param.raw(), own_before.raw(), 40 * sizeof(float)) != 0);
+  // padding after "w" (900 elements) and after "b": untouched params, a zero low copy
+  const tensor fresh = filled({n}, 0.3f, 0.01f);
+  for (std::int64_t gap : {900, 1023, 1024 + 700, 2047, 2048 + 1000, n - 1}) {
+    INFO("padding element " << gap);
+    CHECK(fa[0].data<float>()[gap] == fresh.data<float>()[gap]);
+    CHECK(fa[4].data<std::uint16_t>()[gap] == 0);
+  }
+  CHECK(fa[4].data<std::uint16_t>()[1] != 0);
+}

@@ -1,0 +1,211 @@
+// The CUDA paths that the GPT-2 step spends its non-GEMM time in, at the sizes where their fast
+// paths engage: the one-launch AdamW over runs of a flat buffer (against the CPU and against one
+// adamw launch per run, bit for bit), LayerNorm over enough rows that each warp does several, and
+// cross-entropy at GPT-2's vocabulary. Skips without a GPU.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tests/kernels/cuda_test_util.hpp"
+
+namespace troupe::kernels::cuda_test {
+namespace {
+
+struct backends {
+  std::unique_ptr<backend> cpu = make_backend("cpu");
+  std::unique_ptr<backend> gpu = make_backend("cuda");
+};
+
+/// `count` runs spaced `spacing` apart from `first`, of lengths 1 .. spacing - 1 (odd ones
+/// included, so vector groups end early), decay alternating every third run.
+std::vector<adamw_run> spaced_runs(int count, std::int64_t first, std::int64_t spacing) {
+  std::vector<adamw_run> runs;
+  for (int k = 0; k < count; ++k) {
+    const std::int64_t b = first + k * spacing, len = 1 + (k * 37) % (spacing - 1);
+    runs.push_back({b, b + len, k % 3 != 0});
+  }
+  return runs;
+}
+
+}  // namespace
+
+TEST_CASE("cuda adamw_runs matches the CPU and one adamw launch per run bit for bit, gaps "
+          "untouched") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  const std::int64_t spacing = 400;
+  // 170 runs: more than one launch's table; first at 0 (16-byte packs) and at 1 (scalar path).
+  for (std::int64_t first : {0, 1}) {
+    for (dtype lt : {dtype::bf16, dtype::f16}) {
+      INFO("first run at " << first << ", low " << core::dtype_name(lt));
+      const std::vector<adamw_run> runs = spaced_runs(170, first, spacing);
+      const std::int64_t n = first + 170 * spacing + 5;
+      tensor p = random_host({n}, 80), g = random_host({n}, 81), m = random_host({n}, 82, 0.1f);
+      tensor v = random_host({n}, 83, 0.1f);
+      for (std::int64_t i = 0; i < n; ++i) v.data<float>()[i] = std::fabs(v.data<float>()[i]);
+      adamw_params ap;
+      ap.lr = 2e-3f;
+      ap.weight_decay = 0.1f;
+      ap.grad_scale = 0.6f;
+      ap.step = 4;
+
+      tensor p_ref = p.clone(), m_ref = m.clone(), v_ref = v.clone();
+      tensor low_ref = tensor::zeros({n}, lt);
+      be.cpu->adamw_runs(p_ref, g, m_ref, v_ref, runs, ap, low_ref);
+
+      tensor gg = be.gpu->from_host(g);
+      auto fresh = [&] {
+        return std::vector<tensor>{be.gpu->from_host(p), be.gpu->from_host(m), be.gpu->from_host(v),
+                                   poisoned(*be.gpu, {n}, lt)};
+      };
+      std::vector<tensor> a = fresh(), b = fresh(), c = fresh();
+      be.gpu->adamw_runs(a[0], gg, a[1], a[2], runs, ap, a[3]);
+      be.gpu->adamw_runs(c[0], gg, c[1], c[2], runs, ap, c[3]);
+      for (const adamw_run& r : runs) {
+        const core::shape_t s{r.end - r.begin};
+        tensor ps = b[0].slice(r.begin, s), ms = b[1].slice(r.begin, s),
+               vs = b[2].slice(r.begin, s), ls = b[3].slice(r.begin, s);
+        adamw_params q = ap;
+        q.weight_decay = r.decay ? ap.weight_decay : 0.0f;
+        be.gpu->adamw(ps, gg.slice(r.begin, s), ms, vs, q, ls);
+      }
+      for (int i = 0; i < 4; ++i) {
+        INFO("buffer " << i << " (param, m, v, low)");
+        const tensor ha = be.gpu->to_host(a[i]);
+        CHECK(same_bits(ha, be.gpu->to_host(b[i])));
+        CHECK(same_bits(ha, be.gpu->to_host(c[i])));
+      }
+      check_close(be.gpu->to_host(a[0]), p_ref, fp32_rtol, "param");
+      check_close(be.gpu->to_host(a[1]), m_ref, fp32_rtol, "m");
+      check_close(be.gpu->to_host(a[2]), v_ref, fp32_rtol, "v");
+      // Low elements of the runs are the rounded params; gap elements keep their poison.
+      const tensor low = download(*be.gpu, a[3]), pa = be.gpu->to_host(a[0]);
+      const tensor low_want = rounded(pa, lt);
+      std::int64_t wrong = 0, touched_gaps = 0;
+      std::size_t r = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        while (r < runs.size() && runs[r].end <= i) ++r;
+        const bool in_run = r < runs.size() && runs[r].begin <= i;
+        const float got = low.data<float>()[i];
+        if (in_run && got != low_want.data<float>()[i]) ++wrong;
+        if (!in_run && !std::isnan(got)) ++touched_gaps;
+        if (!in_run && pa.data<float>()[i] != p.data<float>()[i]) ++touched_gaps;
+      }
+      CHECK(wrong == 0);
+      CHECK(touched_gaps == 0);
+    }
+  }
+}
+
+TEST_CASE("cuda adamw_runs rejects overlapping runs and runs outside the buffers") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  tensor p = be.gpu->empty({100}, dtype::f32), g = be.gpu->empty({100}, dtype::f32);
+  tensor m = be.gpu->empty({100}, dtype::f32), v = be.gpu->empty({100}, dtype::f32), none;
+  adamw_params ap;
+  auto message = [&](std::vector<adamw_run> runs) {
+    try {
+      be.gpu->adamw_runs(p, g, m, v, runs, ap, none);
+    } catch (const core::failure& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(message({{0, 50, true}, {40, 60, false}}).find("overlap") != std::string::npos);
+  CHECK(message({{90, 101, true}}).find("not a range") != std::string::npos);
+}
+
+TEST_CASE("cuda layernorm over many rows matches the CPU, deterministically, wide rows included") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // 3000 rows: every warp of the row-cached kernels takes several rows; C 2052 takes the plain
+  // kernels (too wide to cache in fp32 packs; not a multiple of 8 in bf16).
+  for (auto [N, C] : {std::pair<std::int64_t, std::int64_t>{3000, 768}, {40, 2052}, {1, 64}}) {
+    for (dtype t : {dtype::f32, dtype::bf16}) {
+      INFO("dtype " << core::dtype_name(t) << ", N " << N << ", C " << C);
+      const double rtol = rtol_for(t);
+      tensor x = rounded(random_host({N, C}, 90, 1.5f), t);
+      tensor w = rounded(random_host({C}, 91), t), b = rounded(random_host({C}, 92), t);
+      tensor dy = rounded(random_host({N, C}, 93), t), dx0 = rounded(random_host({N, C}, 94), t);
+      tensor dw0 = random_host({C}, 95), db0 = random_host({C}, 96);
+      tensor gx = upload(*be.gpu, x, t), gw = upload(*be.gpu, w, t), gb = upload(*be.gpu, b, t);
+      tensor gdy = upload(*be.gpu, dy, t);
+
+      tensor y_ref = tensor::zeros({N, C}), mean_ref = tensor::zeros({N}),
+             rstd_ref = tensor::zeros({N});
+      be.cpu->layernorm_forward(x, w, b, 1e-5f, y_ref, mean_ref, rstd_ref);
+      tensor gy = poisoned(*be.gpu, {N, C}, t), gmean = poisoned(*be.gpu, {N}, dtype::f32),
+             grstd = poisoned(*be.gpu, {N}, dtype::f32);
+      be.gpu->layernorm_forward(gx, gw, gb, 1e-5f, gy, gmean, grstd);
+      check_close(download(*be.gpu, gy), y_ref, rtol, "y");
+      check_close(download(*be.gpu, gmean), mean_ref, fp32_rtol, "mean");
+      check_close(download(*be.gpu, grstd), rstd_ref, fp32_rtol, "rstd");
+
+      tensor dx_ref = dx0.clone(), dw_ref = dw0.clone(), db_ref = db0.clone();
+      be.cpu->layernorm_backward(dy, x, w, mean_ref, rstd_ref, dx_ref, dw_ref, db_ref);
+      std::vector<tensor> first;
+      for (int rep = 0; rep < 2; ++rep) {
+        tensor gdx = upload(*be.gpu, dx0, t), gdw = upload(*be.gpu, dw0, dtype::f32),
+               gdb = upload(*be.gpu, db0, dtype::f32);
+        be.gpu->layernorm_backward(gdy, gx, gw, gmean, grstd, gdx, gdw, gdb);
+        std::vector<tensor> got = {be.gpu->to_host(gdx), be.gpu->to_host(gdw),
+                                   be.gpu->to_host(gdb)};
+        if (rep == 0) {
+          check_close(host_f32(got[0]), dx_ref, rtol, "dx");
+          check_close(got[1], dw_ref, rtol, "dw");
+          check_close(got[2], db_ref, rtol, "db");
+          first = got;
+        } else {
+          for (int i = 0; i < 3; ++i) CHECK(same_bits(got[i], first[i]));
+        }
+      }
+      // Without a bias gradient, dw and dx are the same.
+      tensor gdx = upload(*be.gpu, dx0, t), gdw = upload(*be.gpu, dw0, dtype::f32), no_db;
+      be.gpu->layernorm_backward(gdy, gx, gw, gmean, grstd, gdx, gdw, no_db);
+      CHECK(same_bits(be.gpu->to_host(gdx), first[0]));
+      CHECK(same_bits(be.gpu->to_host(gdw), first[1]));
+    }
+  }
+}
+
+TEST_CASE("cuda cross-entropy at GPT-2's vocabulary matches the CPU, masked logits included") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  const std::int64_t N = 24, V = 50304;
+  tensor tgt = random_tokens(N, V, 100);
+  tgt.data<std::int32_t>()[5] = -1;
+  tgt.data<std::int32_t>()[7] = 4;  // not the masked entry 3 of row 7
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    INFO("dtype " << core::dtype_name(t));
+    tensor logits = rounded(random_host({N, V}, 101, 4.0f), t);
+    // Row 2 masked at its first 20000 entries (a thread's first packs are all −∞), row 7 at one.
+    for (std::int64_t i = 0; i < 20000; ++i)
+      if (i != tgt.data<std::int32_t>()[2]) logits.data<float>()[2 * V + i] = -INFINITY;
+    logits.data<float>()[7 * V + 3] = -INFINITY;
+    tensor lref = logits.clone(), loss_ref = tensor::zeros({N});
+    be.cpu->cross_entropy(lref, tgt, loss_ref, 1.0f / 3);
+    tensor gtgt = be.gpu->from_host(tgt);
+    std::vector<tensor> first;
+    for (int rep = 0; rep < 2; ++rep) {
+      tensor glog = upload(*be.gpu, logits, t);
+      tensor gloss = poisoned(*be.gpu, {N}, dtype::f32);
+      be.gpu->cross_entropy(glog, gtgt, gloss, 1.0f / 3);
+      std::vector<tensor> got = {be.gpu->to_host(gloss), be.gpu->to_host(glog)};
+      if (rep == 0) {
+        check_close(got[0], loss_ref, t == dtype::f32 ? fp32_rtol : 1e-3, "losses");
+        check_close(host_f32(got[1]), lref, rtol_for(t), "dlogits");
+        const tensor d = host_f32(got[1]);
+        CHECK(d.data<float>()[2 * V + 10] == 0.0f);
+        CHECK(d.data<float>()[7 * V + 3] == 0.0f);
+        first = got;
+      } else {
+        CHECK(same_bits(got[0], first[0]));
+        CHECK(same_bits(got[1], first[1]));
+      }
+    }
+  }
+}
+
+}  // namespace troupe::kernels::cuda_test
