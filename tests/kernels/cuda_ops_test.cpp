@@ -341,6 +341,11 @@ TEST_CASE("cuda attention forward and backward match the CPU (row and tensor-cor
   check_attention(be, dtype::f32, {1, 33, 3, 3, 24}, "fp32 row path, odd D");
   check_attention(be, dtype::bf16, {2, 130, 4, 2, 64}, "bf16 tensor cores D=64");
   check_attention(be, dtype::bf16, {1, 200, 2, 1, 32}, "bf16 tensor cores D=32");
+  // Several unmasked tiles before the diagonal, four query heads per kv head, T ≡ 1 mod 64.
+  check_attention(be, dtype::bf16, {1, 321, 4, 1, 64}, "bf16 tensor cores, long T, GQA 4:1");
+  // T shorter than one tile: every tile is a diagonal tile with rows past T.
+  check_attention(be, dtype::bf16, {2, 17, 2, 2, 32}, "bf16 tensor cores, T < tile");
+  check_attention(be, dtype::f16, {1, 150, 2, 2, 64}, "fp16 tensor cores D=64");
   check_attention(be, dtype::bf16, {1, 96, 2, 2, 128}, "bf16 D=128 (tensor-core forward, row backward)");
   check_attention(be, dtype::bf16, {2, 50, 2, 2, 40}, "bf16 row path D=40");
 }
