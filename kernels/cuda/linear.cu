@@ -15,11 +15,12 @@
 // for gelu(approximate='tanh'), pytorch/pytorch#104061); its aux leading dimension must be a
 // multiple of 8. fp32 keeps the exact kernels of gelu.cu instead (the epilogue's tanh is not
 // within the 1e-5 agreement with the CPU reference that fp32 promises), and so does any case
-// the heuristic has no fused algorithm for.
+// the heuristic has no fused algorithm for, and every case when TROUPE_GELU_EPILOGUE=0.
 //
 // A plan (descriptors + the heuristic's algorithm) is cached per shape, layout, dtype and pointer
 // alignment: a training step repeats a dozen shapes, and the heuristic costs microseconds. Without
 // atomics in any chosen algorithm (cuBLASLt uses none unless asked), results are run-to-run identical.
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -312,10 +313,20 @@ gemm_call backward_input_call(const char* op, const tensor& dy, const tensor& w,
   return g;
 }
 
+/// False when the environment sets TROUPE_GELU_EPILOGUE=0: the GELU epilogues are then never
+/// used and the unfused kernels run, the switch to measure one against the other.
+bool gelu_epilogue_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("TROUPE_GELU_EPILOGUE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
 /// True when GELU may ride on the epilogue of a GEMM writing d with aux `aux` (file comment).
 bool gelu_epilogue_ok(const gemm_call& g, const tensor& d, const tensor& aux) {
-  return d.type() != dtype::f32 && aux.type() == d.type() && g.ldc % 8 == 0 &&
-         aligned16(aux.raw()) && aligned16(d.raw());
+  return gelu_epilogue_enabled() && d.type() != dtype::f32 && aux.type() == d.type() &&
+         g.ldc % 8 == 0 && aligned16(aux.raw()) && aligned16(d.raw());
 }
 
 void require_distinct(const tensor& out, const tensor& in, const char* op, const char* out_name,
