@@ -23,16 +23,22 @@ struct adamw_consts {
   float lr, beta1, beta2, one_minus_b1, one_minus_b2, bc1, bc2, eps, wd, grad_scale;
 };
 
-/// The update of one element; both kernels below use it, so a run of the multi-run kernel gives the
-/// bits of a single-tensor launch over the same elements.
+/// The update of one element, in IEEE round-to-nearest operations that the compiler may not fuse
+/// into FMAs: left to itself, nvcc contracts differently in differently shaped loops (measured on
+/// the H200: the 16-byte and the scalar loops gave results 1 ulp apart), and a run of adamw_runs
+/// must give the bits of an adamw launch over the same elements. The same operations in the same
+/// order as the CPU reference (built with -ffp-contract=off).
 __device__ __forceinline__ void adamw_element(float& p, float grad, float& m, float& v,
                                               const adamw_consts& k, float wd) {
-  const float g = grad * k.grad_scale;
-  const float mi = k.beta1 * m + k.one_minus_b1 * g;
-  const float vi = k.beta2 * v + k.one_minus_b2 * (g * g);
+  const float g = __fmul_rn(grad, k.grad_scale);
+  const float mi = __fadd_rn(__fmul_rn(k.beta1, m), __fmul_rn(k.one_minus_b1, g));
+  const float vi = __fadd_rn(__fmul_rn(k.beta2, v), __fmul_rn(k.one_minus_b2, __fmul_rn(g, g)));
   m = mi;
   v = vi;
-  p = p - k.lr * ((mi / k.bc1) / (sqrtf(vi / k.bc2) + k.eps) + wd * p);
+  const float step = __fadd_rn(
+      __fdiv_rn(__fdiv_rn(mi, k.bc1), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, k.bc2)), k.eps)),
+      __fmul_rn(wd, p));
+  p = __fsub_rn(p, __fmul_rn(k.lr, step));
 }
 
 /// V consecutive elements per thread and access (V = 4: 16-byte loads of the fp32 buffers).

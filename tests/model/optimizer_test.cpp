@@ -265,7 +265,8 @@ TEST_CASE("adamw_update over views of one flat buffer equals one adamw call per 
   CHECK(std::memcmp(sb.back().param.raw(), own_before.raw(), 40 * sizeof(float)) != 0);
   // padding after "w" (900 elements) and after "b": untouched params, a zero low copy
   const tensor fresh = filled({n}, 0.3f, 0.01f);
-  for (std::int64_t gap : {900, 1023, 1024 + 700, 2047, 2048 + 1000, n - 1}) {
+  for (std::int64_t gap : {std::int64_t{900}, std::int64_t{1023}, std::int64_t{1024 + 700},
+                            std::int64_t{2047}, std::int64_t{2048 + 1000}, n - 1}) {
     INFO("padding element " << gap);
     CHECK(fa[0].data<float>()[gap] == fresh.data<float>()[gap]);
     CHECK(fa[4].data<std::uint16_t>()[gap] == 0);
