@@ -97,7 +97,8 @@ __global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const void
   }
 }
 
-// Row-cached kernels for rows of at most `ITERS` · 32 · V elements (GPT-2's 768–1600 in bf16):
+// Row-cached kernels for rows of at most `ITERS` · 32 · V elements (forward: up to 2048 in bf16;
+// backward, which holds more per row: up to 768 in bf16, GPT-2 124M):
 // each lane keeps its columns of the row, and of w and b, in registers, so a row is read from
 // memory once, and each warp does several rows (w and b are loaded once per warp). The backward
 // also keeps the lane's dw and db partial sums in registers across its rows; a block adds its
@@ -294,10 +295,11 @@ struct layernorm_param_terms {
 namespace {
 constexpr int rows_per_block = 8;  // 8 warps of 32 lanes, one row each
 
-/// Calls f(std::integral_constant<int, I>) with the smallest I of {1, 2, 3, 4, 6, 8} such that
-/// rows of C elements fit in I · 32 · V; returns false (f not called) when none does, or when rows
-/// do not move in 16-byte packs (V = 1: odd widths, not worth the instantiations).
-template <int V, class F>
+/// Calls f(std::integral_constant<int, I>) with the smallest I of {1, 2, 3, 4, 6, 8} up to
+/// MAX_ITERS such that rows of C elements fit in I · 32 · V; returns false (f not called) when
+/// none does, or when rows do not move in 16-byte packs (V = 1: odd widths, not worth the
+/// instantiations).
+template <int V, int MAX_ITERS, class F>
 bool with_row_iters(int C, F&& f) {
   if constexpr (V == 1) {
     (void)C;
@@ -308,9 +310,11 @@ bool with_row_iters(int C, F&& f) {
     if (need <= 1) return f(std::integral_constant<int, 1>{}), true;
     if (need <= 2) return f(std::integral_constant<int, 2>{}), true;
     if (need <= 3) return f(std::integral_constant<int, 3>{}), true;
-    if (need <= 4) return f(std::integral_constant<int, 4>{}), true;
-    if (need <= 6) return f(std::integral_constant<int, 6>{}), true;
-    if (need <= 8) return f(std::integral_constant<int, 8>{}), true;
+    if constexpr (MAX_ITERS >= 8) {
+      if (need <= 4) return f(std::integral_constant<int, 4>{}), true;
+      if (need <= 6) return f(std::integral_constant<int, 6>{}), true;
+      if (need <= 8) return f(std::integral_constant<int, 8>{}), true;
+    }
     return false;
   }
 }
@@ -342,7 +346,7 @@ void launch_layernorm_forward(const tensor& x, const tensor& w, const tensor& b,
     using T = decltype(tag);
     with_row_vector<T>({&x, &y}, C, [&](auto v) {
       constexpr int V = decltype(v)::value;
-      const bool cached = with_row_iters<V>(C, [&](auto iters) {
+      const bool cached = with_row_iters<V, 8>(C, [&](auto iters) {
         layernorm_forward_cached_kernel<T, V, decltype(iters)::value>
             <<<cached_grid(rows, 8 * rows_per_block), rows_per_block * 32, 0, s>>>(
                 x.data<T>(), w.raw(), code_of(w.type()), b.defined() ? b.raw() : nullptr,
@@ -390,7 +394,9 @@ void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, 
     bool cached = false;
     with_row_vector<T>({&x, &dy, &dx}, C, [&](auto v) {
       constexpr int V = decltype(v)::value;
-      cached = with_row_iters<V>(C, [&](auto iters) {
+      // At most 3 packs per lane: ptxas fits that in 128 registers with little spilling (2
+      // blocks per SM); wider rows spill kilobytes and take the plain kernels.
+      cached = with_row_iters<V, 3>(C, [&](auto iters) {
         const unsigned blocks = cached_grid(rows, 8 * rows_per_block);
         scratch partial(ctx, sizeof(float) * 2 * static_cast<std::size_t>(C) * blocks);
         layernorm_backward_cached_kernel<T, V, decltype(iters)::value>
