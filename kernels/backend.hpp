@@ -157,6 +157,10 @@ class backend {
   /// dqkv += gradient of attention w.r.t. qkv, given dout, the forward's out and lse.
   virtual void attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
                                   const tensor& lse, const attention_dims& d, tensor& dqkv) = 0;
+  /// dqkv = that gradient (written, not accumulated; a fused variant: its default zeroes dqkv and
+  /// calls attention_backward, the CUDA backend's kernels store instead of adding).
+  virtual void attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
+                                        const tensor& lse, const attention_dims& d, tensor& dqkv);
 
   // --- loss -----------------------------------------------------------------------------------
   /// Softmax cross-entropy fused with its backward. logits[N,V]; targets int32 [N] (a negative

@@ -34,4 +34,10 @@ void backend::linear_backward_input_gelu(const tensor& dy, const tensor& w, cons
   gelu_backward(d_act, pre, dx);
 }
 
+void backend::attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
+                                       const tensor& lse, const attention_dims& d, tensor& dqkv) {
+  zero(dqkv);
+  attention_backward(dout, qkv, out, lse, d, dqkv);
+}
+
 }  // namespace troupe::kernels

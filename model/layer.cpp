@@ -111,8 +111,8 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   tensor datt = alloc({n, a.att.dim(1)});
   be_.linear_backward_input_write(d_mid, w.proj_w, datt);
   s.d_mid = d_mid;
-  tensor dqkv = zeros({n, qkv_width_});
-  be_.attention_backward(datt, a.qkv, a.att, a.lse, dims(n), dqkv);
+  tensor dqkv = alloc({n, qkv_width_});
+  be_.attention_backward_write(datt, a.qkv, a.att, a.lse, dims(n), dqkv);
   tensor dn1 = alloc({n, c});
   qkv_backward_input(w, dqkv, dn1, s);
 

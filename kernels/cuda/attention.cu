@@ -598,12 +598,22 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) attn_forward_mma(const T* qk
     }
 }
 
+/// The value a backward kernel adds its gradient to: what dqkv held (accumulate) or nothing
+/// (write: each element has exactly one writer, so dqkv need not be zeroed first).
+template <bool Acc, class T>
+__device__ __forceinline__ float earlier(const T& x) {
+  if constexpr (Acc)
+    return to_f(x);
+  else
+    return 0.0f;
+}
+
 /// Keys of the shared 64-row tile that a dQ warp handles at once: the scores and their gradients
 /// of 32 keys take 32 registers, so the kernel fits the 128 registers of two blocks per
 /// multiprocessor (a whole tile spills; measured whole backward 0.564 ms against 0.578 ms).
 constexpr int dq_keys = 32;
 
-template <class T, int D>
+template <class T, int D, bool Acc>
 __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dq_mma(
     const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv, attn_shape s) {
   constexpr int LD = D + 8, KS = dq_keys, NT = KS / 8, KD = D / 16, ND = D / 8;
@@ -703,8 +713,8 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dq_mma(
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
       T* pt = drow_out + n * 8 + tig * 2;
-      pt[0] = from_f<T>(to_f(pt[0]) + dq[n][2 * r] * s.scale);
-      pt[1] = from_f<T>(to_f(pt[1]) + dq[n][2 * r + 1] * s.scale);
+      pt[0] = from_f<T>(earlier<Acc>(pt[0]) + dq[n][2 * r] * s.scale);
+      pt[1] = from_f<T>(earlier<Acc>(pt[1]) + dq[n][2 * r + 1] * s.scale);
     }
   }
 }
@@ -715,7 +725,7 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dq_mma(
 /// 0.72 ms with one block of whole tiles per multiprocessor; 52 bytes of spills remain).
 constexpr int dkdv_queries = 16;
 
-template <class T, int D>
+template <class T, int D, bool Acc>
 __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dkdv_mma(
     const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv, attn_shape s) {
   constexpr int LD = D + 8, QS = dkdv_queries, NS = QS / 8, KD = D / 16, ND = D / 8;
@@ -833,10 +843,10 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dkdv_mma(
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
       const int c = n * 8 + tig * 2;
-      krow[c] = from_f<T>(to_f(krow[c]) + dk[n][2 * r] * s.scale);
-      krow[c + 1] = from_f<T>(to_f(krow[c + 1]) + dk[n][2 * r + 1] * s.scale);
-      vrow[c] = from_f<T>(to_f(vrow[c]) + dv[n][2 * r]);
-      vrow[c + 1] = from_f<T>(to_f(vrow[c + 1]) + dv[n][2 * r + 1]);
+      krow[c] = from_f<T>(earlier<Acc>(krow[c]) + dk[n][2 * r] * s.scale);
+      krow[c + 1] = from_f<T>(earlier<Acc>(krow[c + 1]) + dk[n][2 * r + 1] * s.scale);
+      vrow[c] = from_f<T>(earlier<Acc>(vrow[c]) + dv[n][2 * r]);
+      vrow[c + 1] = from_f<T>(earlier<Acc>(vrow[c + 1]) + dv[n][2 * r + 1]);
     }
   }
 }
@@ -967,7 +977,7 @@ void launch_attention_forward(context& ctx, const tensor& qkv, const attention_d
 
 void launch_attention_backward(context& ctx, const tensor& dout, const tensor& qkv,
                                const tensor& out, const tensor& lse, const attention_dims& d,
-                               tensor& dqkv) {
+                               tensor& dqkv, bool accumulate) {
   const char* op = "attention_backward";
   const attn_shape s = check_attention(qkv, d, op);
   const std::int64_t rows = static_cast<std::int64_t>(d.batch) * d.seq;
@@ -990,20 +1000,30 @@ void launch_attention_backward(context& ctx, const tensor& dout, const tensor& q
         dispatch_mma_d(d.head_dim, [&](auto dd) {
           constexpr int D = decltype(dd)::value;
           if constexpr (D <= 64) {
-            // Grid x: (batch, head); y: row blocks, launched heaviest first by the kernels.
-            attn_backward_dkdv_mma<T, D><<<dim3(d.batch * d.kv_heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
-                qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
-                dqkv.data<T>(), s);
-            TROUPE_CUDA_CHECK_LAUNCH();
-            attn_backward_dq_mma<T, D><<<dim3(d.batch * d.heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
-                qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
-                dqkv.data<T>(), s);
-            TROUPE_CUDA_CHECK_LAUNCH();
+            auto run = [&](auto acc) {
+              constexpr bool Acc = decltype(acc)::value;
+              // Grid x: (batch, head); y: row blocks, launched heaviest first by the kernels.
+              attn_backward_dkdv_mma<T, D, Acc><<<dim3(d.batch * d.kv_heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
+                  qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
+                  dqkv.data<T>(), s);
+              TROUPE_CUDA_CHECK_LAUNCH();
+              attn_backward_dq_mma<T, D, Acc><<<dim3(d.batch * d.heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
+                  qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
+                  dqkv.data<T>(), s);
+              TROUPE_CUDA_CHECK_LAUNCH();
+            };
+            if (accumulate)
+              run(std::true_type{});
+            else
+              run(std::false_type{});
           }
         });
         return;
       }
     }
+    // The row kernels always accumulate: a written result starts from zeros.
+    if (!accumulate)
+      TROUPE_CUDA_CHECK(cudaMemsetAsync(dqkv.raw(), 0, dqkv.bytes(), ctx.stream));
     dispatch_dpl(d.head_dim, [&](auto dpl) {
       constexpr int DPL = decltype(dpl)::value;
       const unsigned tiles = static_cast<unsigned>((d.seq + row_warps - 1) / row_warps);

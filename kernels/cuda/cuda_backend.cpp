@@ -263,6 +263,13 @@ void cuda_backend::attention_backward(const tensor& dout, const tensor& qkv, con
   launch_attention_backward(*ctx_, dout, qkv, out, lse, d, dqkv);
 }
 
+void cuda_backend::attention_backward_write(const tensor& dout, const tensor& qkv,
+                                            const tensor& out, const tensor& lse,
+                                            const attention_dims& d, tensor& dqkv) {
+  activate();
+  launch_attention_backward(*ctx_, dout, qkv, out, lse, d, dqkv, false);
+}
+
 void cuda_backend::cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
                                  float grad_scale) {
   activate();

@@ -80,6 +80,8 @@ class cuda_backend final : public backend {
                          tensor& lse) override;
   void attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
                           const tensor& lse, const attention_dims& d, tensor& dqkv) override;
+  void attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
+                                const tensor& lse, const attention_dims& d, tensor& dqkv) override;
 
   void cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
                      float grad_scale) override;

@@ -77,9 +77,10 @@ void launch_rope_backward(const tensor& dy, int seq, int heads_total, int rot_he
 // attention.cu
 void launch_attention_forward(context& ctx, const tensor& qkv, const attention_dims& d, tensor& out,
                               tensor& lse);
+/// Adds the gradient to dqkv, or writes it (`accumulate` false: dqkv's old contents are ignored).
 void launch_attention_backward(context& ctx, const tensor& dout, const tensor& qkv,
                                const tensor& out, const tensor& lse, const attention_dims& d,
-                               tensor& dqkv);
+                               tensor& dqkv, bool accumulate = true);
 
 // cross_entropy.cu
 void launch_cross_entropy(tensor& logits, const tensor& targets, tensor& losses, float grad_scale,

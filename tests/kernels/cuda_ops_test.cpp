@@ -329,6 +329,15 @@ void check_attention(backends& be, dtype t, const attention_dims& d, const std::
       [&](tensor& dqkv) { be.gpu->attention_backward(gdout, gqkv, gout, glse, d, dqkv); },
       "attention backward deterministic");
   check_close(gdqkv, dqkv_ref, rtol, "attention dqkv");
+
+  // The written variant ignores what dqkv held (NaN here) and equals the gradient added to zeros.
+  tensor written_ref = tensor::zeros({N, W});
+  be.cpu->attention_backward(dout, qkv, out_used, lse_used, d, written_ref);
+  tensor gw1 = poisoned(*be.gpu, {N, W}, t), gw2 = poisoned(*be.gpu, {N, W}, t);
+  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, d, gw1);
+  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, d, gw2);
+  CHECK(same_bits(be.gpu->to_host(gw1), be.gpu->to_host(gw2)));
+  check_close(download(*be.gpu, gw1), written_ref, rtol, "attention dqkv written");
 }
 
 }  // namespace

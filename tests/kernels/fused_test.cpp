@@ -95,6 +95,21 @@ TEST_CASE("linear_backward_input_write overwrites dx with dy*w") {
   check_close(dx, input_grad_ref(dy, w), 1e-5, 1e-6, "dx");
 }
 
+TEST_CASE("attention_backward_write overwrites dqkv with the gradient attention_backward adds") {
+  auto be = make_backend("cpu");
+  const attention_dims d{2, 5, 4, 2, 4};
+  const std::int64_t rows = d.batch * d.seq, width = (d.heads + 2 * d.kv_heads) * d.head_dim;
+  tensor qkv = randn({rows, width}, 10), dout = randn({rows, d.heads * d.head_dim}, 11);
+  tensor out = be->empty({rows, d.heads * d.head_dim}, dtype::f32);
+  tensor lse = be->empty({d.batch, d.heads, d.seq}, dtype::f32);
+  be->attention_forward(qkv, d, out, lse);
+  tensor added = tensor::zeros({rows, width});  // the accumulating op, checked against finite differences
+  be->attention_backward(dout, qkv, out, lse, d, added);
+  tensor written = nan_filled(*be, {rows, width});
+  be->attention_backward_write(dout, qkv, out, lse, d, written);
+  CHECK(same_bits(written, added));
+}
+
 TEST_CASE("linear_backward_input_gelu overwrites dx with (dy*w) times gelu'(pre)") {
   auto be = make_backend("cpu");
   tensor dy = randn({N, OC}, 10), w = randn({OC, IC}, 11), pre = randn({N, IC}, 12, 2.0f);
