@@ -103,6 +103,13 @@ class backend {
   /// the gradient dy of the next linear layer's output and its weight w.
   virtual void linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
                                           tensor& dx);
+  /// dx = residual + LayerNorm's input gradient (written; dw, db accumulate as in
+  /// layernorm_backward): a pre-norm block's gradient, the residual path's and the norm's, in one
+  /// pass instead of a copy and an accumulate.
+  virtual void layernorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                           const tensor& mean, const tensor& rstd,
+                                           const tensor& residual, tensor& dx, tensor& dw,
+                                           tensor& db);
 
   // --- embeddings ---------------------------------------------------------------------------
   /// out[B*T,C] = wte[tok] (+ wpe[t] when wpe is defined, t = row % T). tokens: int32 [B*T].

@@ -34,6 +34,16 @@ void backend::linear_backward_input_gelu(const tensor& dy, const tensor& w, cons
   gelu_backward(d_act, pre, dx);
 }
 
+void backend::layernorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                          const tensor& mean, const tensor& rstd,
+                                          const tensor& residual, tensor& dx, tensor& dw,
+                                          tensor& db) {
+  TROUPE_CHECK(!dx.defined() || !residual.defined() || dx.raw() != residual.raw(),
+               "layernorm_backward_residual: dx must not alias the residual");
+  copy(residual, dx);
+  layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
+}
+
 void backend::attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
                                        const tensor& lse, const attention_dims& d, tensor& dqkv) {
   zero(dqkv);

@@ -54,6 +54,18 @@ void layer_ops::norm_backward(const tensor& dy, const tensor& x, const tensor& w
     be_.rmsnorm_backward(dy, x, w, rstd, dx, dw);
 }
 
+void layer_ops::norm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                       const tensor& mean, const tensor& rstd,
+                                       const tensor& residual, tensor& dx, tensor& dw,
+                                       tensor& db) {
+  if (cfg_.arch == core::arch_kind::gpt2) {
+    be_.layernorm_backward_residual(dy, x, w, mean, rstd, residual, dx, dw, db);
+  } else {
+    be_.copy(residual, dx);
+    be_.rmsnorm_backward(dy, x, w, rstd, dx, dw);
+  }
+}
+
 tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a) {
   const std::int64_t n = x.dim(0), c = cfg_.hidden_size;
   a.x = x;
@@ -103,8 +115,8 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   tensor dn2 = alloc({n, c});
   mlp_backward_input(w, a, dy, dn2, s);
   tensor d_mid = alloc({n, c});
-  be_.copy(dy, d_mid);  // the residual path
-  norm_backward(dn2, a.mid, w.norm2_w, a.mean2, a.rstd2, d_mid, dw2, db2);
+  // dy reaches d_mid twice: along the residual path and through the norm.
+  norm_backward_residual(dn2, a.mid, w.norm2_w, a.mean2, a.rstd2, dy, d_mid, dw2, db2);
   if (!s.norms_done) s.d_n2 = dn2;
 
   if (!a.att.defined()) recompute_attention(a);
@@ -117,8 +129,7 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   qkv_backward_input(w, dqkv, dn1, s);
 
   tensor dx = alloc({n, c});
-  be_.copy(d_mid, dx);
-  norm_backward(dn1, a.x, w.norm1_w, a.mean1, a.rstd1, dx, dw1, db1);
+  norm_backward_residual(dn1, a.x, w.norm1_w, a.mean1, a.rstd1, d_mid, dx, dw1, db1);
   if (!s.norms_done) s.d_n1 = dn1;
   return dx;
 }

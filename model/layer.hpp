@@ -114,6 +114,10 @@ class layer_ops {
   /// Norm backward: dx += ..., dw (and db) += ....
   void norm_backward(const tensor& dy, const tensor& x, const tensor& w, const tensor& mean,
                      const tensor& rstd, tensor& dx, tensor& dw, tensor& db);
+  /// Norm backward of a pre-norm block: dx = residual + ... (written), dw (and db) += ....
+  void norm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                              const tensor& mean, const tensor& rstd, const tensor& residual,
+                              tensor& dx, tensor& dw, tensor& db);
   /// Allocates norm statistics for n rows into mean (LayerNorm only) and rstd.
   void norm_stats(std::int64_t n, tensor& mean, tensor& rstd);
 

@@ -132,6 +132,11 @@ class profiling_backend final : public kernels::backend {
                           const tensor& r, tensor& dx, tensor& dw, tensor& db) override {
     timed("layernorm_backward", [&] { in_.layernorm_backward(dy, x, w, m, r, dx, dw, db); });
   }
+  void layernorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                   const tensor& m, const tensor& r, const tensor& res, tensor& dx,
+                                   tensor& dw, tensor& db) override {
+    timed("layernorm_backward", [&] { in_.layernorm_backward_residual(dy, x, w, m, r, res, dx, dw, db); });
+  }
   void rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y, tensor& r) override {
     timed("rmsnorm_forward", [&] { in_.rmsnorm_forward(x, w, eps, y, r); });
   }

@@ -263,6 +263,14 @@ void cuda_backend::attention_backward(const tensor& dout, const tensor& qkv, con
   launch_attention_backward(*ctx_, dout, qkv, out, lse, d, dqkv);
 }
 
+void cuda_backend::layernorm_backward_residual(const tensor& dy, const tensor& x,
+                                               const tensor& w, const tensor& mean,
+                                               const tensor& rstd, const tensor& residual,
+                                               tensor& dx, tensor& dw, tensor& db) {
+  activate();
+  launch_layernorm_backward(*ctx_, dy, x, w, mean, rstd, dx, dw, db, &residual);
+}
+
 void cuda_backend::attention_backward_write(const tensor& dout, const tensor& qkv,
                                             const tensor& out, const tensor& lse,
                                             const attention_dims& d, tensor& dqkv) {

@@ -80,6 +80,9 @@ class cuda_backend final : public backend {
                          tensor& lse) override;
   void attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
                           const tensor& lse, const attention_dims& d, tensor& dqkv) override;
+  void layernorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                   const tensor& mean, const tensor& rstd, const tensor& residual,
+                                   tensor& dx, tensor& dw, tensor& db) override;
   void attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
                                 const tensor& lse, const attention_dims& d, tensor& dqkv) override;
 

@@ -42,9 +42,10 @@ void launch_embedding_backward(context& ctx, const tensor& dout, const tensor& t
 // layernorm.cu
 void launch_layernorm_forward(const tensor& x, const tensor& w, const tensor& b, float eps,
                               tensor& y, tensor& mean, tensor& rstd, cudaStream_t s);
+/// dx += LayerNorm's input gradient, or, with a residual, dx = *residual + that gradient (written).
 void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, const tensor& w,
                                const tensor& mean, const tensor& rstd, tensor& dx, tensor& dw,
-                               tensor& db);
+                               tensor& db, const tensor* residual = nullptr);
 
 // rmsnorm.cu
 void launch_rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y, tensor& rstd,

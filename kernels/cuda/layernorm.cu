@@ -61,8 +61,8 @@ __global__ void layernorm_forward_kernel(const T* x, const void* w, int wc, cons
 
 template <class T, int V>
 __global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const void* w, int wc,
-                                             const float* mean, const float* rstd, T* dx,
-                                             std::int64_t rows, int C) {
+                                             const float* mean, const float* rstd, const T* base,
+                                             T* dx, std::int64_t rows, int C) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) +
                            threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -83,10 +83,11 @@ __global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const void
   }
   const float m1 = warp_sum(s1) / C, m2 = warp_sum(s2) / C;
   T* dxr = dx + row * C;
+  const T* br = base + row * C;
   for (int c = lane * V; c < C; c += 32 * V) {
     pack<T, V> px = *reinterpret_cast<const pack<T, V>*>(xr + c);
     pack<T, V> pd = *reinterpret_cast<const pack<T, V>*>(dyr + c);
-    pack<T, V> po = *reinterpret_cast<const pack<T, V>*>(dxr + c);
+    pack<T, V> po = *reinterpret_cast<const pack<T, V>*>(br + c);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float wdy = load_f(w, wc, c + k) * to_f(pd.v[k]);
@@ -184,8 +185,8 @@ __global__ void __launch_bounds__(256)
 template <class T, int V, int ITERS>
 __global__ void __launch_bounds__(256, 2)
     layernorm_backward_cached_kernel(const T* dy, const T* x, const void* w, int wc,
-                                     const float* mean, const float* rstd, T* dx, float* partial,
-                                     std::int64_t rows, int C) {
+                                     const float* mean, const float* rstd, const T* base, T* dx,
+                                     float* partial, std::int64_t rows, int C) {
   extern __shared__ float sums[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   float dw[ITERS][V], db[ITERS][V];
@@ -204,7 +205,9 @@ __global__ void __launch_bounds__(256, 2)
     const T* dyr = dy + row * C;
     const float mu = mean[row], rs = rstd[row];
     T* dxr = dx + row * C;
-    // dx is loaded with x and dy (one memory round trip per row, not two).
+    const T* br = base + row * C;
+    // The base of dx (dx itself, or the residual) is loaded with x and dy (one memory round trip
+    // per row, not two).
     pack<T, V> px[ITERS], pd[ITERS], po[ITERS];
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
@@ -213,7 +216,7 @@ __global__ void __launch_bounds__(256, 2)
       if (c < C) {
         px[it] = *reinterpret_cast<const pack<T, V>*>(xr + c);
         pd[it] = *reinterpret_cast<const pack<T, V>*>(dyr + c);
-        po[it] = *reinterpret_cast<const pack<T, V>*>(dxr + c);
+        po[it] = *reinterpret_cast<const pack<T, V>*>(br + c);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float wdy = load_f(w, wc, c + k) * to_f(pd[it].v[k]);
@@ -365,8 +368,8 @@ void launch_layernorm_forward(const tensor& x, const tensor& w, const tensor& b,
 
 void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, const tensor& w,
                                const tensor& mean, const tensor& rstd, tensor& dx, tensor& dw,
-                               tensor& db) {
-  const char* op = "layernorm_backward";
+                               tensor& db, const tensor* residual) {
+  const char* op = residual ? "layernorm_backward_residual" : "layernorm_backward";
   require_float(x, op, "x");
   require(x.rank() >= 1, op, "x must have a channel dimension");
   const int C = static_cast<int>(x.dim(-1));
@@ -375,6 +378,10 @@ void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, 
   require_type(dx, x.type(), op, "dx");
   require_numel(dy, x.numel(), op, "dy");
   require_numel(dx, x.numel(), op, "dx");
+  if (residual) {
+    require_type(*residual, x.type(), op, "residual");
+    require_numel(*residual, x.numel(), op, "residual");
+  }
   require_float(w, op, "w");
   require_numel(w, C, op, "w");
   require_float(dw, op, "dw");
@@ -391,8 +398,10 @@ void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, 
   const unsigned grid = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
   dispatch_float(x.type(), op, [&](auto tag) {
     using T = decltype(tag);
+    const T* base = residual ? residual->data<T>() : dx.data<T>();
+    const tensor& base_t = residual ? *residual : dx;
     bool cached = false;
-    with_row_vector<T>({&x, &dy, &dx}, C, [&](auto v) {
+    with_row_vector<T>({&x, &dy, &dx, &base_t}, C, [&](auto v) {
       constexpr int V = decltype(v)::value;
       // At most 3 packs per lane: ptxas fits that in 128 registers with little spilling (2
       // blocks per SM); wider rows spill kilobytes and take the plain kernels.
@@ -402,7 +411,7 @@ void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, 
         layernorm_backward_cached_kernel<T, V, decltype(iters)::value>
             <<<blocks, rows_per_block * 32, sizeof(float) * 2 * C, ctx.stream>>>(
                 dy.data<T>(), x.data<T>(), w.raw(), code_of(w.type()), mean.data<float>(),
-                rstd.data<float>(), dx.data<T>(), partial.as<float>(), rows, C);
+                rstd.data<float>(), base, dx.data<T>(), partial.as<float>(), rows, C);
         TROUPE_CUDA_CHECK_LAUNCH();
         layernorm_param_finish_kernel<<<(2 * C + 255) / 256, 256, 0, ctx.stream>>>(
             partial.as<float>(), static_cast<int>(blocks), C, dw.raw(), code_of(dw.type()),
@@ -411,11 +420,12 @@ void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, 
       });
     });
     if (cached) return;
-    with_row_vector<T>({&x, &dy, &dx}, C, [&](auto v) {
+    with_row_vector<T>({&x, &dy, &dx, &base_t}, C, [&](auto v) {
       layernorm_backward_dx_kernel<T, decltype(v)::value>
           <<<grid, rows_per_block * 32, 0, ctx.stream>>>(dy.data<T>(), x.data<T>(), w.raw(),
                                                          code_of(w.type()), mean.data<float>(),
-                                                         rstd.data<float>(), dx.data<T>(), rows, C);
+                                                         rstd.data<float>(), base, dx.data<T>(),
+                                                         rows, C);
     });
     TROUPE_CUDA_CHECK_LAUNCH();
     layernorm_param_terms<T> f{dy.data<T>(), x.data<T>(), mean.data<float>(), rstd.data<float>(),

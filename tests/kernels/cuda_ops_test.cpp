@@ -330,14 +330,25 @@ void check_attention(backends& be, dtype t, const attention_dims& d, const std::
       "attention backward deterministic");
   check_close(gdqkv, dqkv_ref, rtol, "attention dqkv");
 
-  // The written variant ignores what dqkv held (NaN here) and equals the gradient added to zeros.
-  tensor written_ref = tensor::zeros({N, W});
-  be.cpu->attention_backward(dout, qkv, out_used, lse_used, d, written_ref);
+  // The written variant ignores what dqkv held (NaN here) and equals, value for value, the same
+  // kernels' gradient added to zeros (checked against the CPU above, through the O(1) values it
+  // is added to). Against the CPU alone the bf16 tensor-core gradient is off by up to ~3% of its
+  // rms in a few elements of these shapes (measured on the H200): P and dS are rounded to bf16
+  // before their matmuls, as in FlashAttention.
+  tensor gz = upload(*be.gpu, tensor::zeros({N, W}), t);
+  be.gpu->attention_backward(gdout, gqkv, gout, glse, d, gz);
+  const tensor added = download(*be.gpu, gz);
   tensor gw1 = poisoned(*be.gpu, {N, W}, t), gw2 = poisoned(*be.gpu, {N, W}, t);
   be.gpu->attention_backward_write(gdout, gqkv, gout, glse, d, gw1);
   be.gpu->attention_backward_write(gdout, gqkv, gout, glse, d, gw2);
   CHECK(same_bits(be.gpu->to_host(gw1), be.gpu->to_host(gw2)));
-  check_close(download(*be.gpu, gw1), written_ref, rtol, "attention dqkv written");
+  const tensor written = download(*be.gpu, gw1);
+  std::int64_t differ = 0;
+  for (std::int64_t i = 0; i < written.numel(); ++i)
+    if (!(written.data<float>()[i] == added.data<float>()[i])) ++differ;  // NaN counts as differing
+  INFO("attention dqkv written vs added to zeros: " << differ << " of " << written.numel()
+                                                    << " elements differ");
+  CHECK(differ == 0);
 }
 
 }  // namespace

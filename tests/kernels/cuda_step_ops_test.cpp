@@ -166,6 +166,14 @@ TEST_CASE("cuda layernorm over many rows matches the CPU, deterministically, wid
       be.gpu->layernorm_backward(gdy, gx, gw, gmean, grstd, gdx, gdw, no_db);
       CHECK(same_bits(be.gpu->to_host(gdx), first[0]));
       CHECK(same_bits(be.gpu->to_host(gdw), first[1]));
+      // With the residual read from its own buffer and dx written (NaN before), the same bits as
+      // accumulating onto a dx that held the residual.
+      tensor gres = upload(*be.gpu, dx0, t), gdx_w = poisoned(*be.gpu, {N, C}, t);
+      tensor gdw_r = upload(*be.gpu, dw0, dtype::f32), gdb_r = upload(*be.gpu, db0, dtype::f32);
+      be.gpu->layernorm_backward_residual(gdy, gx, gw, gmean, grstd, gres, gdx_w, gdw_r, gdb_r);
+      CHECK(same_bits(be.gpu->to_host(gdx_w), first[0]));
+      CHECK(same_bits(be.gpu->to_host(gdw_r), first[1]));
+      CHECK(same_bits(be.gpu->to_host(gdb_r), first[2]));
     }
   }
 }

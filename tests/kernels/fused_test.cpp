@@ -95,6 +95,24 @@ TEST_CASE("linear_backward_input_write overwrites dx with dy*w") {
   check_close(dx, input_grad_ref(dy, w), 1e-5, 1e-6, "dx");
 }
 
+TEST_CASE("layernorm_backward_residual writes residual + the norm's input gradient") {
+  auto be = make_backend("cpu");
+  tensor x = randn({N, IC}, 12), w = randn({IC}, 13), b = randn({IC}, 14), dy = randn({N, IC}, 15);
+  tensor res = randn({N, IC}, 16), dw0 = randn({IC}, 17), db0 = randn({IC}, 18);
+  tensor y = be->empty({N, IC}, dtype::f32), mean = be->empty({N}, dtype::f32),
+         rstd = be->empty({N}, dtype::f32);
+  be->layernorm_forward(x, w, b, 1e-5f, y, mean, rstd);
+  // The accumulating op (checked against finite differences) onto a dx that holds the residual.
+  tensor dx_acc = res.clone(), dw_acc = dw0.clone(), db_acc = db0.clone();
+  be->layernorm_backward(dy, x, w, mean, rstd, dx_acc, dw_acc, db_acc);
+  tensor dx = nan_filled(*be, {N, IC}), dw = dw0.clone(), db = db0.clone();
+  be->layernorm_backward_residual(dy, x, w, mean, rstd, res, dx, dw, db);
+  CHECK(same_bits(dx, dx_acc));
+  CHECK(same_bits(dw, dw_acc));
+  CHECK(same_bits(db, db_acc));
+  CHECK_THROWS(be->layernorm_backward_residual(dy, x, w, mean, rstd, res, res, dw, db));
+}
+
 TEST_CASE("attention_backward_write overwrites dqkv with the gradient attention_backward adds") {
   auto be = make_backend("cpu");
   const attention_dims d{2, 5, 4, 2, 4};
