@@ -264,15 +264,15 @@ __global__ void __launch_bounds__(256, 2)
   for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) out[i] = sums[i];
 }
 
-/// dw[c] += Σ_blocks partial[block][c], db[c] += Σ_blocks partial[block][C + c], blocks in order.
+/// dw[c] += Σ_blocks partial[block][c], db[c] += Σ_blocks partial[block][C + c], in the fixed
+/// order of column_total.
 __global__ void layernorm_param_finish_kernel(const float* partial, int blocks, int C, void* dw,
                                               int dwc, void* db, int dbc) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= 2 * C) return;
+  const int i = blockIdx.x * finish_cols + threadIdx.x;
+  const float s = column_total(partial, blocks, 2 * C, i);
+  if (threadIdx.y != 0 || i >= 2 * C) return;
   void* out = i < C ? dw : db;
   if (!out) return;
-  float s = 0.0f;
-  for (int k = 0; k < blocks; ++k) s += partial[static_cast<std::int64_t>(k) * 2 * C + i];
   const int c = i < C ? i : i - C, code = i < C ? dwc : dbc;
   store_f(out, code, c, load_f(out, code, c) + s);
 }
@@ -413,7 +413,7 @@ void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, 
                 dy.data<T>(), x.data<T>(), w.raw(), code_of(w.type()), mean.data<float>(),
                 rstd.data<float>(), base, dx.data<T>(), partial.as<float>(), rows, C);
         TROUPE_CUDA_CHECK_LAUNCH();
-        layernorm_param_finish_kernel<<<(2 * C + 255) / 256, 256, 0, ctx.stream>>>(
+        layernorm_param_finish_kernel<<<finish_grid(2 * C), finish_block(), 0, ctx.stream>>>(
             partial.as<float>(), static_cast<int>(blocks), C, dw.raw(), code_of(dw.type()),
             db.defined() ? db.raw() : nullptr, db.defined() ? code_of(db.type()) : 0);
         TROUPE_CUDA_CHECK_LAUNCH();
