@@ -179,11 +179,8 @@ bool stage_engine::execute(const schedules::instruction& op) {
       core::tensor input = on_device(take(in_tag));
       core::tensor targets = op.chunk == last ? on_device(take(tgt_tag)) : core::tensor{};
       core::tensor out = ch.forward(op.mb, input, targets, grad_scale_);
-      if (op.chunk == last) {
-        losses_.at(op.mb) = ch.loss_sum(op.mb);
-      } else {
+      if (op.chunk != last)
         stash(tag_of(tensor_kind::activation, op.chunk + 1, op.mb), std::move(out));
-      }
       return true;
     }
     case op_kind::B:
@@ -199,7 +196,12 @@ bool stage_engine::execute(const schedules::instruction& op) {
                                                   : ch.backward_input(op.mb, grad_out);
       if (op.chunk != 0)
         stash(tag_of(tensor_kind::gradient, op.chunk - 1, op.mb), std::move(dinput));
-      if (op.chunk == last && op.mb == layout_.microbatches - 1) losses_ready_ = !losses_sent_;
+      if (op.chunk == last && op.mb == layout_.microbatches - 1 && !losses_sent_) {
+        // Every micro-batch's forward is done; read the losses now, not after each forward, so
+        // the host is not held to the device's pace inside the step.
+        for (int m = 0; m < layout_.microbatches; ++m) losses_.at(m) = ch.loss_sum(m);
+        losses_ready_ = true;
+      }
       return true;
     }
     case op_kind::W:

@@ -119,7 +119,7 @@ class chunk_impl {
   std::unique_ptr<layer_ops> ops_;
   core::recompute_mode recompute_ = core::recompute_mode::none;
   std::map<int, mb_state> states_;
-  std::map<int, double> losses_;
+  std::map<int, tensor> losses_;  // per-row losses of each micro-batch, on the device
   std::size_t bytes_ = 0, peak_ = 0;
 
   const param_info& info(const std::string& name) const {
@@ -200,10 +200,10 @@ class chunk_impl {
     return out;
   }
 
-  /// The forward of st's input; keeps activations in st as `k` says. With `loss`, the last chunk
-  /// runs the cross-entropy (dlogits into st.head when kept) and returns an empty tensor;
-  /// without, it returns the logits.
-  tensor run(mb_state& st, keep k, double* loss) {
+  /// The forward of st's input; keeps activations in st as `k` says. With `losses`, the last
+  /// chunk runs the cross-entropy (dlogits into st.head when kept), leaves the per-row losses (on
+  /// the device) in *losses and returns an empty tensor; without, it returns the logits.
+  tensor run(mb_state& st, keep k, tensor* losses) {
     const views w = weights();
     tensor x;
     if (spec_.has_embedding) {
@@ -230,13 +230,9 @@ class chunk_impl {
     ops_->norm_forward(h.x, w.head.norm_w, w.head.norm_b, h.n, h.mean, h.rstd);
     tensor logits = ops_->alloc({n, cfg_.vocab_size});
     be_.linear_forward(h.n, w.head.head_w, {}, logits);
-    if (!loss) return logits;
-    tensor losses = ops_->alloc({n}, core::dtype::f32);
-    be_.cross_entropy(logits, st.targets, losses, st.grad_scale);
-    const tensor host = be_.to_host(losses);
-    double sum = 0;
-    for (std::int64_t i = 0; i < n; ++i) sum += host.data<float>()[i];
-    *loss = sum;
+    if (!losses) return logits;
+    *losses = ops_->alloc({n}, core::dtype::f32);
+    be_.cross_entropy(logits, st.targets, *losses, st.grad_scale);
     if (k != keep::nothing && st.grad_scale != 0) {
       h.dlogits = std::move(logits);
       st.head = std::move(h);
@@ -266,9 +262,11 @@ class chunk_impl {
       st.grad_scale = grad_scale;
       // An evaluation forward (no gradient wanted) keeps nothing: no backward can follow.
       if (grad_scale == 0) k = keep::nothing;
-      double loss = 0;
-      run(st, k, &loss);
-      losses_[mb] = loss;
+      // Read back only when asked (loss_sum): copying it here would make the host wait for the
+      // device after every micro-batch and stop it queueing the next one's kernels ahead.
+      tensor rows;
+      run(st, k, &rows);
+      losses_[mb] = rows;
       if (grad_scale == 0) st = mb_state{};
     } else {
       out = run(st, k, nullptr);
@@ -299,7 +297,7 @@ class chunk_impl {
       TROUPE_CHECK(st.grad_scale != 0, "micro-batch " + std::to_string(mb) +
                                            " was an evaluation forward (grad_scale 0)");
     if (!st.complete) {
-      double unused = 0;
+      tensor unused;  // the recomputed losses equal the first forward's
       run(st, keep::all, spec_.has_head ? &unused : nullptr);
       st.complete = true;
       st.targets = {};
@@ -441,7 +439,10 @@ double chunk::loss_sum(int mb) const {
   auto it = impl_->losses_.find(mb);
   TROUPE_CHECK(it != impl_->losses_.end(),
                "no loss for micro-batch " + std::to_string(mb) + ": forward it first");
-  return it->second;
+  const tensor host = impl_->be_.to_host(it->second);
+  double sum = 0;
+  for (std::int64_t i = 0; i < host.numel(); ++i) sum += host.data<float>()[i];
+  return sum;
 }
 
 tensor chunk::backward(int mb, const tensor& grad_out) {

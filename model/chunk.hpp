@@ -91,7 +91,8 @@ class chunk {
   /// typically 1 / tokens per step) are used, the loss and dlogits are computed, and an empty
   /// tensor is returned; otherwise returns the hidden output [B*T, C].
   tensor forward(int mb, const tensor& input, const tensor& targets = {}, float grad_scale = 0);
-  /// Sum of mb's per-token losses in row order (last chunk only; valid after forward).
+  /// Sum of mb's per-token losses in row order (last chunk only; valid after forward). Waits for
+  /// the device: ask once the host has queued what it can.
   double loss_sum(int mb) const;
   /// Full backward of mb: accumulates parameter gradients, returns d input [B*T, C] (empty on the
   /// first chunk), releases mb's saved activations. grad_out is ignored on the last chunk.
