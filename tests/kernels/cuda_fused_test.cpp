@@ -13,21 +13,6 @@ namespace {
 
 const dtype float_types[] = {dtype::f32, dtype::bf16};
 
-// Runs op(out) twice into fresh NaN-filled outputs of `shape`, checks both runs give the same
-// bits and returns the first result as host fp32.
-template <class Op>
-tensor written_twice(backend& gpu, const core::shape_t& shape, dtype t, Op&& op,
-                     const std::string& what) {
-  tensor a = poisoned(gpu, shape, t);
-  op(a);
-  tensor b = poisoned(gpu, shape, t);
-  op(b);
-  tensor ha = gpu.to_host(a), hb = gpu.to_host(b);
-  INFO(what);
-  CHECK(same_bits(ha, hb));
-  return host_f32(ha);
-}
-
 }  // namespace
 
 TEST_CASE("cuda fused linear forwards (residual, GELU epilogue) match the CPU") {

@@ -17,20 +17,6 @@ struct backends {
 
 const dtype float_types[] = {dtype::f32, dtype::bf16};
 
-// Runs `op(out)` twice on the GPU, each time into a fresh poisoned copy of `init` (the initial
-// value of an accumulated output), and checks both results have the same bits; returns the first.
-template <class Op>
-tensor run_twice(backend& gpu, const tensor& init_host, dtype t, Op&& op, const std::string& what) {
-  tensor a = upload(gpu, init_host, t);
-  op(a);
-  tensor b = upload(gpu, init_host, t);
-  op(b);
-  tensor ha = gpu.to_host(a), hb = gpu.to_host(b);
-  INFO(what);
-  CHECK(same_bits(ha, hb));
-  return host_f32(ha);
-}
-
 }  // namespace
 
 TEST_CASE("cuda allocator reuses freed blocks instead of calling cudaMalloc again") {

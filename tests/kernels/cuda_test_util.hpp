@@ -136,4 +136,31 @@ inline bool same_bits(const tensor& a, const tensor& b) {
   return a.bytes() == b.bytes() && std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
 }
 
+/// Runs `op(out)` twice on the GPU, each time into a fresh output from `make()`, checks both
+/// results have the same bits and returns the first as host fp32.
+template <class Make, class Op>
+tensor twice_same_bits(backend& gpu, Make&& make, Op&& op, const std::string& what) {
+  tensor a = make();
+  op(a);
+  tensor b = make();
+  op(b);
+  tensor ha = gpu.to_host(a), hb = gpu.to_host(b);
+  INFO(what);
+  CHECK(same_bits(ha, hb));
+  return host_f32(ha);
+}
+
+/// twice_same_bits into fresh copies of `init_host` (the initial value of an accumulated output).
+template <class Op>
+tensor run_twice(backend& gpu, const tensor& init_host, dtype t, Op&& op, const std::string& what) {
+  return twice_same_bits(gpu, [&] { return upload(gpu, init_host, t); }, op, what);
+}
+
+/// twice_same_bits into fresh NaN-filled outputs (ops that write their whole output).
+template <class Op>
+tensor written_twice(backend& gpu, const core::shape_t& shape, dtype t, Op&& op,
+                     const std::string& what) {
+  return twice_same_bits(gpu, [&] { return poisoned(gpu, shape, t); }, op, what);
+}
+
 }  // namespace troupe::kernels::cuda_test
