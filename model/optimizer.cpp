@@ -55,8 +55,13 @@ void append_sumsq_blocks(kernels::backend& be, const std::vector<param_slot>& sl
     be.sumsq_blocks(s.grad, part);
     at += nb;
   }
-  tensor host = be.to_host(out);
-  const double* p = host.data<double>();
+  // Read into a host buffer kept across steps (per thread: shards may run on several), so the
+  // per-step readback neither allocates nor touches fresh pages.
+  thread_local tensor host;
+  if (!host.defined() || host.numel() < total) host = tensor::zeros({total}, core::dtype::f64);
+  tensor dst = host.numel() == total ? host : host.slice(0, {total});
+  be.copy(out, dst);
+  const double* p = dst.data<double>();
   blocks.insert(blocks.end(), p, p + total);
 }
 

@@ -4,7 +4,8 @@
 // numbers. A program, not a test: it prints a table row and one JSON line.
 //
 // One step = zero grads, forward + fused cross-entropy, backward, tied-gradient sum, global-norm
-// clip (one sumsq_blocks over the flat gradient buffer; the tied copy's blocks left out), and AdamW
+// clip (one sumsq_blocks over the flat gradient buffer; the tied copy's blocks left out), the
+// loss read (after the norm's readback, which waits for the stream anyway), and AdamW
 // as the trainer runs it (model::adamw_update_t: one adamw_runs call over the flat buffers, which
 // also writes the bf16 weights).
 // Timing: wall clock around each step, ended by a stream synchronisation; the median of the timed
@@ -12,9 +13,14 @@
 //
 // Usage: gpu_gpt2_bench [--layers 12] [--embd 768] [--heads 12] [--seq 1024] [--batch 16]
 //                       [--vocab 50304] [--steps 10] [--warmup 3] [--fp32] [--profile]
-//                       [--tag NAME]
+//                       [--phases] [--gemm-tune FILE] [--tag NAME]
 // --profile adds one step run through a backend wrapper that times each op (synchronising after
-// every op) and prints the per-op breakdown.
+// every op) and prints the per-op breakdown. --phases adds one step with CUDA events between its
+// phases (forward, backward, loss read, norm, AdamW) and prints, per phase, the host's time to
+// queue it next to the GPU's time from its start event to its end event: a phase whose GPU time
+// exceeds its kernels' sum is waiting for the host. --gemm-tune FILE sets TROUPE_GEMM_TUNE_FILE:
+// each GEMM's algorithm is the fastest of cuBLASLt's top candidates, measured during the warm-up
+// steps (or read from FILE when an earlier run measured it; kernels/cuda/gemm_tuning.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +30,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 #include "core/config.hpp"
 #include "core/rng.hpp"
@@ -42,7 +50,8 @@ struct options {
   int steps = 10, warmup = 3;
   bool fp32 = false;
   bool profile = false;
-  std::string tag;
+  bool phases = false;
+  std::string tag, gemm_tune;
 };
 
 options parse(int argc, char** argv) {
@@ -66,11 +75,13 @@ options parse(int argc, char** argv) {
     else if (a == "--warmup") o.warmup = std::stoi(next());
     else if (a == "--fp32") o.fp32 = true;
     else if (a == "--profile") o.profile = true;
+    else if (a == "--phases") o.phases = true;
+    else if (a == "--gemm-tune") o.gemm_tune = next();
     else if (a == "--tag") o.tag = next();
     else {
       std::fprintf(stderr,
                    "gpu_gpt2_bench: unknown option %s (options: --layers --embd --heads --seq "
-                   "--batch --vocab --steps --warmup --fp32 --profile --tag)\n",
+                   "--batch --vocab --steps --warmup --fp32 --profile --phases --gemm-tune --tag)\n",
                    a.c_str());
       std::exit(2);
     }
@@ -244,6 +255,7 @@ class profiling_backend final : public kernels::backend {
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
+  if (!o.gemm_tune.empty()) setenv("TROUPE_GEMM_TUNE_FILE", o.gemm_tune.c_str(), 1);
   try {
     auto be_owner = kernels::make_backend("cuda");
     auto* cuda_be = dynamic_cast<kernels::cuda::cuda_backend*>(be_owner.get());
@@ -284,13 +296,34 @@ int main(int argc, char** argv) {
     tensor& flat_g = c.flat_grads();
     const std::int64_t n = flat_g.numel();
     tensor blocks = be.empty({(n + kernels::norm_block - 1) / kernels::norm_block}, core::dtype::f64);
+    tensor host_blocks = tensor::zeros(blocks.shape(), core::dtype::f64);  // reused every step
+    // Blocks of the tied copy, left out of the norm: [tied_first, tied_last).
+    std::int64_t tied_first = 0, tied_last = 0;
+    if (tied) {
+      tied_first = (tied->offset + kernels::norm_block - 1) / kernels::norm_block;
+      tied_last = (tied->offset + tied->numel + kernels::norm_block - 1) / kernels::norm_block;
+    }
 
     double last_loss = 0, last_norm = 0;
+    // Phase marks of the --phases step: a CUDA event and the host clock at each boundary.
+    constexpr int n_marks = 6;
+    const char* const phase_names[n_marks - 1] = {"zero + forward", "backward", "tie + norm read",
+                                                   "loss read", "adamw"};
+    cudaEvent_t marks[n_marks] = {};
+    std::chrono::steady_clock::time_point host_marks[n_marks];
+    bool marking = false;
+    auto mark = [&](int i) {
+      if (!marking || !cuda_be) return;
+      host_marks[i] = std::chrono::steady_clock::now();
+      cudaEventRecord(marks[i], cuda_be->stream());
+    };
     auto step = [&](int index) {
+      mark(0);
       c.zero_grads();
       c.forward(0, tokens, targets, 1.0f / static_cast<float>(rows));
+      mark(1);
       c.backward(0, tensor{});
-      last_loss = c.loss_sum(0) / static_cast<double>(rows);
+      mark(2);
       if (tied) {
         tensor g_head = c.grad(tied->name);
         for (const auto& p : c.params())
@@ -300,16 +333,20 @@ int main(int argc, char** argv) {
           }
       }
       be.sumsq_blocks(flat_g, blocks);
-      const tensor host = be.to_host(blocks);
+      be.copy(blocks, host_blocks);
       double total = 0;
-      for (std::int64_t b = 0; b < host.numel(); ++b) {
-        const std::int64_t first = b * kernels::norm_block;
-        if (tied && first >= tied->offset && first < tied->offset + tied->numel) continue;
-        total += host.data<double>()[b];
-      }
+      const double* hb = host_blocks.data<double>();
+      for (std::int64_t b = 0; b < host_blocks.numel(); ++b)
+        if (b < tied_first || b >= tied_last) total += hb[b];
       last_norm = std::sqrt(total);
+      mark(3);
+      // Read after the norm, whose readback has already waited for the stream: a read right after
+      // the backward is queued would idle the GPU once more per step.
+      last_loss = c.loss_sum(0) / static_cast<double>(rows);
+      mark(4);
       const float clip = model::clip_scale(last_norm, 1.0);
       model::adamw_update_t(be, slots, opt, opt.lr, clip, index + 1);
+      mark(5);
       be.synchronize();
     };
 
@@ -332,6 +369,24 @@ int main(int argc, char** argv) {
       step(o.warmup + o.steps);
       prof.enable(false);
       prof.report();
+    }
+    if (o.phases && cuda_be) {
+      for (auto& e : marks) cudaEventCreate(&e);
+      marking = true;
+      const auto t0 = std::chrono::steady_clock::now();
+      step(o.warmup + o.steps + 1);
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      marking = false;
+      std::printf("phases (one step, %.2f ms wall): host = time to queue, GPU = start to end event\n",
+                  wall * 1e3);
+      for (int i = 0; i + 1 < n_marks; ++i) {
+        float gpu_ms = 0;
+        cudaEventElapsedTime(&gpu_ms, marks[i], marks[i + 1]);
+        const double host_ms =
+            std::chrono::duration<double>(host_marks[i + 1] - host_marks[i]).count() * 1e3;
+        std::printf("  %-16s host %8.3f ms  GPU %8.3f ms\n", phase_names[i], host_ms, gpu_ms);
+      }
+      for (auto& e : marks) cudaEventDestroy(e);
     }
     std::sort(times.begin(), times.end());
     const double med = times[times.size() / 2];

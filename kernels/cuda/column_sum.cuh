@@ -61,16 +61,27 @@ __global__ inline void column_finish_kernel(const float* partial, int chunks, in
   if (threadIdx.y == 0 && c < cols) store_f(out, code, c, load_f(out, code, c) + s);
 }
 
+/// How column_sums cuts `rows` into chunks: enough chunks to fill the GPU for narrow matrices, few
+/// enough that the finishing pass is short. Depends only on the row count.
+struct column_chunks {
+  std::int64_t chunk_rows;
+  int chunks;
+};
+inline column_chunks column_chunking(std::int64_t rows) {
+  constexpr std::int64_t max_chunks = 512;
+  const std::int64_t chunk_rows = std::max<std::int64_t>(32, (rows + max_chunks - 1) / max_chunks);
+  return {chunk_rows, static_cast<int>((rows + chunk_rows - 1) / chunk_rows)};
+}
+
 /// Launches the two passes on ctx's stream; out[o] (dtype codes[o], `cols` elements) may be null to
 /// skip that output.
 template <int NOUT, class F>
 void column_sums(context& ctx, const F& f, std::int64_t rows, int cols, void* const (&out)[NOUT],
                  const int (&codes)[NOUT]) {
   if (rows == 0 || cols == 0) return;
-  // Enough chunks to fill the GPU for narrow matrices, few enough that the finishing pass is short.
-  constexpr std::int64_t max_chunks = 512;
-  std::int64_t chunk_rows = std::max<std::int64_t>(32, (rows + max_chunks - 1) / max_chunks);
-  const int chunks = static_cast<int>((rows + chunk_rows - 1) / chunk_rows);
+  const column_chunks ch = column_chunking(rows);
+  const std::int64_t chunk_rows = ch.chunk_rows;
+  const int chunks = ch.chunks;
   scratch partial(ctx, sizeof(float) * NOUT * static_cast<std::size_t>(chunks) * cols);
   const int threads = 128;
   dim3 grid((cols + threads - 1) / threads, chunks);

@@ -20,14 +20,18 @@
 // A plan (descriptors + the heuristic's algorithm) is cached per shape, layout, dtype and pointer
 // alignment: a training step repeats a dozen shapes, and the heuristic costs microseconds. Without
 // atomics in any chosen algorithm (cuBLASLt uses none unless asked), results are run-to-run identical.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/gemm_tuning.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -53,10 +57,78 @@ struct bias_terms {
   }
 };
 
+/// Partial column sums of a dense [rows, cols] matrix for the bias gradient: thread t owns columns
+/// [V·t, V·t + V) and adds the rows of chunk blockIdx.y in order, loading V elements (16 bytes) per
+/// row. Each column's additions are those of column_partial_kernel with bias_terms (same rows,
+/// same order, fp32), so the sums are bit for bit the same; the 16-byte loads (a warp reads 512
+/// contiguous bytes of a row instead of 64) are what make it ~2× faster.
+template <class T, int V>
+__global__ void bias_partial_vec_kernel(const T* dy, std::int64_t rows, int cols,
+                                        std::int64_t chunk_rows, float* partial) {
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+  if (c >= cols) return;
+  const std::int64_t r0 = blockIdx.y * chunk_rows;
+  const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  float acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+  constexpr int U = 4;  // rows loaded before any is added: more bytes in flight per thread
+  std::int64_t r = r0;
+  for (; r + U <= r1; r += U) {
+    pack<T, V> p[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) p[u] = *reinterpret_cast<const pack<T, V>*>(dy + (r + u) * cols + c);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] += to_f(p[u].v[k]);
+  }
+  for (; r < r1; ++r) {
+    const pack<T, V> p = *reinterpret_cast<const pack<T, V>*>(dy + r * cols + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] += to_f(p.v[k]);
+  }
+  float* out = partial + static_cast<std::int64_t>(blockIdx.y) * cols + c;
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = acc[k];
+}
+
 // ------------------------------------------------------------------------------------------------
 // launchers
 
 namespace {
+
+/// db += Σ_rows dy over a dense [rows, cols] dy: the vectorised partial kernel when dy moves in
+/// 16-byte packs, the generic column_sums otherwise; both then finish with column_finish_kernel
+/// (the same chunks, the same order, the same bits).
+void bias_gradient(context& ctx, const tensor& dy, std::int64_t rows, int cols, tensor& db) {
+  bool done = false;
+  dispatch_float(dy.type(), "linear_backward_weight", [&](auto tag) {
+    using T = decltype(tag);
+    with_row_vector<T>({&dy}, cols, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      if constexpr (V > 1) {
+        const column_chunks ch = column_chunking(rows);
+        scratch partial(ctx, sizeof(float) * static_cast<std::size_t>(ch.chunks) * cols);
+        const int threads = 128;
+        const int lanes = cols / V;
+        dim3 grid((lanes + threads - 1) / threads, ch.chunks);
+        bias_partial_vec_kernel<T, V><<<grid, threads, 0, ctx.stream>>>(
+            dy.data<T>(), rows, cols, ch.chunk_rows, partial.as<float>());
+        TROUPE_CUDA_CHECK_LAUNCH();
+        column_finish_kernel<<<finish_grid(cols), finish_block(), 0, ctx.stream>>>(
+            partial.as<float>(), ch.chunks, cols, db.raw(), code_of(db.type()));
+        TROUPE_CUDA_CHECK_LAUNCH();
+        done = true;
+      }
+    });
+  });
+  if (done) return;
+  bias_terms f{dy.raw(), code_of(dy.type()), cols};
+  void* const outs[1] = {db.raw()};
+  const int codes[1] = {code_of(db.type())};
+  column_sums<1>(ctx, f, rows, cols, outs, codes);
+}
 
 cudaDataType_t cuda_type(dtype t) {
   switch (t) {
@@ -103,10 +175,130 @@ std::int64_t plan_flags(const gemm_call& g) {
          (g.aux ? alignment_of(g.aux) : 0) << 8 | (g.c_in ? alignment_of(g.c_in) : 0) << 20;
 }
 
+/// True when the environment sets TROUPE_GEMM_LOG=1: every new plan is printed to stderr (shape,
+/// dtypes, alignments, the chosen algorithm's configuration), to see what the heuristic picked.
+bool gemm_log_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("TROUPE_GEMM_LOG");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
+int algo_attr(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  std::size_t written = 0;
+  if (attr == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) {  // 16 bits wide; the others 32
+    std::uint16_t v = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) !=
+        CUBLAS_STATUS_SUCCESS)
+      return -1;
+    return v;
+  }
+  std::int32_t v = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) !=
+      CUBLAS_STATUS_SUCCESS)
+    return -1;
+  return v;
+}
+
+void log_plan(const gemm_call& g, const cublasLtMatmulAlgo_t& a) {
+  std::fprintf(stderr,
+               "gemm plan: m %lld n %lld k %lld ta %d tb %d A %s B %s C %s beta %g bias %d epi %d "
+               "align a %lld b %lld c %lld | algo id %d tile %d stages %d splitK %d red %d swz %d "
+               "custom %d cluster %d\n",
+               static_cast<long long>(g.m), static_cast<long long>(g.n),
+               static_cast<long long>(g.k), g.trans_a, g.trans_b, core::dtype_name(g.a_type),
+               core::dtype_name(g.b_type), core::dtype_name(g.c_type), g.beta, g.bias != nullptr,
+               static_cast<int>(g.epilogue), static_cast<long long>(alignment_of(g.a)),
+               static_cast<long long>(alignment_of(g.b)), static_cast<long long>(alignment_of(g.c)),
+               algo_attr(a, CUBLASLT_ALGO_CONFIG_ID), algo_attr(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+               algo_attr(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+               algo_attr(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+               algo_attr(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+               algo_attr(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+               algo_attr(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+               algo_attr(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+}
+
 // Keys the heuristic found no algorithm for (fused epilogues only: the callers fall back to the
 // unfused kernels). Shared by all contexts: support depends on the key and the GPU, not the stream.
 std::mutex unsupported_mutex;
 std::set<gemm_key> unsupported_keys;
+
+/// The GEMM's line key in the tuning file: GPU name and multiprocessor count, cuBLASLt version,
+/// then the plan key (no spaces).
+std::string tuning_key(const context& ctx, const gemm_key& key) {
+  static std::mutex mu;
+  static std::map<int, std::string> names;
+  std::string device;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = names.find(ctx.device);
+    if (it == names.end()) {
+      cudaDeviceProp prop{};
+      TROUPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, ctx.device));
+      std::string name = prop.name;
+      for (char& c : name)
+        if (c == ' ' || c == '|') c = '_';
+      it = names.emplace(ctx.device, name + "_sm" + std::to_string(ctx.sm_count)).first;
+    }
+    device = it->second;
+  }
+  std::string out = device + "|lt" + std::to_string(cublasLtGetVersion()) + "|";
+  for (std::size_t i = 0; i < key.v.size(); ++i) out += (i ? "," : "") + std::to_string(key.v[i]);
+  return out;
+}
+
+/// Times each heuristic candidate of plan p on g's own operands (an in-place accumulation runs on
+/// a scratch copy of D, so g.c keeps its value) and returns the fastest; runs once per GEMM, when
+/// TROUPE_GEMM_TUNE_FILE has no entry for it (gemm_tuning.hpp).
+std::optional<gemm_tuning::choice> measure_candidates(context& ctx, const gemm_call& g,
+                                                      const gemm_plan& p,
+                                                      const cublasLtMatmulHeuristicResult_t* cands,
+                                                      int count) {
+  const bool in_place = g.beta != 0 && !g.c_in;
+  const std::size_t d_bytes =
+      static_cast<std::size_t>(g.ldc) * static_cast<std::size_t>(g.n) * core::dtype_size(g.c_type);
+  std::optional<scratch> copy;
+  void* d = g.c;
+  const void* c_in = g.c_in ? g.c_in : g.c;
+  if (in_place) {
+    copy.emplace(ctx, d_bytes);
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(copy->as<void>(), g.c, d_bytes, cudaMemcpyDeviceToDevice,
+                                      ctx.stream));
+    d = copy->as<void>();
+    c_in = d;
+  }
+  cudaEvent_t e0, e1;
+  TROUPE_CUDA_CHECK(cudaEventCreate(&e0));
+  TROUPE_CUDA_CHECK(cudaEventCreate(&e1));
+  const float alpha = 1.0f;
+  std::optional<gemm_tuning::choice> best;
+  for (int i = 0; i < count; ++i) {
+    auto run = [&] {
+      return cublasLtMatmul(ctx.lt, p.desc, &alpha, g.a, p.la, g.b, p.lb, &g.beta, c_in, p.lc, d,
+                            p.lc, &cands[i].algo, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // the candidate does not run here: skip it
+    constexpr int reps = 5, rounds = 3;
+    double ms = 1e30;
+    for (int r = 0; r < rounds; ++r) {
+      TROUPE_CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
+      for (int k = 0; k < reps; ++k) run();
+      TROUPE_CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
+      TROUPE_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      TROUPE_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms = std::min(ms, static_cast<double>(t) / reps);
+    }
+    if (!best || ms < best->ms) best = gemm_tuning::choice{cands[i].algo, ms};
+  }
+  TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // the scratch copy is free to go
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  TROUPE_CUDA_CHECK(cudaGetLastError());
+  return best;
+}
 
 /// The plan of g; nullptr when `optional` and cuBLASLt has no algorithm for it (else throws).
 gemm_plan* plan_for(context& ctx, const gemm_call& g, bool optional) {
@@ -184,10 +376,14 @@ gemm_plan* plan_for(context& ctx, const gemm_call& g, bool optional) {
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
-  cublasLtMatmulHeuristicResult_t result{};
+  // With a tuning file, the heuristic's top candidates are kept to be measured (once per GEMM).
+  const bool tuning = !gemm_tuning::file_path().empty();
+  constexpr int max_candidates = 8;
+  cublasLtMatmulHeuristicResult_t results[max_candidates] = {};
   int found_count = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.la, p.lb, p.lc, p.lc,
-                                                           pref, 1, &result, &found_count);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(ctx.lt, p.desc, p.la, p.lb, p.lc, p.lc, pref,
+                                     tuning ? max_candidates : 1, results, &found_count);
   cublasLtMatmulPreferenceDestroy(pref);
   if ((st != CUBLAS_STATUS_SUCCESS || found_count == 0) && optional) {
     cublasLtMatrixLayoutDestroy(p.la);
@@ -204,7 +400,16 @@ gemm_plan* plan_for(context& ctx, const gemm_call& g, bool optional) {
                         core::dtype_name(g.a_type) + " B " + core::dtype_name(g.b_type) + " C " +
                         core::dtype_name(g.c_type) + " (status " + cublasGetStatusName(st) +
                         "; hint: dtypes of x and w must match)");
-  p.algo = result.algo;
+  p.algo = results[0].algo;
+  if (tuning && found_count > 1) {
+    const std::optional<cublasLtMatmulAlgo_t> tuned = gemm_tuning::lookup_or_tune(
+        tuning_key(ctx, key), [&] { return measure_candidates(ctx, g, p, results, found_count); });
+    cublasLtMatmulHeuristicResult_t check{};
+    if (tuned && cublasLtMatmulAlgoCheck(ctx.lt, p.desc, p.la, p.lb, p.lc, p.lc, &*tuned,
+                                         &check) == CUBLAS_STATUS_SUCCESS)
+      p.algo = *tuned;
+  }
+  if (gemm_log_enabled()) log_plan(g, p.algo);
   return &ctx.gemm_plans.emplace(key, p).first->second;
 }
 
@@ -449,12 +654,7 @@ void launch_linear_backward_weight(context& ctx, const tensor& dy, const tensor&
   g.ldc = IC;
   g.beta = 1;
   gemm(ctx, g);
-  if (db.defined()) {
-    bias_terms f{dy.raw(), code_of(dy.type()), static_cast<int>(OC)};
-    void* const outs[1] = {db.raw()};
-    const int codes[1] = {code_of(db.type())};
-    column_sums<1>(ctx, f, N, static_cast<int>(OC), outs, codes);
-  }
+  if (db.defined()) bias_gradient(ctx, dy, N, static_cast<int>(OC), db);
 }
 
 }  // namespace troupe::kernels::cuda

@@ -105,6 +105,33 @@ TEST_CASE("cuda linear forward and backward match the CPU in fp32 and bf16") {
   }
 }
 
+TEST_CASE("cuda bias gradient: the 16-byte column-sum kernel gives the generic kernel's bits") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // N spans several row chunks (32 rows each) and a ragged last one.
+  const std::int64_t N = 1000, IC = 64, OC = 136;
+  for (dtype t : float_types) {
+    INFO("dtype " << core::dtype_name(t));
+    tensor dy = rounded(random_host({N, OC}, 21), t), x = rounded(random_host({N, IC}, 22), t);
+    tensor db0 = random_host({OC}, 23);
+    tensor gx = upload(*be.gpu, x, t);
+    // The same dy twice: 16-byte aligned (vectorised kernel) and one element off (generic kernel).
+    tensor aligned = upload(*be.gpu, dy, t);
+    tensor padded = upload(*be.gpu, rounded(random_host({N * OC + 1}, 24), t), t);
+    tensor shifted = padded.slice(1, {N, OC});
+    be.gpu->copy(aligned, shifted);
+    tensor gdw1 = upload(*be.gpu, tensor::zeros({OC, IC}), dtype::f32);
+    tensor gdw2 = upload(*be.gpu, tensor::zeros({OC, IC}), dtype::f32);
+    tensor gdb1 = upload(*be.gpu, db0, dtype::f32), gdb2 = upload(*be.gpu, db0, dtype::f32);
+    be.gpu->linear_backward_weight(aligned, gx, gdw1, gdb1);
+    be.gpu->linear_backward_weight(shifted, gx, gdw2, gdb2);
+    CHECK(same_bits(be.gpu->to_host(gdb1), be.gpu->to_host(gdb2)));
+    tensor db_ref = db0.clone(), dw_ref = tensor::zeros({OC, IC});
+    be.cpu->linear_backward_weight(dy, x, dw_ref, db_ref);
+    check_close(download(*be.gpu, gdb1), db_ref, rtol_for(t), "db += Σ dy");
+  }
+}
+
 TEST_CASE("cuda embedding forward and backward match the CPU, repeated tokens included") {
   if (!gpu_or_skip()) return;
   backends be;
