@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/gemm_tuning.hpp"
+
 namespace {
 
 void check_cuda(cudaError_t e, const char* what, int line) {
@@ -52,34 +54,6 @@ struct gemm_case {
   bool separate_c = false;  // C read from another buffer than D (a residual added on the epilogue)
   bool bias_f32 = false;    // the bias (gradient) vector in fp32 rather than D's type
 };
-
-int algo_attr(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  // The attribute's own width: 16 bits for the inner and cluster shapes, 32 for the others.
-  size_t written = 0;
-  if (attr == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID || attr == CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID) {
-    std::uint16_t v = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
-      return -1;
-    return v;
-  }
-  std::int32_t v = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
-    return -1;
-  return v;
-}
-
-std::string describe(const cublasLtMatmulAlgo_t& a) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "id %d tile %d stages %d splitK %d red %d swz %d custom %d cluster %d",
-                algo_attr(a, CUBLASLT_ALGO_CONFIG_ID), algo_attr(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
-                algo_attr(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-                algo_attr(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-                algo_attr(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-                algo_attr(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-                algo_attr(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
-                algo_attr(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
-  return buf;
-}
 
 }  // namespace
 
@@ -277,7 +251,8 @@ int main(int argc, char** argv) {
     } else {
       std::printf("%-18s %6ld %6ld %6ld | %9.4f %7.1f | %9.4f %7.1f %4d | %s / %s\n", c.name.c_str(),
                   c.m, c.n, c.k, first_ms, flop / first_ms * 1e-9, best_ms, flop / best_ms * 1e-9,
-                  best, describe(res[0].algo).c_str(), describe(res[best].algo).c_str());
+                  best, troupe::kernels::cuda::gemm_tuning::describe(res[0].algo).c_str(),
+                  troupe::kernels::cuda::gemm_tuning::describe(res[best].algo).c_str());
       std::printf("{\"gemm\": \"%s\", \"m\": %ld, \"n\": %ld, \"k\": %ld, \"first_ms\": %.4f, \"best_ms\": %.4f, \"best_rank\": %d, \"all_ms\": [",
                   c.name.c_str(), c.m, c.n, c.k, first_ms, best_ms, best);
       for (size_t i = 0; i < all.size(); ++i) std::printf("%s%.4f", i ? ", " : "", all[i]);

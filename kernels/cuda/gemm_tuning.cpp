@@ -112,7 +112,39 @@ class file_lock {
   int fd_ = -1;
 };
 
+/// One configuration attribute as int: 16 bits wide for the cluster and inner shapes, 32 for the
+/// others (cuBLASLt checks the size); -1 when it cannot be read.
+int algo_attr(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  std::size_t written = 0;
+  if (attr == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID || attr == CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID) {
+    std::uint16_t v = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) !=
+        CUBLAS_STATUS_SUCCESS)
+      return -1;
+    return v;
+  }
+  std::int32_t v = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) !=
+      CUBLAS_STATUS_SUCCESS)
+    return -1;
+  return v;
+}
+
 }  // namespace
+
+std::string describe(const cublasLtMatmulAlgo_t& a) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf),
+                "id %d tile %d stages %d splitK %d red %d swz %d custom %d cluster %d",
+                algo_attr(a, CUBLASLT_ALGO_CONFIG_ID), algo_attr(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                algo_attr(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                algo_attr(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                algo_attr(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+                algo_attr(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                algo_attr(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+                algo_attr(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+  return buf;
+}
 
 std::string file_path() {
   const char* v = std::getenv("TROUPE_GEMM_TUNE_FILE");

@@ -30,6 +30,10 @@ struct choice {
   double ms;
 };
 
+/// "id .. tile .. stages .. splitK .. red .. swz .. custom .. cluster .." of an algorithm (its
+/// configuration attributes; -1 where cuBLASLt reports none), for logs and the GEMM survey.
+std::string describe(const cublasLtMatmulAlgo_t& algo);
+
 /// The algorithm recorded for `key`, else the one `tune()` measures (then appended to the file);
 /// nullopt when tuning is off.
 /// `tune` runs with the file locked; it returns nothing when no candidate ran, and then nothing is

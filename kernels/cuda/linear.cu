@@ -185,39 +185,16 @@ bool gemm_log_enabled() {
   return on;
 }
 
-int algo_attr(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  std::size_t written = 0;
-  if (attr == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) {  // 16 bits wide; the others 32
-    std::uint16_t v = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) !=
-        CUBLAS_STATUS_SUCCESS)
-      return -1;
-    return v;
-  }
-  std::int32_t v = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof(v), &written) !=
-      CUBLAS_STATUS_SUCCESS)
-    return -1;
-  return v;
-}
-
 void log_plan(const gemm_call& g, const cublasLtMatmulAlgo_t& a) {
   std::fprintf(stderr,
                "gemm plan: m %lld n %lld k %lld ta %d tb %d A %s B %s C %s beta %g bias %d epi %d "
-               "align a %lld b %lld c %lld | algo id %d tile %d stages %d splitK %d red %d swz %d "
-               "custom %d cluster %d\n",
+               "align a %lld b %lld c %lld | algo %s\n",
                static_cast<long long>(g.m), static_cast<long long>(g.n),
                static_cast<long long>(g.k), g.trans_a, g.trans_b, core::dtype_name(g.a_type),
                core::dtype_name(g.b_type), core::dtype_name(g.c_type), g.beta, g.bias != nullptr,
                static_cast<int>(g.epilogue), static_cast<long long>(alignment_of(g.a)),
                static_cast<long long>(alignment_of(g.b)), static_cast<long long>(alignment_of(g.c)),
-               algo_attr(a, CUBLASLT_ALGO_CONFIG_ID), algo_attr(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
-               algo_attr(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-               algo_attr(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-               algo_attr(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-               algo_attr(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-               algo_attr(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
-               algo_attr(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+               gemm_tuning::describe(a).c_str());
 }
 
 // Keys the heuristic found no algorithm for (fused epilogues only: the callers fall back to the
