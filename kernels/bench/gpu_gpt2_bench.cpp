@@ -16,7 +16,7 @@
 //                       [--phases] [--gemm-tune FILE] [--tag NAME]
 // --profile adds one step run through a backend wrapper that times each op (synchronising after
 // every op) and prints the per-op breakdown. --phases adds one step with CUDA events between its
-// phases (forward, backward, loss read, norm, AdamW) and prints, per phase, the host's time to
+// phases (forward, backward, tie + norm read, loss read, AdamW) and prints, per phase, the host's time to
 // queue it next to the GPU's time from its start event to its end event: a phase whose GPU time
 // exceeds its kernels' sum is waiting for the host. --gemm-tune FILE sets TROUPE_GEMM_TUNE_FILE:
 // each GEMM's algorithm is the fastest of cuBLASLt's top candidates, measured during the warm-up
