@@ -312,8 +312,11 @@ TEST_CASE("cuda rope matches the CPU, rotating only the first rot_heads heads") 
 
 namespace {
 
-void check_attention(backends& be, dtype t, const attention_dims& d, const std::string& what) {
-  INFO(what << " dtype " << core::dtype_name(t) << " B=" << d.batch << " T=" << d.seq
+/// `loose` widens the gradient tolerance for long sequences (P and dS are rounded to 16 bits before
+/// their matmuls, and a gradient sums T of them).
+void check_attention(backends& be, dtype t, const attention_dims& d, const std::string& what,
+                     double loose = 1.0) {
+  INFO(what << " dtype " << std::string(core::dtype_name(t)) << " B=" << d.batch << " T=" << d.seq
             << " H=" << d.heads << " Hkv=" << d.kv_heads << " D=" << d.head_dim);
   const double rtol = rtol_for(t);
   const std::int64_t N = static_cast<std::int64_t>(d.batch) * d.seq;
@@ -341,7 +344,7 @@ void check_attention(backends& be, dtype t, const attention_dims& d, const std::
       *be.gpu, dqkv0, t,
       [&](tensor& dqkv) { be.gpu->attention_backward(gdout, gqkv, gout, glse, d, dqkv); },
       "attention backward deterministic");
-  check_close(gdqkv, dqkv_ref, rtol, "attention dqkv");
+  check_close(gdqkv, dqkv_ref, rtol * loose, "attention dqkv");
 
   // The written variant ignores what dqkv held (NaN here) and equals, value for value, the same
   // kernels' gradient added to zeros (checked against the CPU above, through the O(1) values it
@@ -379,6 +382,12 @@ TEST_CASE("cuda attention forward and backward match the CPU (row and tensor-cor
   // T shorter than one tile: every tile is a diagonal tile with rows past T.
   check_attention(be, dtype::bf16, {2, 17, 2, 2, 32}, "bf16 tensor cores, T < tile");
   check_attention(be, dtype::f16, {1, 150, 2, 2, 64}, "fp16 tensor cores D=64");
+  // The fused backward's ordered dQ sums: eight key blocks per head, a ragged last block and GQA;
+  // then 256 blocks of GPT-2's length at once (about one per slot of the H200), run twice. At
+  // T = 1024 the bf16 gradient's worst element of 6.3M was 1.14x the 1% tolerance (H200, both the
+  // fused and the split backward): 2% there.
+  check_attention(be, dtype::bf16, {1, 1000, 4, 2, 64}, "bf16 tensor cores, T = 1000, GQA 2:1", 2.0);
+  check_attention(be, dtype::bf16, {4, 1024, 8, 8, 64}, "bf16 tensor cores, GPT-2 length", 2.0);
   check_attention(be, dtype::bf16, {1, 96, 2, 2, 128}, "bf16 D=128 (tensor-core forward, row backward)");
   check_attention(be, dtype::bf16, {2, 50, 2, 2, 40}, "bf16 row path D=40");
 }
