@@ -27,8 +27,6 @@
 // computed once by a small kernel. Blocks with the most causal work are launched first (the row
 // blocks are the grid's slow dimension, so the order holds across batches and heads).
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
@@ -452,6 +450,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) attn_forward_mma(const T* qk
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
   const T* kbase = base + (s.H + kvh) * s.D;
   const T* vbase = base + (s.H + s.Hkv + kvh) * s.D;
+  // The first K/V tile's copy starts before this warp's own rows are loaded into registers.
+  prefetch_tile<T, D>(ks[0], kbase, s.W, 0, s.T);
+  prefetch_tile<T, D>(vs[0], vbase, s.W, 0, s.T);
+  cp_async_commit();
   std::uint32_t qa[MT][KD][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i) load_a_rows<T, D>(qa[i], base + h * s.D, s.W, row0 + 16 * i, s.T);
@@ -465,9 +467,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) attn_forward_mma(const T* qk
     l[i][0] = l[i][1] = 0.0f;
   }
   const float sl2 = s.scale * log2e;
-  prefetch_tile<T, D>(ks[0], kbase, s.W, 0, s.T);
-  prefetch_tile<T, D>(vs[0], vbase, s.W, 0, s.T);
-  cp_async_commit();
   for (int kt = 0; kt < n_kt; ++kt) {
     const int st = ST == 2 ? (kt & 1) : 0;
     if constexpr (ST == 2) {
@@ -630,6 +629,10 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dq_mma(
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
   const T* kbase = base + (s.H + kvh) * s.D;
   const T* vbase = base + (s.H + s.Hkv + kvh) * s.D;
+  // The first K/V tile's copy starts before this warp's own rows are loaded into registers.
+  prefetch_tile<T, D>(ks[0], kbase, s.W, 0, s.T);
+  prefetch_tile<T, D>(vs[0], vbase, s.W, 0, s.T);
+  cp_async_commit();
   std::uint32_t qa[KD][4], ga[KD][4];
   load_a_rows<T, D>(qa, base + h * s.D, s.W, row0, s.T);
   load_a_rows<T, D>(ga, dout + static_cast<std::int64_t>(b) * s.T * s.H * s.D + h * s.D,
@@ -647,9 +650,6 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dq_mma(
 #pragma unroll
   for (int n = 0; n < ND; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   const float sl2 = s.scale * log2e;
-  prefetch_tile<T, D>(ks[0], kbase, s.W, 0, s.T);
-  prefetch_tile<T, D>(vs[0], vbase, s.W, 0, s.T);
-  cp_async_commit();
   for (int kt = 0; kt < n_kt; ++kt) {
     const int st = kt & 1;
     if (kt + 1 < n_kt) {
@@ -757,14 +757,6 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dkdv_mma(
   const int key0 = kb * bwd_rows + warp * 16;
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
   const T* obase = dout + static_cast<std::int64_t>(b) * s.T * s.H * s.D;
-  std::uint32_t ka[KD][4], va[KD][4];
-  load_a_rows<T, D>(ka, base + (s.H + kvh) * s.D, s.W, key0, s.T);
-  load_a_rows<T, D>(va, base + (s.H + s.Hkv + kvh) * s.D, s.W, key0, s.T);
-  float dk[ND][4], dv[ND][4];
-#pragma unroll
-  for (int n = 0; n < ND; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   const float sl2 = s.scale * log2e;
   // The (query head, query tile) items this block visits, in head order then tile order.
   const int qt0 = kb * bwd_rows / tile_rows;
@@ -779,8 +771,17 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dkdv_mma(
     const float* drow = delta + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
     prefetch_stats(lse_s[stage], dls[stage], lrow, drow, qt * tile_rows, s.T);
   };
+  // The first tile's copy starts before this warp's keys and values are loaded into registers.
   prefetch(0, 0);
   cp_async_commit();
+  std::uint32_t ka[KD][4], va[KD][4];
+  load_a_rows<T, D>(ka, base + (s.H + kvh) * s.D, s.W, key0, s.T);
+  load_a_rows<T, D>(va, base + (s.H + s.Hkv + kvh) * s.D, s.W, key0, s.T);
+  float dk[ND][4], dv[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   for (int item = 0; item < items; ++item) {
     const int st = item & 1;
     if (item + 1 < items) prefetch(item + 1, st ^ 1);
@@ -854,300 +855,6 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dkdv_mma(
     if (key >= s.T) continue;
     T* krow = dbase + static_cast<std::int64_t>(key) * s.W + (s.H + kvh) * s.D;
     T* vrow = dbase + static_cast<std::int64_t>(key) * s.W + (s.H + s.Hkv + kvh) * s.D;
-#pragma unroll
-    for (int n = 0; n < ND; ++n) {
-      const int c = n * 8 + tig * 2;
-      krow[c] = from_f<T>(earlier<Acc>(krow[c]) + dk[n][2 * r] * s.scale);
-      krow[c + 1] = from_f<T>(earlier<Acc>(krow[c + 1]) + dk[n][2 * r + 1] * s.scale);
-      vrow[c] = from_f<T>(earlier<Acc>(vrow[c]) + dv[n][2 * r]);
-      vrow[c + 1] = from_f<T>(earlier<Acc>(vrow[c + 1]) + dv[n][2 * r + 1]);
-    }
-  }
-}
-
-/// Waits (one thread) until the dQ turn counter reaches `want`, with acquire semantics: what the
-/// previous key block wrote before passing the turn is then visible. The wait is on a block launched
-/// earlier (a lower key block of the same batch and head), which is resident or done, so it ends;
-/// if it ever did not (a broken launch-order assumption), the kernel traps after about a second
-/// instead of hanging, and the launch reports the error.
-__device__ __forceinline__ void wait_turn(const unsigned* turn, unsigned want) {
-  for (unsigned polls = 0;; ++polls) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
-    if (v == want) return;
-    if (polls > (1u << 24)) __trap();
-    __nanosleep(64);
-  }
-}
-
-/// Passes the turn on (release: this block's dQ stores, ordered before it by the barrier, are
-/// visible to whoever acquires the new value).
-__device__ __forceinline__ void pass_turn(unsigned* turn, unsigned next) {
-  __threadfence();
-  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
-}
-
-/// Shared-memory bytes of attn_backward_fused_mma: Q and dO tiles (double-buffered), the block's
-/// keys and values, its dSᵀ (keys × the tile's queries), the fp32 dQ sum of the earlier key blocks
-/// for the tile, and the tile's lse and Δ.
-template <class T, int D>
-constexpr std::size_t fused_smem_bytes =
-    sizeof(T) * (4 * tile_rows * (D + 8) + 2 * bwd_rows * (D + 8) + bwd_rows * (tile_rows + 8)) +
-    sizeof(float) * (tile_rows * (D + 8) + 4 * tile_rows);
-
-/// The whole backward in one pass over the causal score matrix (FlashAttention-2's loop order, made
-/// deterministic). A block owns 128 keys of one kv head and visits the query tiles that see them,
-/// as attn_backward_dkdv_mma does for dK and dV; each warp also stores its dSᵀ to shared memory,
-/// and after a barrier the block multiplies dS·K for the tile's 64 queries (each warp 16 queries ×
-/// D/2 columns). That partial dQ is added into an fp32 accumulator in key-block order: block kb
-/// waits for the turn counter of (batch, head, query tile) to reach kb, adds, and passes it to
-/// kb + 1; the first block writes without reading, the last one scales, rounds and adds into
-/// dqkv. So every dQ element is the same sum in the same order on every run, with no atomics in
-/// the arithmetic, and P and dP are computed once instead of twice (5 matmuls instead of 7).
-///
-/// Latency: the turn is taken before the tile's scores are computed, and the earlier blocks' sum
-/// is copied to shared memory with cp.async while they are; the turn is passed on at the next
-/// tile's first barrier, when this block's stores are long issued. Query tiles are visited last
-/// first, so every key block starts at the sequence's end and the block it waits for is one tile
-/// ahead.
-template <class T, int D, bool Acc>
-__global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_fused_mma(
-    const T* qkv, const T* dout, const float* lse, const float* delta, float* dq_acc,
-    unsigned* dq_turn, T* dqkv, attn_shape s) {
-  constexpr int LD = D + 8, LDS = tile_rows + 8, LDA = D + 8, QS = dkdv_queries, NS = QS / 8,
-                KD = D / 16, ND = D / 8, NPW = D / 32;
-  static_assert(tile_stages<D> == 2, "the backward kernels double-buffer (D <= 64)");
-  extern __shared__ __align__(16) unsigned char fused_smem[];
-  T* qs = reinterpret_cast<T*>(fused_smem);  // [2][tile_rows · LD]
-  T* gs = qs + 2 * tile_rows * LD;             // [2][tile_rows · LD]
-  T* ks = gs + 2 * tile_rows * LD;             // [bwd_rows · LD]
-  T* vsm = ks + bwd_rows * LD;                 // [bwd_rows · LD]
-  T* dsT = vsm + bwd_rows * LD;                // [bwd_rows · LDS]
-  float* accs = reinterpret_cast<float*>(dsT + bwd_rows * LDS);  // [tile_rows · LDA]
-  float* lse_s = accs + tile_rows * LDA;                            // [2][tile_rows]
-  float* dls = lse_s + 2 * tile_rows;                               // [2][tile_rows]
-  // The first key blocks see the most queries, and the dQ order waits on lower key blocks: both
-  // need kb = 0 launched first (the grid's slow dimension).
-  const int kb = blockIdx.y;
-  const int b = blockIdx.x / s.Hkv, kvh = blockIdx.x % s.Hkv, group = s.H / s.Hkv;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tig = lane & 3;
-  const int key_base = kb * bwd_rows, key0 = key_base + warp * 16;
-  const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
-  const T* obase = dout + static_cast<std::int64_t>(b) * s.T * s.H * s.D;
-  const T* kbase = base + (s.H + kvh) * s.D;
-  const T* vbase = base + (s.H + s.Hkv + kvh) * s.D;
-  prefetch_tile<T, D>(ks, kbase, s.W, key_base, s.T);
-  prefetch_tile<T, D>(ks + tile_rows * LD, kbase, s.W, key_base + tile_rows, s.T);
-  prefetch_tile<T, D>(vsm, vbase, s.W, key_base, s.T);
-  prefetch_tile<T, D>(vsm + tile_rows * LD, vbase, s.W, key_base + tile_rows, s.T);
-  float dk[ND][4], dv[ND][4];
-#pragma unroll
-  for (int n = 0; n < ND; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
-  const float sl2 = s.scale * log2e;
-  const int n_all = (s.T + tile_rows - 1) / tile_rows;  // query tiles of the sequence
-  const int n_qt = n_all - key_base / tile_rows;         // those that see this block's keys
-  const int items = group * n_qt;
-  auto tile_of = [&](int item) { return n_all - 1 - item % n_qt; };
-  auto prefetch = [&](int item, int stage) {
-    const int h = kvh * group + item / n_qt, qt = tile_of(item);
-    prefetch_tile<T, D>(qs + stage * tile_rows * LD, base + h * s.D, s.W, qt * tile_rows, s.T);
-    prefetch_tile<T, D>(gs + stage * tile_rows * LD, obase + h * s.D,
-                        static_cast<std::int64_t>(s.H) * s.D, qt * tile_rows, s.T);
-    const float* lrow = lse + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
-    const float* drow = delta + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
-    prefetch_stats(lse_s + stage * tile_rows, dls + stage * tile_rows, lrow, drow, qt * tile_rows, s.T);
-  };
-  prefetch(0, 0);
-  cp_async_commit();
-  const int mq = warp & 3, nh = warp >> 2;  // this warp's part of the tile's dQ
-  unsigned* pending = nullptr;              // a turn to pass on at the next barrier
-  for (int item = 0; item < items; ++item) {
-    const int st = item & 1;
-    if (item + 1 < items) prefetch(item + 1, st ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const int h = kvh * group + item / n_qt, qt = tile_of(item);
-    const int kb_last = min(qt * tile_rows + tile_rows - 1, s.T - 1) / bwd_rows;
-    unsigned* turn = dq_turn + (static_cast<std::int64_t>(b) * s.H + h) * n_all + qt;
-    float* acc = dq_acc + ((static_cast<std::int64_t>(b) * s.H + h) * s.T + qt * tile_rows) * s.D;
-    if (kb > 0) {
-      // Pass the previous tile's turn (its stores precede the barrier above), take this one's,
-      // and start copying the earlier blocks' sum while the scores are computed.
-      if (threadIdx.x == 0) {
-        if (pending != nullptr) pass_turn(pending, static_cast<unsigned>(kb + 1));
-        wait_turn(turn, static_cast<unsigned>(kb));
-      }
-      pending = nullptr;
-      __syncthreads();
-      constexpr int chunks = D / 4;  // 16-byte pieces of an fp32 row
-      for (int idx = threadIdx.x; idx < tile_rows * chunks; idx += blockDim.x) {
-        const int r = idx / chunks, c = (idx % chunks) * 4;
-        const bool ok = qt * tile_rows + r < s.T;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                         smem_addr(accs + r * LDA + c)),
-                     "l"(acc + (ok ? static_cast<std::int64_t>(r) * s.D + c : 0)), "r"(ok ? 16 : 0));
-      }
-      cp_async_commit();
-    } else if (pending != nullptr) {
-      if (threadIdx.x == 0) pass_turn(pending, 1u);
-      pending = nullptr;
-    }
-#pragma unroll
-    for (int sub = 0; sub < tile_rows / QS; ++sub) {
-      const int q0 = qt * tile_rows + sub * QS;
-      T* ds_w = dsT + warp * 16 * LDS + sub * QS;  // this warp's keys × the sub-tile's queries
-      if (q0 + QS - 1 < key0) {  // no query of the sub-tile sees these keys: dS is zero
-#pragma unroll
-        for (int n = 0; n < NS; ++n) {
-          *reinterpret_cast<std::uint32_t*>(ds_w + g * LDS + n * 8 + tig * 2) = 0u;
-          *reinterpret_cast<std::uint32_t*>(ds_w + (g + 8) * LDS + n * 8 + tig * 2) = 0u;
-        }
-        continue;
-      }
-      const T* q_s = qs + st * tile_rows * LD + sub * QS * LD;
-      const T* g_s = gs + st * tile_rows * LD + sub * QS * LD;
-      const float* ls = lse_s + st * tile_rows + sub * QS;  // lse (natural log)
-      const float* dl = dls + st * tile_rows + sub * QS;
-      const bool masked = q0 < key0 + 15 || q0 + QS > s.T;
-      // This warp's 16 keys and values as A fragments, from the block's shared copies.
-      std::uint32_t ka[KD][4], va[KD][4];
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        const int off =
-            (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + kk * 16 + (lane >> 4) * 8;
-        ldsm4(ka[kk], smem_addr(ks + off));
-        ldsm4(va[kk], smem_addr(vsm + off));
-      }
-      float p[NS][4], dp[NS][4];
-#pragma unroll
-      for (int n = 0; n < NS; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[n][e] = dp[n][e] = 0.0f;
-#pragma unroll
-        for (int kp = 0; kp < KD / 2; ++kp) {
-          std::uint32_t qb4[4], gb4[4];
-          ldsm_b<LD>(qb4, q_s, n, kp);
-          mma16816<T>(p[n], ka[2 * kp], qb4[0], qb4[1]);
-          mma16816<T>(p[n], ka[2 * kp + 1], qb4[2], qb4[3]);
-          ldsm_b<LD>(gb4, g_s, n, kp);
-          mma16816<T>(dp[n], va[2 * kp], gb4[0], gb4[1]);
-          mma16816<T>(dp[n], va[2 * kp + 1], gb4[2], gb4[3]);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qc = n * 8 + tig * 2 + (e & 1);
-          float pv = exp2f(fmaf(p[n][e], sl2, -(ls[qc] * log2e)));
-          if (masked) {
-            const int q = q0 + qc;
-            if (q < key0 + g + 8 * (e >> 1) || q >= s.T) pv = 0.0f;
-          }
-          p[n][e] = pv;
-          dp[n][e] = pv * (dp[n][e] - dl[qc]);  // dSᵀ
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < QS / 16; ++kk) {
-        std::uint32_t pa[4], da[4];
-        pack_a<T>(pa, p[2 * kk], p[2 * kk + 1]);
-        pack_a<T>(da, dp[2 * kk], dp[2 * kk + 1]);
-        // dSᵀ as rounded for its matmuls, rows = keys: the A-fragment words are (row g, row g + 8)
-        // × (columns 2·tig of the two 8-column blocks).
-        T* d0 = ds_w + kk * 16 + tig * 2;
-        *reinterpret_cast<std::uint32_t*>(d0 + g * LDS) = da[0];
-        *reinterpret_cast<std::uint32_t*>(d0 + (g + 8) * LDS) = da[1];
-        *reinterpret_cast<std::uint32_t*>(d0 + g * LDS + 8) = da[2];
-        *reinterpret_cast<std::uint32_t*>(d0 + (g + 8) * LDS + 8) = da[3];
-#pragma unroll
-        for (int np = 0; np < ND / 2; ++np) {
-          std::uint32_t gb4[4], qb4[4];
-          ldsm_bt<LD>(gb4, g_s, kk, np);
-          mma16816<T>(dv[2 * np], pa, gb4[0], gb4[1]);
-          mma16816<T>(dv[2 * np + 1], pa, gb4[2], gb4[3]);
-          ldsm_bt<LD>(qb4, q_s, kk, np);
-          mma16816<T>(dk[2 * np], da, qb4[0], qb4[1]);
-          mma16816<T>(dk[2 * np + 1], da, qb4[2], qb4[3]);
-        }
-      }
-    }
-    // Every thread's copies of the earlier sum are complete (and the next tile's, issued before
-    // the scores, have had them to arrive); after the barrier all of dSᵀ and the sum are visible.
-    if (kb > 0) cp_async_wait<0>();
-    __syncthreads();
-    // dQ of queries qt·64 + 16·mq .. + 15, columns D/2·nh .. + D/2 − 1: Σ over the block's keys of
-    // dS·K. Key chunks after the warp's last query are masked for all its rows: stop there.
-    float dq[2 * NPW][4];
-#pragma unroll
-    for (int n = 0; n < 2 * NPW; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-    const int q_first = qt * tile_rows + mq * 16;
-#pragma unroll
-    for (int kk = 0; kk < bwd_rows / 16; ++kk) {
-      if (key_base + kk * 16 > q_first + 15) break;
-      std::uint32_t a[4];
-      ldsm4_trans(a, smem_addr(dsT + (kk * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + mq * 16 +
-                               ((lane >> 3) & 1) * 8));
-#pragma unroll
-      for (int j = 0; j < NPW; ++j) {
-        std::uint32_t kb4[4];
-        ldsm_bt<LD>(kb4, ks, kk, nh * NPW + j);
-        mma16816<T>(dq[2 * j], a, kb4[0], kb4[1]);
-        mma16816<T>(dq[2 * j + 1], a, kb4[2], kb4[3]);
-      }
-    }
-    // Add to the earlier key blocks' sum: into the accumulator, or, for the last block, scaled,
-    // rounded and added into dqkv.
-    const bool last = kb == kb_last;
-    T* dbase = dqkv + static_cast<std::int64_t>(b) * s.T * s.W + h * s.D;
-    // What dqkv holds (accumulating form, last block), loaded before any store: the compiler may
-    // not move these loads above stores through the same pointer type.
-    std::uint32_t old[2][2 * NPW] = {};
-    if (Acc && last) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int q = qt * tile_rows + mq * 16 + g + 8 * r;
-#pragma unroll
-        for (int n = 0; n < 2 * NPW; ++n)
-          if (q < s.T)
-            old[r][n] = ld32(dbase + static_cast<std::int64_t>(q) * s.W + nh * (D / 2) + n * 8 + tig * 2);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int rt = mq * 16 + g + 8 * r, q = qt * tile_rows + rt;
-      if (q >= s.T) continue;
-#pragma unroll
-      for (int n = 0; n < 2 * NPW; ++n) {
-        const int c = nh * (D / 2) + n * 8 + tig * 2;
-        float2 v = make_float2(dq[n][2 * r], dq[n][2 * r + 1]);
-        if (kb > 0) {
-          const float2 e = *reinterpret_cast<const float2*>(accs + rt * LDA + c);
-          v = make_float2(e.x + v.x, e.y + v.y);
-        }
-        if (!last) {
-          __stcg(reinterpret_cast<float2*>(acc + static_cast<std::int64_t>(rt) * s.D + c), v);
-        } else {
-          T o[2];
-          memcpy(o, &old[r][n], sizeof(o));
-          *reinterpret_cast<std::uint32_t*>(dbase + static_cast<std::int64_t>(q) * s.W + c) =
-              pack2<T>(earlier<Acc>(o[0]) + v.x * s.scale, earlier<Acc>(o[1]) + v.y * s.scale);
-        }
-      }
-    }
-    if (!last) pending = turn;
-  }
-  if (pending != nullptr) {
-    __syncthreads();
-    if (threadIdx.x == 0) pass_turn(pending, static_cast<unsigned>(kb + 1));
-  }
-  T* dkv = dqkv + static_cast<std::int64_t>(b) * s.T * s.W;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key0 + g + 8 * r;
-    if (key >= s.T) continue;
-    T* krow = dkv + static_cast<std::int64_t>(key) * s.W + (s.H + kvh) * s.D;
-    T* vrow = dkv + static_cast<std::int64_t>(key) * s.W + (s.H + s.Hkv + kvh) * s.D;
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
       const int c = n * 8 + tig * 2;
@@ -1239,21 +946,6 @@ void launch_delta(context& ctx, const tensor& dout, const tensor& out, const att
       dout.data<T>(), out.data<T>(), delta, s, static_cast<int>(rows));
 }
 
-/// Whether the tensor-core backward runs as one fused kernel (TROUPE_ATTENTION_BACKWARD=fused) or
-/// as the dK/dV and dQ kernels (default, split; both deterministic). Measured at GPT-2 124M's shape
-/// on the H200: fused 0.502 ms, split 0.306 + 0.198 ms; step 34.96 against 34.73 ms.
-bool fused_backward() {
-  static const bool fused = [] {
-    const char* e = std::getenv("TROUPE_ATTENTION_BACKWARD");
-    const std::string x = e == nullptr ? "split" : e;
-    if (x == "fused") return true;
-    if (x == "split") return false;
-    throw core::failure("attention_backward: TROUPE_ATTENTION_BACKWARD='" + x +
-                        "' is not one of fused, split");
-  }();
-  return fused;
-}
-
 }  // namespace
 
 void launch_attention_forward(context& ctx, const tensor& qkv, const attention_dims& d,
@@ -1325,31 +1017,6 @@ void launch_attention_backward(context& ctx, const tensor& dout, const tensor& q
           if constexpr (D <= 64) {
             auto run = [&](auto acc) {
               constexpr bool Acc = decltype(acc)::value;
-              if (fused_backward()) {
-                // Grid x: (batch, kv head); y: key blocks, kb = 0 first (the dQ order needs it).
-                const int n_all = (d.seq + tile_rows - 1) / tile_rows;
-                scratch acc_buf(ctx, sizeof(float) * static_cast<std::size_t>(rows) * d.heads * D);
-                scratch turns(ctx, sizeof(unsigned) * static_cast<std::size_t>(d.batch) * d.heads * n_all);
-                TROUPE_CUDA_CHECK(cudaMemsetAsync(turns.as<unsigned>(), 0,
-                                                  sizeof(unsigned) * static_cast<std::size_t>(d.batch) *
-                                                      d.heads * n_all,
-                                                  ctx.stream));
-                constexpr std::size_t smem = fused_smem_bytes<T, D>;
-                auto kernel = attn_backward_fused_mma<T, D, Acc>;
-                static const bool sized = [&] {
-                  TROUPE_CUDA_CHECK(cudaFuncSetAttribute(
-                      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-                  TROUPE_CUDA_CHECK(cudaFuncSetAttribute(
-                      kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-                  return true;
-                }();
-                (void)sized;
-                kernel<<<dim3(d.batch * d.kv_heads, blocks), bwd_warps * 32, smem, ctx.stream>>>(
-                    qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
-                    acc_buf.as<float>(), turns.as<unsigned>(), dqkv.data<T>(), s);
-                TROUPE_CUDA_CHECK_LAUNCH();
-                return;
-              }
               // Grid x: (batch, head); y: row blocks, launched heaviest first by the kernels.
               attn_backward_dkdv_mma<T, D, Acc><<<dim3(d.batch * d.kv_heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
                   qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
