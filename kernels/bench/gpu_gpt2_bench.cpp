@@ -13,7 +13,11 @@
 //
 // Usage: gpu_gpt2_bench [--layers 12] [--embd 768] [--heads 12] [--seq 1024] [--batch 16]
 //                       [--vocab 50304] [--steps 10] [--warmup 3] [--fp32] [--profile]
-//                       [--phases] [--gemm-tune FILE] [--tag NAME]
+//                       [--phases] [--gemm-tune FILE] [--no-clip] [--tag NAME]
+// --no-clip does the work of the PyTorch baseline, which does not clip (torch_gpt2.py: forward,
+// backward, fused AdamW): no global norm, hence no sumsq_blocks, no readback and no host sum, and
+// the loss is read after AdamW is queued. The default step is the one troupe trains with (the clip
+// at 1.0, which needs the norm on the host before AdamW).
 // --profile adds one step run through a backend wrapper that times each op (synchronising after
 // every op) and prints the per-op breakdown. --phases adds one step with CUDA events between its
 // phases (forward, backward, tie + norm read, loss read, AdamW) and prints, per phase, the host's time to
@@ -51,6 +55,7 @@ struct options {
   bool fp32 = false;
   bool profile = false;
   bool phases = false;
+  bool no_clip = false;
   std::string tag, gemm_tune;
 };
 
@@ -77,11 +82,13 @@ options parse(int argc, char** argv) {
     else if (a == "--profile") o.profile = true;
     else if (a == "--phases") o.phases = true;
     else if (a == "--gemm-tune") o.gemm_tune = next();
+    else if (a == "--no-clip") o.no_clip = true;
     else if (a == "--tag") o.tag = next();
     else {
       std::fprintf(stderr,
                    "gpu_gpt2_bench: unknown option %s (options: --layers --embd --heads --seq "
-                   "--batch --vocab --steps --warmup --fp32 --profile --phases --gemm-tune --tag)\n",
+                   "--batch --vocab --steps --warmup --fp32 --profile --phases --gemm-tune "
+                   "--no-clip --tag)\n",
                    a.c_str());
       std::exit(2);
     }
@@ -332,6 +339,17 @@ int main(int argc, char** argv) {
             model::tie_gradients(be, g_wte, g_head);
           }
       }
+      if (o.no_clip) {
+        // The baseline's step: AdamW straight after the backward, the loss read once it is queued.
+        mark(3);
+        mark(4);
+        model::adamw_update_t(be, slots, opt, opt.lr, 1.0f, index + 1);
+        mark(5);
+        last_loss = c.loss_sum(0) / static_cast<double>(rows);
+        last_norm = std::nan("");
+        be.synchronize();
+        return;
+      }
       be.sumsq_blocks(flat_g, blocks);
       be.copy(blocks, host_blocks);
       double total = 0;
@@ -359,8 +377,11 @@ int main(int argc, char** argv) {
       step(o.warmup + i);
       const auto t1 = std::chrono::steady_clock::now();
       times.push_back(std::chrono::duration<double>(t1 - t0).count());
-      std::printf("step %d: %.2f ms loss %.4f grad norm %.3f\n", i, times.back() * 1e3, last_loss,
-                  last_norm);
+      if (o.no_clip)
+        std::printf("step %d: %.2f ms loss %.4f (no clip)\n", i, times.back() * 1e3, last_loss);
+      else
+        std::printf("step %d: %.2f ms loss %.4f grad norm %.3f\n", i, times.back() * 1e3,
+                    last_loss, last_norm);
     }
     kernels::cuda::memory_stats ms;
     if (cuda_be) ms = cuda_be->memory();
@@ -404,10 +425,12 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"tag\": \"%s\", \"engine\": \"troupe\", \"precision\": \"%s\", \"params\": %lld, \"B\": %d, "
         "\"T\": %d, \"L\": %d, \"C\": %d, \"step_ms\": %.2f, \"tok_s\": %.0f, \"tflops\": %.1f, "
-        "\"peak_gib\": %.2f, \"reserved_gib\": %.2f, \"timed_mallocs\": %llu, \"loss\": %.4f}\n",
+        "\"peak_gib\": %.2f, \"reserved_gib\": %.2f, \"timed_mallocs\": %llu, \"clip\": %s, "
+        "\"loss\": %.4f}\n",
         o.tag.c_str(), o.fp32 ? "fp32" : "bf16", static_cast<long long>(params), o.batch, o.seq,
         o.layers, o.embd, med * 1e3, tok_s, tflops, ms.peak_in_use / gib, ms.peak_reserved / gib,
-        static_cast<unsigned long long>(ms.device_mallocs - mallocs_before), last_loss);
+        static_cast<unsigned long long>(ms.device_mallocs - mallocs_before),
+        o.no_clip ? "false" : "true", last_loss);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_gpt2_bench: %s\n", e.what());
