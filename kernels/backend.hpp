@@ -180,6 +180,11 @@ class backend {
   /// Per-block sums of squares (fp64) of x (fp32), blocks of `norm_block` elements, in order:
   /// out[i] = Σ x[i*norm_block .. (i+1)*norm_block)². out: f64 [ceil(n / norm_block)].
   virtual void sumsq_blocks(const tensor& x, tensor& out) = 0;
+  /// sumsq_blocks of each of xs (fp32), their blocks one after another in out: f64
+  /// [Σ ceil(xs[i].numel() / norm_block)], the same bits as one sumsq_blocks per tensor. The
+  /// default makes those calls; the CUDA backend does the list in one launch per 128 tensors (the
+  /// global norm of a model with hundreds of parameter tensors was one launch each).
+  virtual void sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out);
   /// AdamW with decoupled weight decay on fp32 master params, grads, moments m and v (all same
   /// shape). When `low` is defined (bf16/f16, same shape), it receives the updated params.
   virtual void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,

@@ -6,6 +6,22 @@
 
 namespace troupe::kernels {
 
+void backend::sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) {
+  std::int64_t total = 0;
+  for (const tensor& x : xs) total += (x.numel() + norm_block - 1) / norm_block;
+  TROUPE_CHECK(out.defined() && out.type() == core::dtype::f64 && out.numel() == total,
+               "sumsq_blocks_list: out must be f64 with " + std::to_string(total) +
+                   " elements (the blocks of every tensor)");
+  std::int64_t at = 0;
+  for (const tensor& x : xs) {
+    const std::int64_t nb = (x.numel() + norm_block - 1) / norm_block;
+    if (nb == 0) continue;
+    tensor part = out.slice(at, {nb});
+    sumsq_blocks(x, part);
+    at += nb;
+  }
+}
+
 void backend::linear_forward_residual(const tensor& x, const tensor& w, const tensor& b,
                                       const tensor& r, tensor& y) {
   // The linear output is written before the add reads r: r must be another buffer.

@@ -44,17 +44,14 @@ void append_sumsq_blocks(kernels::backend& be, const std::vector<param_slot>& sl
   std::int64_t total = 0;
   for (const param_slot& s : slots) total += blocks_of(s);
   if (total == 0) return;
-  // Every slot's blocks into one buffer, then one copy to the host: on a GPU each to_host waits
-  // for the stream, and a model has hundreds of parameter tensors.
+  // Every slot's blocks into one buffer by one call, then one copy to the host: on a GPU each
+  // to_host waits for the stream, and a model has hundreds of parameter tensors.
   tensor out = be.empty({total}, core::dtype::f64);
-  std::int64_t at = 0;
-  for (const param_slot& s : slots) {
-    const std::int64_t nb = blocks_of(s);
-    if (nb == 0) continue;
-    tensor part = out.slice(at, {nb});
-    be.sumsq_blocks(s.grad, part);
-    at += nb;
-  }
+  std::vector<tensor> grads;
+  grads.reserve(slots.size());
+  for (const param_slot& s : slots)
+    if (blocks_of(s) > 0) grads.push_back(s.grad);
+  be.sumsq_blocks_list(grads, out);
   // Read into a host buffer kept across steps (per thread: shards may run on several), so the
   // per-step readback neither allocates nor touches fresh pages.
   thread_local tensor host;

@@ -209,6 +209,9 @@ class profiling_backend final : public kernels::backend {
   void sumsq_blocks(const tensor& x, tensor& out) override {
     timed("sumsq_blocks", [&] { in_.sumsq_blocks(x, out); });
   }
+  void sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) override {
+    timed("sumsq_blocks", [&] { in_.sumsq_blocks_list(xs, out); });
+  }
   void adamw(tensor& p, const tensor& g, tensor& m, tensor& v, const kernels::adamw_params& ap,
              tensor& low) override {
     timed("adamw", [&] { in_.adamw(p, g, m, v, ap, low); });

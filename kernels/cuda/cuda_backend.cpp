@@ -303,6 +303,11 @@ void cuda_backend::sumsq_blocks(const tensor& x, tensor& out) {
   launch_sumsq_blocks(x, out, ctx_->stream);
 }
 
+void cuda_backend::sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) {
+  activate();
+  launch_sumsq_blocks_list(xs, out, ctx_->stream);
+}
+
 void cuda_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
                          const adamw_params& p, tensor& low) {
   activate();

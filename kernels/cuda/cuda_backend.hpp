@@ -90,6 +90,7 @@ class cuda_backend final : public backend {
                      float grad_scale) override;
 
   void sumsq_blocks(const tensor& x, tensor& out) override;
+  void sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) override;
   void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const adamw_params& p,
              tensor& low) override;
   void adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,

@@ -2,6 +2,9 @@
 // determinism. All cases skip with a message where no GPU is visible (CI, the build machine).
 #include <doctest/doctest.h>
 
+#include <cstring>
+#include <vector>
+
 #include "tests/kernels/cuda_test_util.hpp"
 #ifdef TROUPE_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
@@ -421,6 +424,51 @@ TEST_CASE("cuda cross-entropy matches the CPU, ignored rows included") {
       CHECK(same_bits(be.gpu->to_host(glog2), host_as(logits, t)));  // logits untouched
     }
   }
+}
+
+TEST_CASE("cuda sumsq_blocks_list gives each tensor's sumsq_blocks bits, over several launches") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // 300 tensors (three launches of at most 128): partial blocks, empty ones, views at offsets that
+  // are not 16-byte aligned (the scalar path) and whole blocks (the float4 path).
+  std::vector<std::pair<std::int64_t, std::int64_t>> parts;  // (offset, length)
+  std::int64_t at = 0, total = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::int64_t len = i % 7 == 3 ? 0 : (i % 5 == 0 ? 2 * norm_block : 100 + 37 * i);
+    const std::int64_t off = i % 3 == 1 ? at + 1 : at;
+    parts.emplace_back(off, len);
+    at = off + len;
+    total += (len + norm_block - 1) / norm_block;
+  }
+  tensor gx = be.gpu->from_host(random_host({at}, 75));
+  std::vector<tensor> xs;
+  for (const auto& [off, len] : parts) xs.push_back(gx.slice(off, {len}));
+  tensor out = be.gpu->empty({total}, dtype::f64);
+  be.gpu->sumsq_blocks_list(xs, out);
+  const tensor got = be.gpu->to_host(out);
+  tensor cpu_out = be.cpu->empty({total}, dtype::f64);
+  std::vector<tensor> host_xs;
+  const tensor hx = be.gpu->to_host(gx);
+  std::int64_t b = 0;
+  for (const tensor& x : xs) {
+    const std::int64_t nb = (x.numel() + norm_block - 1) / norm_block;
+    if (nb == 0) continue;
+    tensor one = be.gpu->empty({nb}, dtype::f64);
+    be.gpu->sumsq_blocks(x, one);
+    const tensor h = be.gpu->to_host(one);
+    CAPTURE(b);
+    CHECK(std::memcmp(got.data<double>() + b, h.data<double>(), nb * sizeof(double)) == 0);
+    b += nb;
+  }
+  CHECK(b == total);
+  // Against the CPU backend's default (one sumsq_blocks per tensor), to rounding.
+  for (const tensor& x : xs)
+    host_xs.push_back(hx.slice((static_cast<const char*>(x.raw()) - static_cast<const char*>(gx.raw())) /
+                                   static_cast<std::int64_t>(sizeof(float)),
+                               {x.numel()}));
+  be.cpu->sumsq_blocks_list(host_xs, cpu_out);
+  for (std::int64_t i = 0; i < total; ++i)
+    CHECK(got.data<double>()[i] == doctest::Approx(cpu_out.data<double>()[i]).epsilon(1e-12));
 }
 
 TEST_CASE("cuda sumsq_blocks, adamw and has_nonfinite match the CPU") {

@@ -1,6 +1,8 @@
 // sumsq_blocks and has_nonfinite on the CPU backend.
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "tests/kernels/cpu_test_util.hpp"
 
@@ -42,6 +44,30 @@ TEST_CASE("sumsq_blocks checks the output size") {
   CHECK(failure_message([&] {
           be->sumsq_blocks(x, out);
         }).find("sumsq_blocks: out must have 2 elements") != std::string::npos);
+}
+
+TEST_CASE("sumsq_blocks_list puts each tensor's blocks after the last, bit for bit, and checks out") {
+  auto be = make_backend("cpu");
+  tensor x = randn({3 * norm_block + 5}, 5);
+  // A partial block, an empty tensor, a view at an odd offset, a whole buffer.
+  const std::vector<tensor> xs = {x.slice(0, {700}), x.slice(700, {0}),
+                                  x.slice(701, {2 * norm_block + 3}), x};
+  tensor out = be->empty({1 + 0 + 3 + 4}, dtype::f64);
+  be->sumsq_blocks_list(xs, out);
+  std::int64_t at = 0;
+  for (const tensor& t : xs) {
+    const std::int64_t nb = (t.numel() + norm_block - 1) / norm_block;
+    if (nb == 0) continue;
+    tensor one = be->empty({nb}, dtype::f64);
+    be->sumsq_blocks(t, one);
+    CAPTURE(at);
+    CHECK(std::memcmp(out.data<double>() + at, one.data<double>(), nb * sizeof(double)) == 0);
+    at += nb;
+  }
+  CHECK(at == 8);
+  tensor wrong = be->empty({7}, dtype::f64);
+  CHECK(failure_message([&] { be->sumsq_blocks_list(xs, wrong); })
+            .find("sumsq_blocks_list: out must be f64 with 8 elements") != std::string::npos);
 }
 
 TEST_CASE(
