@@ -1,6 +1,7 @@
 // Defaults of the fused backend ops (backend.hpp, "fused variants"): each is the composition of
 // the plain ops it stands for, so a backend that does not fuse (the CPU reference) gets them for
-// free and computes the same values as the unfused sequence the model ran before.
+// free and computes the same values as the unfused sequence the model ran before. The same holds
+// for sumsq_blocks_list, the batched form of sumsq_blocks: one call per tensor.
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 
