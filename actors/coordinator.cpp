@@ -22,7 +22,7 @@ struct coord_state {
   std::int64_t step = 0;
   // this step
   std::map<int, std::vector<double>> losses;                  // dp -> per-mb loss sums
-  std::map<std::pair<int, int>, std::vector<double>> norms;   // (chunk, part) -> blocks
+  std::map<std::pair<int, int>, std::vector<std::int64_t>> norms;  // (chunk, part) -> exact sum
   bool decided = false;
   double grad_norm = 0;
   double lr = 0;
@@ -166,10 +166,11 @@ void maybe_decide(self_t* self, const job& j) {
                           "resume from the last checkpoint with --resume"));
         return;
       }
-  std::vector<double> blocks;
-  for (auto& [key, b] : st.norms) blocks.insert(blocks.end(), b.begin(), b.end());
-  // The single-rank trainer decides with the same function: same norm, clip, lr, skip, scale.
-  const model::step_decision d = model::decide_step(blocks, st.scaler, j.cfg.optimizer, j.cfg.train,
+  core::exact_sum sumsq;
+  for (auto& [key, w] : st.norms) sumsq.merge(w.data());
+  // The single-rank trainer decides with the same function (or, without loss scaling, the same
+  // arithmetic on the device): same norm, clip, lr, skip, scale.
+  const model::step_decision d = model::decide_step(sumsq, st.scaler, j.cfg.optimizer, j.cfg.train,
                                                     static_cast<int>(st.step));
   if (!d.skip && !std::isfinite(d.grad_norm)) {
     // Without dynamic loss scaling a non-finite gradient would poison every parameter.
@@ -437,7 +438,18 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
       },
       [=](norm_part& n) {
         self->state.last_progress = clock_t_::now();
-        self->state.norms[{n.chunk, n.part}] = std::move(n.blocks);
+        if (n.sumsq.size() != static_cast<std::size_t>(core::exact_sum_words)) {
+          fail(self, *j,
+               core::error::make("the gradient-norm sum of chunk " + std::to_string(n.chunk) +
+                                     ", shard " + std::to_string(n.part) + " at step " +
+                                     std::to_string(n.step) + " has " +
+                                     std::to_string(n.sumsq.size()) + " words, expected " +
+                                     std::to_string(core::exact_sum_words),
+                                 "every worker must run the same troupe build; rebuild and "
+                                 "relaunch"));
+          return;
+        }
+        self->state.norms[{n.chunk, n.part}] = std::move(n.sumsq);
         maybe_decide(self, *j);
       },
       [=](shard_report& r) {

@@ -67,12 +67,14 @@ struct stage_report {
   std::uint64_t peak_device_bytes = 0;  // the stage backend's allocator peak (0 on the CPU)
 };
 
-/// Per-block sums of squares of one shard's slice of a chunk's reduced gradient.
+/// The exact sum of the per-block sums of squares of one shard's slice of a chunk's reduced
+/// gradient: the words of a core::exact_sum (order-free, so the coordinator merges them in any
+/// order and gets the single-rank trainer's norm).
 struct norm_part {
   std::int64_t step = 0;
   std::int32_t chunk = 0;
   std::int32_t part = 0;
-  std::vector<double> blocks;
+  std::vector<std::int64_t> sumsq;
 };
 
 /// The coordinator's decision for step `step` (model::decide_step): AdamW's gradient factor
@@ -124,7 +126,7 @@ typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, norm_part& x) {
-  return f(TROUPE_INSPECT_NAME("norm_part"), x.step, x.chunk, x.part, x.blocks);
+  return f(TROUPE_INSPECT_NAME("norm_part"), x.step, x.chunk, x.part, x.sumsq);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, clip_decision& x) {

@@ -27,7 +27,7 @@ std::optional<std::uint32_t> kind_of_name(const std::string& s) {
 
 std::optional<core::dtype> dtype_of_name(const std::string& s) {
   for (auto t : {core::dtype::f32, core::dtype::bf16, core::dtype::f16, core::dtype::f64,
-                 core::dtype::i32, core::dtype::u16})
+                 core::dtype::i32, core::dtype::u16, core::dtype::i64})
     if (s == core::dtype_name(t)) return t;
   return std::nullopt;
 }

@@ -87,16 +87,16 @@ bool shard_engine::reduce(std::int64_t step) {
       std::vector<model::param_slot> mine;
       for (std::size_t s = 0; s < slots_.size(); ++s)
         if (slot_chunk_[s] == i) mine.push_back(slots_[s]);
-      std::vector<double> blocks;
-      model::append_sumsq_blocks(be_, mine, blocks);
-      norm_parts_.emplace_back(chunks_[i].chunk, std::move(blocks));
+      const core::exact_sum s = model::gradient_sumsq(be_, mine);
+      norm_parts_.emplace_back(chunks_[i].chunk,
+                               std::vector<std::int64_t>(s.words, s.words + core::exact_sum_words));
     }
   }
   reduced_step_ = step;
   return true;
 }
 
-std::vector<std::pair<int, std::vector<double>>> shard_engine::take_norm_parts() {
+std::vector<std::pair<int, std::vector<std::int64_t>>> shard_engine::take_norm_parts() {
   return std::exchange(norm_parts_, {});
 }
 

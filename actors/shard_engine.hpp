@@ -36,7 +36,7 @@ class shard_engine {
   bool reduce(std::int64_t step);
   /// Norm blocks of each chunk's slice after reduce(), as (chunk, blocks); empty when this shard
   /// does not contribute to the norm.
-  std::vector<std::pair<int, std::vector<double>>> take_norm_parts();
+  std::vector<std::pair<int, std::vector<std::int64_t>>> take_norm_parts();
   /// AdamW on the owned slices with the coordinator's decision — gradient factor `scale` (clip and
   /// loss-scale undo), learning rate, AdamW's 1-based t — or, when `skip` (dynamic loss scaling
   /// saw an overflow), no update at all. Either way queues the parameter slices (and, under
@@ -76,7 +76,7 @@ class shard_engine {
   std::vector<std::size_t> slot_chunk_;           // chunk index of each slot
   std::map<std::pair<transport::tag, int>, core::tensor> stash_;
   std::int64_t reduced_step_ = -1;
-  std::vector<std::pair<int, std::vector<double>>> norm_parts_;
+  std::vector<std::pair<int, std::vector<std::int64_t>>> norm_parts_;
   std::vector<outgoing> out_;
 };
 

@@ -17,6 +17,7 @@ std::size_t dtype_size(dtype t) {
     case dtype::f64: return 8;
     case dtype::i32: return 4;
     case dtype::u16: return 2;
+    case dtype::i64: return 8;
   }
   return 0;
 }
@@ -29,6 +30,7 @@ const char* dtype_name(dtype t) {
     case dtype::f64: return "fp64";
     case dtype::i32: return "int32";
     case dtype::u16: return "uint16";
+    case dtype::i64: return "int64";
   }
   return "?";
 }

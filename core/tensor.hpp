@@ -14,11 +14,11 @@
 
 namespace troupe::core {
 
-enum class dtype : std::uint8_t { f32, bf16, f16, f64, i32, u16 };
+enum class dtype : std::uint8_t { f32, bf16, f16, f64, i32, u16, i64 };
 
 /// Bytes per element.
 std::size_t dtype_size(dtype t);
-/// "fp32", "bf16", "fp16", "fp64", "int32", "uint16".
+/// "fp32", "bf16", "fp16", "fp64", "int32", "uint16", "int64".
 const char* dtype_name(dtype t);
 
 enum class device_kind : std::uint8_t { cpu, cuda };

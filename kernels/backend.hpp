@@ -42,6 +42,10 @@ struct adamw_params {
   float weight_decay = 0;  // decoupled: p -= lr * wd * p
   float grad_scale = 1;    // gradients are multiplied by this first (clipping, loss-scale undo)
   int step = 1;            // 1-based, for bias correction
+  /// When defined: f64 [1] on the backend's device holding a float value (clip_factor's factor)
+  /// that replaces grad_scale; when that value is not finite nothing is updated (the step is
+  /// skipped without the host reading the norm first).
+  tensor grad_factor{};
 };
 
 /// One range [begin, end) of elements of flat optimizer buffers for `adamw_runs`, and whether
@@ -185,6 +189,15 @@ class backend {
   /// default makes those calls; the CUDA backend does the list in one launch per 128 tensors (the
   /// global norm of a model with hundreds of parameter tensors was one launch each).
   virtual void sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out);
+  /// acc += Σ values, exactly (core/exact_sum.hpp): values f64 [n], acc int64
+  /// [core::exact_sum_words] holding a superaccumulator. The result's bits do not depend on how
+  /// the values are split between calls, nor on their order.
+  virtual void exact_sum_add(const tensor& values, tensor& acc) = 0;
+  /// The clip decided on the device: out f64 [2] = {norm, factor} with norm = sqrt(the rounded
+  /// sum in `sumsq`, an exact_sum_add accumulator) and factor = clip_scale(norm, grad_clip)
+  /// (kernels/clip.hpp), or NaN when the norm is not finite, which makes an adamw given
+  /// out.slice(1) as grad_factor skip.
+  virtual void clip_factor(const tensor& sumsq, double grad_clip, tensor& out) = 0;
   /// AdamW with decoupled weight decay on fp32 master params, grads, moments m and v (all same
   /// shape). When `low` is defined (bf16/f16, same shape), it receives the updated params.
   virtual void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,

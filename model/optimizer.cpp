@@ -5,6 +5,8 @@
 #include <limits>
 #include <numbers>
 
+#include "kernels/clip.hpp"
+
 namespace troupe::model {
 
 optimizer_state make_optimizer_state(kernels::backend& be, chunk& c) {
@@ -36,41 +38,60 @@ void tie_gradients(kernels::backend& be, tensor& g_wte, tensor& g_head) {
   be.copy(g_wte, g_head);
 }
 
-void append_sumsq_blocks(kernels::backend& be, const std::vector<param_slot>& slots,
-                         std::vector<double>& blocks) {
+void add_sumsq(kernels::backend& be, const std::vector<param_slot>& slots, tensor& acc) {
   auto blocks_of = [](const param_slot& s) {
     return s.info.tied ? 0 : (s.grad.numel() + kernels::norm_block - 1) / kernels::norm_block;
   };
   std::int64_t total = 0;
   for (const param_slot& s : slots) total += blocks_of(s);
   if (total == 0) return;
-  // Every slot's blocks into one buffer by one call, then one copy to the host: on a GPU each
-  // to_host waits for the stream, and a model has hundreds of parameter tensors.
-  tensor out = be.empty({total}, core::dtype::f64);
+  // Every slot's blocks into one buffer by one call, summed on the device: a model has hundreds
+  // of parameter tensors and ~10^5 blocks per 10^8 parameters, none of which the host needs.
+  tensor blocks = be.empty({total}, core::dtype::f64);
   std::vector<tensor> grads;
   grads.reserve(slots.size());
   for (const param_slot& s : slots)
     if (blocks_of(s) > 0) grads.push_back(s.grad);
-  be.sumsq_blocks_list(grads, out);
-  // Read into a host buffer kept across steps (per thread: shards may run on several), so the
-  // per-step readback neither allocates nor touches fresh pages.
-  thread_local tensor host;
-  if (!host.defined() || host.numel() < total) host = tensor::zeros({total}, core::dtype::f64);
-  tensor dst = host.numel() == total ? host : host.slice(0, {total});
-  be.copy(out, dst);
-  const double* p = dst.data<double>();
-  blocks.insert(blocks.end(), p, p + total);
+  be.sumsq_blocks_list(grads, blocks);
+  be.exact_sum_add(blocks, acc);
 }
 
-double global_norm(const std::vector<double>& blocks) {
-  double total = 0;
-  for (double b : blocks) total += b;
-  return std::sqrt(total);
+core::exact_sum gradient_sumsq(kernels::backend& be, const std::vector<param_slot>& slots) {
+  tensor acc = be.empty({core::exact_sum_words}, core::dtype::i64);
+  be.zero(acc);
+  add_sumsq(be, slots, acc);
+  core::exact_sum s;
+  tensor host = tensor::zeros({core::exact_sum_words}, core::dtype::i64);
+  be.copy(acc, host);
+  s.merge(host.data<std::int64_t>());
+  return s;
 }
 
-float clip_scale(double norm, double grad_clip) {
-  if (grad_clip > 0 && norm > grad_clip) return static_cast<float>(grad_clip / (norm + 1e-6));
-  return 1.0f;
+double global_norm(const core::exact_sum& sumsq) { return std::sqrt(sumsq.value()); }
+
+float clip_scale(double norm, double grad_clip) { return kernels::clip_scale_of(norm, grad_clip); }
+
+device_clip make_device_clip(kernels::backend& be) {
+  device_clip dc;
+  dc.sumsq = be.empty({core::exact_sum_words}, core::dtype::i64);
+  dc.out = be.empty({2}, core::dtype::f64);
+  dc.host = tensor::zeros({2}, core::dtype::f64);
+  return dc;
+}
+
+void clip_and_update_on_device(kernels::backend& be, std::vector<param_slot>& slots,
+                               const core::optimizer_config& opt, const core::train_config& train,
+                               double lr, std::int64_t t, device_clip& dc) {
+  be.zero(dc.sumsq);
+  add_sumsq(be, slots, dc.sumsq);
+  be.clip_factor(dc.sumsq, train.grad_clip, dc.out);
+  adamw_update_t(be, slots, opt, lr, 1.0f, t, dc.out.slice(1, {1}));
+}
+
+device_clip_result read_device_clip(kernels::backend& be, device_clip& dc) {
+  be.copy(dc.out, dc.host);
+  const double* h = dc.host.data<double>();
+  return {h[0], h[1]};
 }
 
 double learning_rate(const core::optimizer_config& opt, const core::train_config& train,
@@ -170,13 +191,14 @@ void adamw_update(kernels::backend& be, std::vector<param_slot>& slots,
 
 void adamw_update_t(kernels::backend& be, std::vector<param_slot>& slots,
                     const core::optimizer_config& opt, double lr, float grad_scale,
-                    std::int64_t t) {
+                    std::int64_t t, const tensor& grad_factor) {
   kernels::adamw_params base;
   base.lr = static_cast<float>(lr);
   base.beta1 = static_cast<float>(opt.beta1);
   base.beta2 = static_cast<float>(opt.beta2);
   base.eps = static_cast<float>(opt.eps);
   base.grad_scale = grad_scale;
+  base.grad_factor = grad_factor;
   base.step = static_cast<int>(t);
   base.weight_decay = static_cast<float>(opt.weight_decay);
   for (std::size_t first = 0; first < slots.size();) {
@@ -239,12 +261,12 @@ float loss_grad_scale(float loss_scale, std::int64_t tokens_per_step) {
   return loss_scale / static_cast<float>(tokens_per_step);
 }
 
-step_decision decide_step(const std::vector<double>& blocks, loss_scaler& scaler,
+step_decision decide_step(const core::exact_sum& sumsq, loss_scaler& scaler,
                           const core::optimizer_config& opt, const core::train_config& train,
                           int step) {
   step_decision d;
   d.loss_scale = scaler.scale;
-  const double scaled = global_norm(blocks);
+  const double scaled = global_norm(sumsq);
   d.grad_norm = scaler.enabled ? scaled / static_cast<double>(scaler.scale) : scaled;
   d.lr = learning_rate(opt, train, step);
   d.skip = scaler.enabled && !std::isfinite(scaled);
@@ -259,10 +281,8 @@ step_decision decide_step(const std::vector<double>& blocks, loss_scaler& scaler
 optimizer_step_stats optimizer_step(kernels::backend& be, std::vector<param_slot>& slots,
                                     const core::optimizer_config& opt,
                                     const core::train_config& train, int step) {
-  std::vector<double> blocks;
-  append_sumsq_blocks(be, slots, blocks);
   optimizer_step_stats st;
-  st.grad_norm = global_norm(blocks);
+  st.grad_norm = global_norm(gradient_sumsq(be, slots));
   st.clip = clip_scale(st.grad_norm, train.grad_clip);
   st.lr = learning_rate(opt, train, step);
   adamw_update(be, slots, opt, st.lr, st.clip, step);

@@ -3,8 +3,9 @@
 // tensors) run literally the same code. The arithmetic is the oracle described in
 // docs/training.md and model/trainer.hpp, steps 3 to 7:
 //   3. tied embeddings: g_wte += g_lm_head, then g_lm_head = g_wte        (tie_gradients)
-//   4. norm = sqrt(Σ over fp64 sumsq blocks, params in global order, tied copy skipped, summed
-//      sequentially in double)                                             (append_sumsq_blocks,
+//   4. norm = sqrt(Σ over the fp64 sumsq blocks of every param, tied copy skipped, the exact sum
+//      rounded once to double: core/exact_sum.hpp)                         (add_sumsq,
+//                                                                           gradient_sumsq,
 //                                                                           global_norm)
 //   5. clip = grad_clip > 0 && norm > grad_clip ? grad_clip / (norm + 1e-6) : 1, as float
 //                                                                          (clip_scale)
@@ -18,6 +19,11 @@
 // gradient) skips the step everywhere — no AdamW call, moments, parameters and AdamW's t
 // untouched — and halves S; loss_scale_window applied steps in a row double it. AdamW's gradient
 // factor is clip / S (the unscale folded into the clip), and t counts applied updates.
+//
+// Because the sum in step 4 is exact, it does not depend on the order or the grouping of the
+// blocks: optimizer shards send their partial sums (core::exact_sum) and the coordinator merges
+// them, and without loss scaling a single process decides the clip on the device
+// (clip_and_update_on_device) with the same bits and no host round trip.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/exact_sum.hpp"
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
 #include "model/chunk.hpp"
@@ -61,14 +68,17 @@ std::vector<param_slot> slots_of(chunk& c, optimizer_state& state);
 /// gives the head copy the same gradient: g_wte += g_head; g_head = g_wte.
 void tie_gradients(kernels::backend& be, tensor& g_wte, tensor& g_head);
 
-/// Step 4, first half: appends the per-block fp64 sums of squares of each slot's gradient, slots in
-/// the given order, skipping tied copies. Blocks are kernels::norm_block elements of one tensor.
-/// One device-to-host copy for all slots (the host needs these bytes: the norm decides the step).
-void append_sumsq_blocks(kernels::backend& be, const std::vector<param_slot>& slots,
-                         std::vector<double>& blocks);
+/// Step 4, first half, on the device: acc (int64 [core::exact_sum_words] on be's device, an
+/// exact_sum_add accumulator) += the exact sum of the per-block fp64 sums of squares of each
+/// slot's gradient, tied copies skipped. Blocks are kernels::norm_block elements of one tensor.
+void add_sumsq(kernels::backend& be, const std::vector<param_slot>& slots, tensor& acc);
 
-/// Step 4, second half: sqrt of the sequential double sum of `blocks` in order.
-double global_norm(const std::vector<double>& blocks);
+/// The same sum on the host (one copy of 568 bytes, whatever the number of blocks): what an
+/// optimizer shard sends to the coordinator.
+core::exact_sum gradient_sumsq(kernels::backend& be, const std::vector<param_slot>& slots);
+
+/// Step 4, second half: sqrt of the sum, rounded once to double.
+double global_norm(const core::exact_sum& sumsq);
 
 /// Step 5: the factor gradients are multiplied by before AdamW.
 float clip_scale(double norm, double grad_clip);
@@ -84,10 +94,11 @@ double learning_rate(const core::optimizer_config& opt, const core::train_config
 /// one adamw call per slot.
 void adamw_update(kernels::backend& be, std::vector<param_slot>& slots,
                   const core::optimizer_config& opt, double lr, float grad_scale, int step);
-/// The same with AdamW's 1-based t given (dynamic loss scaling counts applied updates).
+/// The same with AdamW's 1-based t given (dynamic loss scaling counts applied updates), and
+/// optionally kernels::adamw_params::grad_factor (a device value replacing grad_scale).
 void adamw_update_t(kernels::backend& be, std::vector<param_slot>& slots,
                     const core::optimizer_config& opt, double lr, float grad_scale,
-                    std::int64_t t);
+                    std::int64_t t, const tensor& grad_factor = {});
 
 /// The state of dynamic loss scaling, carried by whoever decides steps (the single-rank trainer, the
 /// coordinator) and saved in checkpoints. Disabled, it is inert: scale 1, AdamW's t = step + 1.
@@ -131,12 +142,36 @@ struct step_decision {
   float next_loss_scale = 1;
 };
 
-/// Decides step `step` from its gradients' norm blocks (in global order, computed from gradients
-/// scaled by scaler.scale) and advances `scaler`. The single-rank trainer and the coordinator both
-/// call this, so they decide identically.
-step_decision decide_step(const std::vector<double>& blocks, loss_scaler& scaler,
+/// Decides step `step` from the exact sum of its gradients' norm blocks (computed from gradients
+/// scaled by scaler.scale) and advances `scaler`. The coordinator calls this, and so does the
+/// single-rank trainer under dynamic loss scaling, so they decide identically.
+step_decision decide_step(const core::exact_sum& sumsq, loss_scaler& scaler,
                           const core::optimizer_config& opt, const core::train_config& train,
                           int step);
+
+/// The device buffers of clip_and_update_on_device, kept across steps.
+struct device_clip {
+  tensor sumsq;  // int64 [core::exact_sum_words]: the accumulator of step 4
+  tensor out;    // f64 [2] {norm, factor}: clip_factor's output, AdamW's grad_factor is out[1]
+  tensor host;   // f64 [2] host copy of out
+};
+device_clip make_device_clip(kernels::backend& be);
+
+/// Steps 4, 5 and 7 of a step without dynamic loss scaling, queued without waiting for the device:
+/// the norm's exact sum and the clip factor are computed on the device and AdamW (learning rate
+/// `lr`, t) reads the factor there, skipping the update when the norm is not finite. The bits are
+/// those of decide_step followed by adamw_update_t; read_device_clip gives the norm and the clip.
+void clip_and_update_on_device(kernels::backend& be, std::vector<param_slot>& slots,
+                               const core::optimizer_config& opt, const core::train_config& train,
+                               double lr, std::int64_t t, device_clip& dc);
+
+/// The norm and the clip factor of the last clip_and_update_on_device (waits for the device). The
+/// factor is NaN when the norm is not finite: AdamW then left the parameters as they were.
+struct device_clip_result {
+  double grad_norm = 0;
+  double clip = 1;
+};
+device_clip_result read_device_clip(kernels::backend& be, device_clip& dc);
 
 /// What one optimizer step computed, for logs and metrics.
 struct optimizer_step_stats {

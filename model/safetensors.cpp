@@ -34,7 +34,8 @@ constexpr code_info known_codes[] = {
 bool code_to_dtype(std::string_view code, core::dtype& out) {
   static constexpr std::pair<std::string_view, core::dtype> table[] = {
       {"F32", core::dtype::f32}, {"BF16", core::dtype::bf16}, {"F16", core::dtype::f16},
-      {"F64", core::dtype::f64}, {"I32", core::dtype::i32},   {"U16", core::dtype::u16}};
+      {"F64", core::dtype::f64}, {"I32", core::dtype::i32},   {"U16", core::dtype::u16},
+      {"I64", core::dtype::i64}};
   for (auto& [c, t] : table)
     if (c == code) {
       out = t;
@@ -77,6 +78,7 @@ const char* dtype_code(core::dtype t) {
     case core::dtype::f64: return "F64";
     case core::dtype::i32: return "I32";
     case core::dtype::u16: return "U16";
+    case core::dtype::i64: return "I64";
   }
   return "?";
 }

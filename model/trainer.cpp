@@ -90,11 +90,29 @@ core::result<step_result> trainer::train_step(int step) {
     tensor g_head = s.grad;
     tie_gradients(be_, g_wte, g_head);
   }
-  std::vector<double> blocks;  // 4-6
-  append_sumsq_blocks(be_, slots, blocks);
-  const step_decision d = decide_step(blocks, scaler_, cfg_.optimizer, cfg_.train, step);
-  // 7: the slots carry each chunk's low-precision copy, so AdamW refreshes it in the same pass
-  if (!d.skip) adamw_update_t(be_, slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
+  // 4-7: the slots carry each chunk's low-precision copy, so AdamW refreshes it in the same pass
+  step_decision d;
+  if (scaler_.enabled) {
+    d = decide_step(gradient_sumsq(be_, slots), scaler_, cfg_.optimizer, cfg_.train, step);
+    if (!d.skip) adamw_update_t(be_, slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
+  } else {
+    if (!clip_.sumsq.defined()) clip_ = make_device_clip(be_);
+    d.lr = learning_rate(cfg_.optimizer, cfg_.train, step);
+    d.adam_step = scaler_.adam_step(step);
+    clip_and_update_on_device(be_, slots, cfg_.optimizer, cfg_.train, d.lr, d.adam_step, clip_);
+    const device_clip_result c = read_device_clip(be_, clip_);
+    d.grad_norm = c.grad_norm;
+    if (!std::isfinite(c.grad_norm))
+      return core::error::make("the gradient norm is " +
+                                   std::string(std::isnan(c.grad_norm) ? "NaN" : "infinite") +
+                                   " at step " + std::to_string(step) +
+                                   "; the parameters were not updated",
+                               "lower optimizer.lr or set train.grad_clip; with fp16 turn on "
+                               "precision.dynamic_loss_scale");
+    d.clip = static_cast<float>(c.clip);
+    d.grad_scale = d.clip;
+    scaler_.record(true);
+  }
 
   step_result r;
   r.loss = loss_total / static_cast<double>(tokens_per_step_);  // 8

@@ -10,11 +10,14 @@
 //     is 1 unless dynamic loss scaling is on; model/optimizer.hpp);
 //     loss_total (double) += last.loss_sum(mb); backward through the chunks in reverse order.
 //  3. tied embeddings (GPT-2): g_wte += g_lm_head; g_lm_head = g_wte           (tie_gradients)
-//  4. norm = sqrt(Σ sumsq_blocks(grad) over every parameter in global order — chunk order, then
-//     parameter order — skipping the tied lm_head copy; fp64 blocks summed sequentially)
+//  4. norm = sqrt(Σ sumsq_blocks(grad) over every parameter, skipping the tied lm_head copy; the
+//     fp64 blocks' exact sum, rounded once (core/exact_sum.hpp), so no order is involved)
 //  5. clip = grad_clip > 0 && norm > grad_clip ? float(grad_clip / (norm + 1e-6)) : 1.0f
 //     (with dynamic loss scaling: norm / loss_scale, and a non-finite norm skips steps 7 and the
-//     update of AdamW's t, and halves the scale — decide_step in model/optimizer.hpp)
+//     update of AdamW's t, and halves the scale — decide_step in model/optimizer.hpp; without it
+//     a non-finite norm stops training with the parameters not updated). Without dynamic loss
+//     scaling steps 4, 5 and 7 are queued on the device at once (clip_and_update_on_device): the
+//     host reads the norm once AdamW is queued, not before.
 //  6. lr = step < warmup ? lr·(step+1)/warmup
 //                        : min_lr + ½(lr − min_lr)(1 + cos(π·min(1, (step−warmup)/max(1, steps−warmup))))
 //     in double, passed to the kernel as float.
@@ -98,6 +101,7 @@ class trainer {
   std::vector<chunk> chunks_;
   std::vector<optimizer_state> states_;
   loss_scaler scaler_;
+  device_clip clip_;  // steps 4-7 on the device, without dynamic loss scaling
   int micro_batches_ = 0;
   std::int64_t tokens_per_step_ = 0;
 };

@@ -201,11 +201,13 @@ ncclDataType_t sum_type(core::dtype t) {
       return ncclFloat64;
     case core::dtype::i32:
       return ncclInt32;
+    case core::dtype::i64:
+      return ncclInt64;
     case core::dtype::u16:
       break;
   }
   throw core::failure(std::string("nccl collectives cannot sum ") + core::dtype_name(t) +
-                      " tensors (fp32, bf16, fp16, fp64 and int32 only)");
+                      " tensors (fp32, bf16, fp16, fp64, int32 and int64 only)");
 }
 
 // Round r of a round-robin tournament on m (even) players: everyone meets everyone once in m - 1

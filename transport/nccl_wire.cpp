@@ -12,7 +12,7 @@ static_assert(std::endian::native == std::endian::little,
 
 constexpr std::size_t off_magic = 0, off_version = 4, off_kind = 6, off_dtype = 7, off_ndim = 8,
                       off_seq = 16, off_dims = 24, off_payload = 88;
-constexpr int last_dtype = static_cast<int>(core::dtype::u16);
+constexpr int last_dtype = static_cast<int>(core::dtype::i64);
 
 template <class T>
 void put(char* base, std::size_t off, T v) {

@@ -58,7 +58,7 @@ std::string frame_header::decode(const char* bytes) {
   tg.mb = r.get<std::int32_t>();
   tg.part = r.get<std::int32_t>();
   auto d = r.get<std::uint8_t>();
-  if (d > static_cast<std::uint8_t>(core::dtype::u16)) return "unknown dtype " + std::to_string(d);
+  if (d > static_cast<std::uint8_t>(core::dtype::i64)) return "unknown dtype " + std::to_string(d);
   dt = static_cast<core::dtype>(d);
   auto ndim = r.get<std::uint8_t>();
   if (ndim > max_dims) return std::to_string(ndim) + " dimensions (at most 8)";

@@ -3,11 +3,11 @@
 // FLOP count as the PyTorch peer baseline (shared/bench/torch_gpt2.py), so the two print comparable
 // numbers. A program, not a test: it prints a table row and one JSON line.
 //
-// One step = zero grads, forward + fused cross-entropy, backward, tied-gradient sum, global-norm
-// clip (one sumsq_blocks over the flat gradient buffer; the tied copy's blocks left out), the
-// loss read (after the norm's readback, which waits for the stream anyway), and AdamW
-// as the trainer runs it (model::adamw_update_t: one adamw_runs call over the flat buffers, which
-// also writes the bf16 weights).
+// One step = zero grads, forward + fused cross-entropy, backward, tied-gradient sum, then the
+// global-norm clip and AdamW as the trainer runs them without loss scaling
+// (model::clip_and_update_on_device: the sumsq blocks of every parameter but the tied copy, their
+// exact sum and the clip factor on the device, one adamw_runs call over the flat buffers reading
+// the factor there and writing the bf16 weights), and last the loss and norm read.
 // Timing: wall clock around each step, ended by a stream synchronisation; the median of the timed
 // steps is reported, after warm-up steps that also fill the allocator's cache.
 //
@@ -15,12 +15,11 @@
 //                       [--vocab 50304] [--steps 10] [--warmup 3] [--fp32] [--profile]
 //                       [--phases] [--gemm-tune FILE] [--no-clip] [--tag NAME]
 // --no-clip does the work of the PyTorch baseline, which does not clip (torch_gpt2.py: forward,
-// backward, fused AdamW): no global norm, hence no sumsq_blocks, no readback and no host sum, and
-// the loss is read after AdamW is queued. The default step is the one troupe trains with (the clip
-// at 1.0, which needs the norm on the host before AdamW).
+// backward, fused AdamW): no global norm. The default step is the one troupe trains with (the clip
+// at 1.0).
 // --profile adds one step run through a backend wrapper that times each op (synchronising after
 // every op) and prints the per-op breakdown. --phases adds one step with CUDA events between its
-// phases (forward, backward, tie + norm read, loss read, AdamW) and prints, per phase, the host's time to
+// phases (forward, backward, tie, norm + clip + AdamW, the reads) and prints, per phase, the host's time to
 // queue it next to the GPU's time from its start event to its end event: a phase whose GPU time
 // exceeds its kernels' sum is waiting for the host. --gemm-tune FILE sets TROUPE_GEMM_TUNE_FILE:
 // each GEMM's algorithm is the fastest of cuBLASLt's top candidates, measured during the warm-up
@@ -212,6 +211,12 @@ class profiling_backend final : public kernels::backend {
   void sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) override {
     timed("sumsq_blocks", [&] { in_.sumsq_blocks_list(xs, out); });
   }
+  void exact_sum_add(const tensor& values, tensor& acc) override {
+    timed("exact_sum_add", [&] { in_.exact_sum_add(values, acc); });
+  }
+  void clip_factor(const tensor& sumsq, double grad_clip, tensor& out) override {
+    timed("clip_factor", [&] { in_.clip_factor(sumsq, grad_clip, out); });
+  }
   void adamw(tensor& p, const tensor& g, tensor& m, tensor& v, const kernels::adamw_params& ap,
              tensor& low) override {
     timed("adamw", [&] { in_.adamw(p, g, m, v, ap, low); });
@@ -303,22 +308,15 @@ int main(int argc, char** argv) {
     const model::param_info* tied = nullptr;
     for (const auto& p : c.params())
       if (p.tied) tied = &p;
-    tensor& flat_g = c.flat_grads();
-    const std::int64_t n = flat_g.numel();
-    tensor blocks = be.empty({(n + kernels::norm_block - 1) / kernels::norm_block}, core::dtype::f64);
-    tensor host_blocks = tensor::zeros(blocks.shape(), core::dtype::f64);  // reused every step
-    // Blocks of the tied copy, left out of the norm: [tied_first, tied_last).
-    std::int64_t tied_first = 0, tied_last = 0;
-    if (tied) {
-      tied_first = (tied->offset + kernels::norm_block - 1) / kernels::norm_block;
-      tied_last = (tied->offset + tied->numel + kernels::norm_block - 1) / kernels::norm_block;
-    }
+    model::device_clip clip_buffers = model::make_device_clip(be);
+    core::train_config train_cfg;
+    train_cfg.grad_clip = 1.0;
 
     double last_loss = 0, last_norm = 0;
     // Phase marks of the --phases step: a CUDA event and the host clock at each boundary.
     constexpr int n_marks = 6;
-    const char* const phase_names[n_marks - 1] = {"zero + forward", "backward", "tie + norm read",
-                                                   "loss read", "adamw"};
+    const char* const phase_names[n_marks - 1] = {"zero + forward", "backward", "tie",
+                                                   "norm, clip, adamw", "norm + loss read"};
     cudaEvent_t marks[n_marks] = {};
     std::chrono::steady_clock::time_point host_marks[n_marks];
     bool marking = false;
@@ -342,31 +340,18 @@ int main(int argc, char** argv) {
             model::tie_gradients(be, g_wte, g_head);
           }
       }
-      if (o.no_clip) {
-        // The baseline's step: AdamW straight after the backward, the loss read once it is queued.
-        mark(3);
-        mark(4);
-        model::adamw_update_t(be, slots, opt, opt.lr, 1.0f, index + 1);
-        mark(5);
-        last_loss = c.loss_sum(0) / static_cast<double>(rows);
-        last_norm = std::nan("");
-        be.synchronize();
-        return;
-      }
-      be.sumsq_blocks(flat_g, blocks);
-      be.copy(blocks, host_blocks);
-      double total = 0;
-      const double* hb = host_blocks.data<double>();
-      for (std::int64_t b = 0; b < host_blocks.numel(); ++b)
-        if (b < tied_first || b >= tied_last) total += hb[b];
-      last_norm = std::sqrt(total);
       mark(3);
-      // Read after the norm, whose readback has already waited for the stream: a read right after
-      // the backward is queued would idle the GPU once more per step.
-      last_loss = c.loss_sum(0) / static_cast<double>(rows);
+      if (o.no_clip) {
+        // The baseline's step: AdamW straight after the backward.
+        model::adamw_update_t(be, slots, opt, opt.lr, 1.0f, index + 1);
+      } else {
+        // The trainer's step without loss scaling (model/trainer.cpp).
+        model::clip_and_update_on_device(be, slots, opt, train_cfg, opt.lr, index + 1,
+                                         clip_buffers);
+      }
       mark(4);
-      const float clip = model::clip_scale(last_norm, 1.0);
-      model::adamw_update_t(be, slots, opt, opt.lr, clip, index + 1);
+      last_norm = o.no_clip ? std::nan("") : model::read_device_clip(be, clip_buffers).grad_norm;
+      last_loss = c.loss_sum(0) / static_cast<double>(rows);
       mark(5);
       be.synchronize();
     };

@@ -5,6 +5,7 @@
 //   p = p - lr * ((m / bc1) / (sqrt(v / bc2) + eps) + weight_decay * p)
 // with bc1 = (float)(1 - beta1^step), bc2 = (float)(1 - beta2^step) computed in double, and
 // (1 - beta) rounded to float once. When `low` is given it receives the new p rounded to its type.
+// A defined grad_factor replaces grad_scale, and skips the update when it is not finite.
 #include <cmath>
 #include <string>
 
@@ -53,6 +54,15 @@ void cpu_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
     c.numel(low, "low", n, "as many elements as param");
   }
   c.require(p.step >= 1, "step must be >= 1 (1-based), got " + std::to_string(p.step));
+  float grad_scale = p.grad_scale;
+  if (p.grad_factor.defined()) {
+    c.require(p.grad_factor.dev().is_cpu() && p.grad_factor.type() == core::dtype::f64 &&
+                  p.grad_factor.numel() == 1,
+              "grad_factor must be an f64 [1] host tensor");
+    const double f = *p.grad_factor.data<double>();
+    if (!std::isfinite(f)) return;  // the clip decision skipped the step
+    grad_scale = static_cast<float>(f);
+  }
   adamw_coeffs k{};
   k.b1 = p.beta1;
   k.b2 = p.beta2;
@@ -63,7 +73,7 @@ void cpu_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
   k.lr = p.lr;
   k.eps = p.eps;
   k.wd = p.weight_decay;
-  k.grad_scale = p.grad_scale;
+  k.grad_scale = grad_scale;
   float* pp = param.data<float>();
   const float* gp = grad.data<float>();
   float* mp = m.data<float>();

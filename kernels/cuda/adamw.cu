@@ -7,6 +7,8 @@
 // five (or six) buffers is the whole optimizer step: no separate cast kernel for the low copy.
 // adamw_runs does a chunk's whole flat buffer in one launch (a model has a hundred or more
 // parameter tensors; one launch each cost more in launch gaps and tails than in bandwidth).
+// adamw_params::grad_factor (the clip decided on the device by clip_factor) is read by every thread
+// in place of grad_scale, so the host need not wait for the norm before queuing the update.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -21,7 +23,18 @@ namespace troupe::kernels::cuda {
 
 struct adamw_consts {
   float lr, beta1, beta2, one_minus_b1, one_minus_b2, bc1, bc2, eps, wd, grad_scale;
+  const double* factor;  // adamw_params::grad_factor, or null
 };
+
+/// Applies adamw_params::grad_factor: false when the step is to be skipped (the factor is not
+/// finite). The same for every thread, so a block returns as a whole.
+__device__ __forceinline__ bool take_factor(adamw_consts& k) {
+  if (k.factor == nullptr) return true;
+  const double f = *k.factor;
+  if (!isfinite(f)) return false;
+  k.grad_scale = static_cast<float>(f);
+  return true;
+}
 
 /// The update of one element, in IEEE round-to-nearest operations that the compiler may not fuse
 /// into FMAs: left to itself, nvcc contracts differently in differently shaped loops (measured on
@@ -45,6 +58,7 @@ __device__ __forceinline__ void adamw_element(float& p, float grad, float& m, fl
 template <class L, int V>
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, L* low,
                              adamw_consts k, std::int64_t n) {
+  if (!take_factor(k)) return;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * V;
   for (std::int64_t i = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
        i < n; i += stride) {
@@ -86,6 +100,7 @@ __global__ void __launch_bounds__(256)
     adamw_runs_kernel(float* param, const float* grad, float* m, float* v, L* low, adamw_consts k,
                       const __grid_constant__ adamw_run_table runs, std::int64_t lo,
                       std::int64_t hi) {
+  if (!take_factor(k)) return;
   __shared__ std::int64_t begin_s[runs_per_launch], end_s[runs_per_launch];
   __shared__ float wd_s[runs_per_launch];
   const int count = runs.count;
@@ -154,6 +169,7 @@ adamw_consts consts_of(const adamw_params& p) {
   k.eps = p.eps;
   k.wd = p.weight_decay;
   k.grad_scale = p.grad_scale;
+  k.factor = p.grad_factor.defined() ? p.grad_factor.data<double>() : nullptr;
   return k;
 }
 
@@ -175,6 +191,10 @@ void check_buffers(const char* op, const tensor& param, const tensor& grad, cons
     require_numel(low, n, op, "low");
   }
   require(p.step >= 1, op, "step must be >= 1 (1-based), got " + std::to_string(p.step));
+  if (p.grad_factor.defined()) {
+    require_type(p.grad_factor, dtype::f64, op, "grad_factor");
+    require_numel(p.grad_factor, 1, op, "grad_factor");
+  }
 }
 
 }  // namespace

@@ -51,6 +51,26 @@ __device__ __forceinline__ void store_streaming(T* p, const pack<T, V>& v) {
     *reinterpret_cast<pack<T, V>*>(p) = v;
 }
 
+/// An ignored row (negative target): zero loss, and a zero gradient when one is asked for.
+template <class T>
+__device__ __forceinline__ void ignored_row(T* x, float* losses, std::int64_t row,
+                                            float grad_scale, int vocab) {
+  if (threadIdx.x == 0) losses[row] = 0.0f;
+  if (grad_scale != 0.0f)
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) x[i] = from_f<T>(0.0f);
+}
+
+/// The largest of every thread's m, in every thread (red_f: 32 floats of shared memory, not in use
+/// by the block at the call).
+__device__ __forceinline__ float block_max(float m, float* red_f) {
+  float bm = warp_max(m);
+  if (threadIdx.x % 32 == 0) red_f[threadIdx.x / 32] = bm;
+  __syncthreads();
+  bm = red_f[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) bm = fmaxf(bm, red_f[w]);
+  return bm;
+}
+
 template <class T, int V>
 __global__ void __launch_bounds__(ce_threads, 2)
     cross_entropy_kernel(T* logits, const int* targets, float* losses, float grad_scale,
@@ -61,9 +81,7 @@ __global__ void __launch_bounds__(ce_threads, 2)
   T* x = logits + row * vocab;
   const int t = targets[row];
   if (t < 0) {
-    if (threadIdx.x == 0) losses[row] = 0.0f;
-    if (grad_scale != 0.0f)
-      for (int i = threadIdx.x; i < vocab; i += blockDim.x) x[i] = from_f<T>(0.0f);
+    ignored_row(x, losses, row, grad_scale, vocab);
     return;
   }
   const int step = blockDim.x * V;
@@ -93,12 +111,7 @@ __global__ void __launch_bounds__(ce_threads, 2)
       }
     }
   }
-  float bm = warp_max(m);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) red_f[threadIdx.x / 32] = bm;
-  __syncthreads();
-  bm = red_f[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) bm = fmaxf(bm, red_f[w]);
+  const float bm = block_max(m, red_f);
   // Each thread's sum moved to the row max (a thread that saw only −∞ adds nothing).
   const float mine = m == -INFINITY ? 0.0f : part * exp2f((m - bm) * log2e);
   const double s = block_sum(static_cast<double>(mine), red_d);
@@ -147,9 +160,7 @@ __global__ void __launch_bounds__(ce_threads, 2)
   T* x = logits + row * vocab;
   const int t = targets[row];
   if (t < 0) {
-    if (threadIdx.x == 0) losses[row] = 0.0f;
-    if (grad_scale != 0.0f)
-      for (int i = threadIdx.x; i < vocab; i += blockDim.x) x[i] = from_f<T>(0.0f);
+    ignored_row(x, losses, row, grad_scale, vocab);
     return;
   }
   const int packs = vocab / V;
@@ -170,11 +181,7 @@ __global__ void __launch_bounds__(ce_threads, 2)
 #pragma unroll
     for (int k = 0; k < V; ++k) m = fmaxf(m, to_f(p.v[k]));
   }
-  float bm = warp_max(m);
-  if (threadIdx.x % 32 == 0) red_f[threadIdx.x / 32] = bm;
-  __syncthreads();
-  bm = red_f[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) bm = fmaxf(bm, red_f[w]);
+  const float bm = block_max(m, red_f);
   const float bm2 = bm * log2e;
   float part = 0.0f;
   for (int i = threadIdx.x; i < packs; i += blockDim.x) {

@@ -308,6 +308,16 @@ void cuda_backend::sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out)
   launch_sumsq_blocks_list(xs, out, ctx_->stream);
 }
 
+void cuda_backend::exact_sum_add(const tensor& values, tensor& acc) {
+  activate();
+  launch_exact_sum_add(values, acc, ctx_->stream);
+}
+
+void cuda_backend::clip_factor(const tensor& sumsq, double grad_clip, tensor& out) {
+  activate();
+  launch_clip_factor(sumsq, grad_clip, out, ctx_->stream);
+}
+
 void cuda_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
                          const adamw_params& p, tensor& low) {
   activate();

@@ -91,6 +91,8 @@ class cuda_backend final : public backend {
 
   void sumsq_blocks(const tensor& x, tensor& out) override;
   void sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) override;
+  void exact_sum_add(const tensor& values, tensor& acc) override;
+  void clip_factor(const tensor& sumsq, double grad_clip, tensor& out) override;
   void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const adamw_params& p,
              tensor& low) override;
   void adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,

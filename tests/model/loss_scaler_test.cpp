@@ -97,14 +97,20 @@ TEST_CASE("decide_step unscales the norm, folds 1/scale into AdamW's factor and 
   train.grad_clip = 1.0;
   auto s = model::loss_scaler::from(scaling(8, 100));
   // Σ blocks = 64·9 → scaled norm 24, true norm 3: clip 1/(3 + 1e-6), AdamW factor clip/8.
-  auto d = model::decide_step({64.0 * 4, 64.0 * 5}, s, opt, train, 0);
+  auto sum_of = [](std::initializer_list<double> xs) {
+    core::exact_sum e;
+    for (double x : xs) e.add(x);
+    return e;
+  };
+  auto d = model::decide_step(sum_of({64.0 * 4, 64.0 * 5}), s, opt, train, 0);
   CHECK_FALSE(d.skip);
   CHECK(d.grad_norm == doctest::Approx(3.0));
   CHECK(d.clip == model::clip_scale(3.0, 1.0));
   CHECK(d.grad_scale == d.clip / 8.0f);
   CHECK(d.loss_scale == 8.0f);
   CHECK(d.adam_step == 1);
-  auto o = model::decide_step({1.0, std::numeric_limits<double>::infinity()}, s, opt, train, 1);
+  auto o = model::decide_step(sum_of({1.0, std::numeric_limits<double>::infinity()}), s, opt,
+                              train, 1);
   CHECK(o.skip);
   CHECK(o.loss_scale == 8.0f);
   CHECK(o.next_loss_scale == 4.0f);

@@ -4,12 +4,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
 
 using troupe::core::tensor;
 using namespace troupe::model;
+namespace core = troupe::core;
+namespace kernels = troupe::kernels;
 
 std::unique_ptr<troupe::kernels::backend> cpu() { return troupe::kernels::make_backend("cpu"); }
 
@@ -89,14 +92,24 @@ TEST_CASE("clip scale is grad_clip / (norm + 1e-6) above the threshold and 1 oth
   CHECK(clip_scale(1e6, 0.0) == 1.0f);  // 0 disables clipping
 }
 
-TEST_CASE("global norm sums fp64 blocks of every gradient in order, skipping the tied copy") {
+TEST_CASE("global norm is the exact sum of the fp64 blocks of every gradient, skipping the tied "
+          "copy") {
   auto be = cpu();
   std::vector<param_slot> slots = {make_slot("a", {3, 1000}, true, false, 0.1f, 0.5f),
                                    make_slot("b", {5}, false, false, 0.0f, -2.0f),
                                    make_slot("lm_head", {3, 1000}, true, true, 0.1f, 9.0f)};
-  std::vector<double> blocks;
-  append_sumsq_blocks(*be, slots, blocks);
-  REQUIRE(blocks.size() == 3 + 1);  // ceil(3000 / 1024) blocks of a, one of b, none of the copy
+  const core::exact_sum got = gradient_sumsq(*be, slots);
+
+  // The blocks one by one: ceil(3000 / 1024) of a, one of b, none of the tied copy.
+  core::exact_sum blocks;
+  for (int s = 0; s < 2; ++s) {
+    tensor out = tensor::zeros({(slots[s].grad.numel() + kernels::norm_block - 1) /
+                                kernels::norm_block},
+                               core::dtype::f64);
+    be->sumsq_blocks(slots[s].grad, out);
+    for (std::int64_t i = 0; i < out.numel(); ++i) blocks.add(out.data<double>()[i]);
+  }
+  CHECK(std::memcmp(got.words, blocks.words, sizeof got.words) == 0);
 
   double want = 0;
   for (int s = 0; s < 2; ++s)
@@ -104,13 +117,65 @@ TEST_CASE("global norm sums fp64 blocks of every gradient in order, skipping the
       double g = slots[s].grad.data<float>()[i];
       want += g * g;
     }
-  CHECK(global_norm(blocks) == doctest::Approx(std::sqrt(want)).epsilon(1e-12));
-  double first_block = 0;
-  for (int i = 0; i < 1024; ++i) {
-    double g = slots[0].grad.data<float>()[i];
-    first_block += g * g;
+  CHECK(global_norm(got) == doctest::Approx(std::sqrt(want)).epsilon(1e-12));
+
+  // The tied copy's gradient is left out: changing it changes nothing.
+  slots[2].grad.data<float>()[7] = 1e6f;
+  const core::exact_sum again = gradient_sumsq(*be, slots);
+  CHECK(std::memcmp(got.words, again.words, sizeof got.words) == 0);
+}
+
+TEST_CASE("the clip decided on the device gives the bits of the host's decision and AdamW") {
+  auto be = cpu();
+  core::optimizer_config o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  core::train_config t;
+  t.steps = 20;
+  t.warmup_steps = 4;
+  auto make = [] {
+    return std::vector<param_slot>{make_slot("w", {3, 500}, true, false, 0.2f, 0.3f),
+                                   make_slot("b", {500}, false, false, 0.0f, -0.2f)};
+  };
+  for (double clip : {0.0, 1.0, 1e6}) {
+    CAPTURE(clip);
+    t.grad_clip = clip;
+    auto a = make();
+    auto b = make();
+    device_clip dc = make_device_clip(*be);
+    const double lr = learning_rate(o, t, 6);
+    clip_and_update_on_device(*be, a, o, t, lr, 7, dc);
+    const device_clip_result r = read_device_clip(*be, dc);
+
+    const double norm = global_norm(gradient_sumsq(*be, b));
+    CHECK(r.grad_norm == norm);
+    CHECK(static_cast<float>(r.clip) == clip_scale(norm, clip));
+    if (clip == 1.0) CHECK(r.clip < 1.0);  // the case exercises clipping
+    adamw_update_t(*be, b, o, lr, clip_scale(norm, clip), 7);
+    for (int s = 0; s < 2; ++s) {
+      CHECK(std::memcmp(a[s].param.raw(), b[s].param.raw(), a[s].param.bytes()) == 0);
+      CHECK(std::memcmp(a[s].exp_avg_sq.raw(), b[s].exp_avg_sq.raw(), a[s].param.bytes()) == 0);
+    }
   }
-  CHECK(blocks[0] == doctest::Approx(first_block).epsilon(1e-14));
+}
+
+TEST_CASE("the clip decided on the device skips AdamW when the norm is not finite") {
+  auto be = cpu();
+  core::optimizer_config o;
+  core::train_config t;
+  t.grad_clip = 1.0;
+  for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    std::vector<param_slot> a = {make_slot("w", {3, 500}, true, false, 0.2f, 0.3f)};
+    a[0].grad.data<float>()[321] = bad;
+    const tensor before = a[0].param.clone();
+    device_clip dc = make_device_clip(*be);
+    clip_and_update_on_device(*be, a, o, t, 1e-3, 1, dc);
+    const device_clip_result r = read_device_clip(*be, dc);
+    CHECK_FALSE(std::isfinite(r.grad_norm));
+    CHECK(std::isnan(r.clip));
+    CHECK(std::memcmp(before.raw(), a[0].param.raw(), before.bytes()) == 0);
+    CHECK(a[0].exp_avg.data<float>()[0] == 0.0f);
+  }
 }
 
 TEST_CASE("tie_gradients adds the head gradient to the embedding's and copies the sum back") {
@@ -193,9 +258,7 @@ TEST_CASE("optimizer_step equals norm, clip, schedule and AdamW applied one by o
   auto b = make();
   optimizer_step_stats st = optimizer_step(*be, a, o, t, 6);
 
-  std::vector<double> blocks;
-  append_sumsq_blocks(*be, b, blocks);
-  const double norm = global_norm(blocks);
+  const double norm = global_norm(gradient_sumsq(*be, b));
   REQUIRE(norm > t.grad_clip);  // the case exercises clipping
   CHECK(st.grad_norm == norm);
   CHECK(st.clip == clip_scale(norm, t.grad_clip));
