@@ -129,6 +129,7 @@ struct runtime_config {
   bool record = true;           // message logs in <run_dir>/messages/ (docs/replay.md)
   bool record_tensors = false;  // also the bytes of every tensor a worker receives from another
   int watchdog_s = 60;          // no progress this long: report who waits on whom and stop
+  bool cuda_graph = true;       // single-rank CUDA training replays its step as a CUDA graph
 
   bool operator==(const runtime_config&) const = default;
 };

@@ -210,6 +210,7 @@ std::vector<key_spec> make_specs() {
   s.push_back(choice_key("runtime", "device", &C::runtime, &runtime_config::device,
                          {"cpu", "cuda"}));
   s.push_back(bool_key("runtime", "deterministic", &C::runtime, &runtime_config::deterministic));
+  s.push_back(bool_key("runtime", "cuda_graph", &C::runtime, &runtime_config::cuda_graph));
   s.push_back(string_key("runtime", "run_dir", &C::runtime, &runtime_config::run_dir));
   s.push_back(int_key("runtime", "threads", &C::runtime, &runtime_config::threads, 0, 4096,
                       "0 uses every core"));

@@ -32,11 +32,9 @@
 
 namespace troupe::core {
 
-inline constexpr int exact_sum_digits =
-    68; // 2^-1088 .. 2^1088: 2^1024 · 2^31 values fit
-inline constexpr int exact_sum_base = -1088; // weight of digit 0 is 2^base
-inline constexpr int exact_sum_nan =
-    exact_sum_digits; // counter words after the digits
+inline constexpr int exact_sum_digits = 68;   // 2^-1088 .. 2^1088: 2^1024 · 2^31 values fit
+inline constexpr int exact_sum_base = -1088;  // weight of digit 0 is 2^base
+inline constexpr int exact_sum_nan = exact_sum_digits;  // counter words after the digits
 inline constexpr int exact_sum_pinf = exact_sum_digits + 1;
 inline constexpr int exact_sum_ninf = exact_sum_digits + 2;
 /// Words of an accumulator: the digits and the three counters.
@@ -87,21 +85,19 @@ TROUPE_HD inline exact_sum_split exact_sum_split_of(double x) {
   const std::uint64_t frac = u & ((std::uint64_t{1} << 52) - 1);
   const bool neg = (u >> 63) != 0;
   if (field == 0x7ff) {
-    s.counter =
-        frac != 0 ? exact_sum_nan : (neg ? exact_sum_ninf : exact_sum_pinf);
+    s.counter = frac != 0 ? exact_sum_nan : (neg ? exact_sum_ninf : exact_sum_pinf);
     return s;
   }
-  if (field == 0 && frac == 0)
-    return s;
+  if (field == 0 && frac == 0) return s;
   // x = m · 2^k: subnormals have no implicit bit and the exponent of the
   // smallest normal.
   const std::uint64_t m = field == 0 ? frac : (frac | (std::uint64_t{1} << 52));
   const int k = (field == 0 ? 1 : field) - 1075;
-  const int p = k - exact_sum_base; // >= 14
+  const int p = k - exact_sum_base;  // >= 14
   const int sh = p % 32;
   s.digit = p / 32;
-  const std::uint64_t lo = m << sh; // bits 0..63 of m·2^sh
-  const std::uint64_t hi = sh == 0 ? 0 : m >> (64 - sh); // bits 64..84
+  const std::uint64_t lo = m << sh;                       // bits 0..63 of m·2^sh
+  const std::uint64_t hi = sh == 0 ? 0 : m >> (64 - sh);  // bits 64..84
   const std::int64_t sign = neg ? -1 : 1;
   s.piece[0] = sign * static_cast<std::int64_t>(lo & 0xffffffffu);
   s.piece[1] = sign * static_cast<std::int64_t>(lo >> 32);
@@ -110,23 +106,21 @@ TROUPE_HD inline exact_sum_split exact_sum_split_of(double x) {
 }
 
 /// words[] += x, exactly (words: exact_sum_words).
-TROUPE_HD inline void exact_sum_add(std::int64_t *words, double x) {
+TROUPE_HD inline void exact_sum_add(std::int64_t* words, double x) {
   const exact_sum_split s = exact_sum_split_of(x);
   if (s.counter >= 0) {
     ++words[s.counter];
     return;
   }
-  if (s.digit < 0)
-    return;
-  for (int j = 0; j < 3; ++j)
-    words[s.digit + j] += s.piece[j];
+  if (s.digit < 0) return;
+  for (int j = 0; j < 3; ++j) words[s.digit + j] += s.piece[j];
 }
 
 /// Propagates carries: digits 0 .. D-2 end in [0, 2^32), the top digit keeps
 /// the sign.
-TROUPE_HD inline void exact_sum_normalise(std::int64_t *d) {
+TROUPE_HD inline void exact_sum_normalise(std::int64_t* d) {
   for (int i = 0; i + 1 < exact_sum_digits; ++i) {
-    const std::int64_t carry = d[i] >> 32; // floor division: arithmetic shift
+    const std::int64_t carry = d[i] >> 32;  // floor division: arithmetic shift
     d[i] -= carry * (std::int64_t{1} << 32);
     d[i + 1] += carry;
   }
@@ -135,34 +129,26 @@ TROUPE_HD inline void exact_sum_normalise(std::int64_t *d) {
 /// The accumulated sum rounded to the nearest double (ties to even); NaN when a
 /// NaN was added or both infinities were, ±inf when one infinity was or the sum
 /// is beyond the double range.
-TROUPE_HD inline double exact_sum_value(const std::int64_t *words) {
+TROUPE_HD inline double exact_sum_value(const std::int64_t* words) {
   const std::uint64_t inf_bits = std::uint64_t{0x7ff} << 52;
-  if (words[exact_sum_nan] > 0 ||
-      (words[exact_sum_pinf] > 0 && words[exact_sum_ninf] > 0))
+  if (words[exact_sum_nan] > 0 || (words[exact_sum_pinf] > 0 && words[exact_sum_ninf] > 0))
     return bits_double(inf_bits | (std::uint64_t{1} << 51));
-  if (words[exact_sum_pinf] > 0)
-    return bits_double(inf_bits);
-  if (words[exact_sum_ninf] > 0)
-    return bits_double(inf_bits | (std::uint64_t{1} << 63));
+  if (words[exact_sum_pinf] > 0) return bits_double(inf_bits);
+  if (words[exact_sum_ninf] > 0) return bits_double(inf_bits | (std::uint64_t{1} << 63));
   std::int64_t d[exact_sum_digits];
-  for (int i = 0; i < exact_sum_digits; ++i)
-    d[i] = words[i];
+  for (int i = 0; i < exact_sum_digits; ++i) d[i] = words[i];
   exact_sum_normalise(d);
   const bool neg = d[exact_sum_digits - 1] < 0;
   if (neg) {
-    for (int i = 0; i < exact_sum_digits; ++i)
-      d[i] = -d[i];
+    for (int i = 0; i < exact_sum_digits; ++i) d[i] = -d[i];
     exact_sum_normalise(d);
   }
   const std::uint64_t sign = neg ? std::uint64_t{1} << 63 : 0;
   int h = exact_sum_digits - 1;
-  while (h >= 0 && d[h] == 0)
-    --h;
-  if (h < 0)
-    return 0.0;
+  while (h >= 0 && d[h] == 0) --h;
+  if (h < 0) return 0.0;
   // Digit 66 weighs 2^(66·32 - 1088) = 2^1024: beyond the largest double.
-  if (h >= (1024 - exact_sum_base) / 32)
-    return bits_double(sign | inf_bits);
+  if (h >= (1024 - exact_sum_base) / 32) return bits_double(sign | inf_bits);
   // The top three digits as a 96-bit window hi:lo (hi is digit h, nonzero, so
   // the window holds 65..96 significant bits), the digits below it only as a
   // sticky bit.
@@ -170,10 +156,9 @@ TROUPE_HD inline double exact_sum_value(const std::int64_t *words) {
   const std::uint64_t mid = h >= 1 ? static_cast<std::uint64_t>(d[h - 1]) : 0;
   const std::uint64_t low = h >= 2 ? static_cast<std::uint64_t>(d[h - 2]) : 0;
   bool sticky = false;
-  for (int i = 0; i < h - 2; ++i)
-    sticky = sticky || d[i] != 0;
+  for (int i = 0; i < h - 2; ++i) sticky = sticky || d[i] != 0;
   const std::uint64_t lo = (mid << 32) | low;
-  int shift = 64 + bit_length(hi) - 53; // 12 .. 43: drops all but 53 bits
+  int shift = 64 + bit_length(hi) - 53;  // 12 .. 43: drops all but 53 bits
   std::uint64_t m = (hi << (64 - shift)) | (lo >> shift);
   const std::uint64_t rem = lo & ((std::uint64_t{1} << shift) - 1);
   const std::uint64_t half = std::uint64_t{1} << (shift - 1);
@@ -187,8 +172,7 @@ TROUPE_HD inline double exact_sum_value(const std::int64_t *words) {
   // value = m · 2^e with 2^52 <= m < 2^53
   const int e = shift + 32 * (h - 2) + exact_sum_base;
   const int biased = e + 52 + 1023;
-  if (biased >= 0x7ff)
-    return bits_double(sign | inf_bits);
+  if (biased >= 0x7ff) return bits_double(sign | inf_bits);
   if (biased >= 1)
     return bits_double(sign | (static_cast<std::uint64_t>(biased) << 52) |
                        (m & ((std::uint64_t{1} << 52) - 1)));
@@ -205,12 +189,11 @@ struct exact_sum {
   void add(double x) { exact_sum_add(words, x); }
   /// Adds another accumulator's words (as exact as adding its values one by
   /// one).
-  void merge(const std::int64_t *other) {
-    for (int i = 0; i < exact_sum_words; ++i)
-      words[i] += other[i];
+  void merge(const std::int64_t* other) {
+    for (int i = 0; i < exact_sum_words; ++i) words[i] += other[i];
   }
-  void merge(const exact_sum &other) { merge(other.words); }
+  void merge(const exact_sum& other) { merge(other.words); }
   double value() const { return exact_sum_value(words); }
 };
 
-} // namespace troupe::core
+}  // namespace troupe::core

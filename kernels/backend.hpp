@@ -14,6 +14,7 @@
 //    weights with fp32 accumulation. Optimizer state and master weights are always fp32.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -46,7 +47,17 @@ struct adamw_params {
   /// that replaces grad_scale; when that value is not finite nothing is updated (the step is
   /// skipped without the host reading the norm first).
   tensor grad_factor{};
+  /// When defined: f32 [3] {lr, bc1, bc2} on the backend's device replacing lr and the bias
+  /// corrections of `step` (adamw_bias_correction(beta1, step), (beta2, step)): a replayed graph's
+  /// AdamW follows the schedule.
+  tensor schedule{};
 };
+
+/// AdamW's bias correction 1 − β^step, computed in double and rounded to float, as every backend
+/// uses it.
+inline float adamw_bias_correction(float beta, std::int64_t step) {
+  return static_cast<float>(1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step)));
+}
 
 /// One range [begin, end) of elements of flat optimizer buffers for `adamw_runs`, and whether
 /// weight decay applies to it.
@@ -195,9 +206,10 @@ class backend {
   virtual void exact_sum_add(const tensor& values, tensor& acc) = 0;
   /// The clip decided on the device: out f64 [2] = {norm, factor} with norm = sqrt(the rounded
   /// sum in `sumsq`, an exact_sum_add accumulator) and factor = clip_scale(norm, grad_clip)
-  /// (kernels/clip.hpp), or NaN when the norm is not finite, which makes an adamw given
-  /// out.slice(1) as grad_factor skip.
-  virtual void clip_factor(const tensor& sumsq, double grad_clip, tensor& out) = 0;
+  /// (kernels/clip.hpp), or NaN when the norm is not finite or `guard` (another accumulator, or
+  /// undefined) is not, which makes an adamw given out.slice(1) as grad_factor skip.
+  virtual void clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip,
+                           tensor& out) = 0;
   /// AdamW with decoupled weight decay on fp32 master params, grads, moments m and v (all same
   /// shape). When `low` is defined (bf16/f16, same shape), it receives the updated params.
   virtual void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
@@ -223,6 +235,27 @@ class backend {
   }
   /// True when any element of x (fp32/bf16/f16) is NaN or infinite.
   virtual bool has_nonfinite(const tensor& x) = 0;
+
+  // --- graphs: a captured step replayed without the host launching each op --------------------
+  // One recording per backend. While recording, ops are queued into it and do not run, and no op
+  // may wait for the device (copies to or from the host, has_nonfinite, synchronize). Replays run
+  // the recorded ops on the same buffers with the same arguments: what changes between replays
+  // must be in device memory (adamw_params::grad_factor and ::schedule, the inputs' buffers).
+  /// Starts recording, dropping any earlier recording; returns its id, or 0 (and records nothing)
+  /// when the backend has no graphs (the CPU).
+  virtual std::uint64_t graph_begin() { return 0; }
+  /// Ends the recording (its work has not run). Throws core::failure when it could not be
+  /// recorded; the backend is then as if graph_begin had not been called.
+  virtual void graph_end() {}
+  /// Queues recording `id`'s work once more. Throws when `id` is not the backend's recording (a
+  /// later graph_begin or a graph_reset dropped it).
+  virtual void graph_replay(std::uint64_t id) {
+    throw core::failure(name() + " backend: no graph " + std::to_string(id) + " to replay");
+  }
+  /// Drops the recording and the memory only it used.
+  virtual void graph_reset() {}
+  /// Id of the recording a graph_replay would run, 0 when none.
+  virtual std::uint64_t graph_current() const { return 0; }
 
   // --- hand-off between backends (several stages on one device) -----------------------------
   // A backend queues work on its own stream; a tensor another backend made may still be being

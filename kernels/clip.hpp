@@ -11,9 +11,8 @@ namespace troupe::kernels {
 /// grad_clip / (norm + 1e-6) as float when clipping is on and the norm exceeds
 /// it, else 1.
 TROUPE_HD inline float clip_scale_of(double norm, double grad_clip) {
-  if (grad_clip > 0 && norm > grad_clip)
-    return static_cast<float>(grad_clip / (norm + 1e-6));
+  if (grad_clip > 0 && norm > grad_clip) return static_cast<float>(grad_clip / (norm + 1e-6));
   return 1.0f;
 }
 
-} // namespace troupe::kernels
+}  // namespace troupe::kernels

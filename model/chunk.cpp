@@ -434,12 +434,18 @@ tensor chunk::forward(int mb, const tensor& input, const tensor& targets, float 
   return impl_->forward(mb, input, targets, grad_scale);
 }
 
-double chunk::loss_sum(int mb) const {
+double chunk::loss_sum(int mb) const { return sum_loss_rows(impl_->be_, loss_rows(mb)); }
+
+tensor chunk::loss_rows(int mb) const {
   TROUPE_CHECK(impl_->spec_.has_head, "loss_sum on a chunk without the head");
   auto it = impl_->losses_.find(mb);
   TROUPE_CHECK(it != impl_->losses_.end(),
                "no loss for micro-batch " + std::to_string(mb) + ": forward it first");
-  const tensor host = impl_->be_.to_host(it->second);
+  return it->second;
+}
+
+double sum_loss_rows(kernels::backend& be, const tensor& rows) {
+  const tensor host = be.to_host(rows);
   double sum = 0;
   for (std::int64_t i = 0; i < host.numel(); ++i) sum += host.data<float>()[i];
   return sum;

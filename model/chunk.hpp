@@ -94,6 +94,8 @@ class chunk {
   /// Sum of mb's per-token losses in row order (last chunk only; valid after forward). Waits for
   /// the device: ask once the host has queued what it can.
   double loss_sum(int mb) const;
+  /// The per-row losses (fp32 [rows], on the device) loss_sum adds up.
+  tensor loss_rows(int mb) const;
   /// Full backward of mb: accumulates parameter gradients, returns d input [B*T, C] (empty on the
   /// first chunk), releases mb's saved activations. grad_out is ignored on the last chunk.
   tensor backward(int mb, const tensor& grad_out);
@@ -115,5 +117,9 @@ class chunk {
  private:
   std::unique_ptr<chunk_impl> impl_;
 };
+
+/// Σ of per-row losses (fp32, any device) in row order, in double: what chunk::loss_sum returns.
+/// Waits for the device.
+double sum_loss_rows(kernels::backend& be, const tensor& rows);
 
 }  // namespace troupe::model

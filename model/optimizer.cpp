@@ -74,18 +74,40 @@ float clip_scale(double norm, double grad_clip) { return kernels::clip_scale_of(
 device_clip make_device_clip(kernels::backend& be) {
   device_clip dc;
   dc.sumsq = be.empty({core::exact_sum_words}, core::dtype::i64);
+  dc.guard = be.empty({core::exact_sum_words}, core::dtype::i64);
   dc.out = be.empty({2}, core::dtype::f64);
+  dc.schedule = be.empty({3}, core::dtype::f32);
   dc.host = tensor::zeros({2}, core::dtype::f64);
+  dc.schedule_host = tensor::zeros({3}, core::dtype::f32);
   return dc;
+}
+
+void set_adamw_schedule(kernels::backend& be, const core::optimizer_config& opt, double lr,
+                        std::int64_t t, device_clip& dc) {
+  float* h = dc.schedule_host.data<float>();
+  h[0] = static_cast<float>(lr);
+  h[1] = kernels::adamw_bias_correction(static_cast<float>(opt.beta1), t);
+  h[2] = kernels::adamw_bias_correction(static_cast<float>(opt.beta2), t);
+  be.copy(dc.schedule_host, dc.schedule);
+}
+
+void begin_device_step(kernels::backend& be, device_clip& dc) { be.zero(dc.guard); }
+
+void guard_losses(kernels::backend& be, const tensor& loss_rows, device_clip& dc) {
+  tensor blocks = be.empty({(loss_rows.numel() + kernels::norm_block - 1) / kernels::norm_block},
+                           core::dtype::f64);
+  be.sumsq_blocks(loss_rows, blocks);
+  be.exact_sum_add(blocks, dc.guard);
 }
 
 void clip_and_update_on_device(kernels::backend& be, std::vector<param_slot>& slots,
                                const core::optimizer_config& opt, const core::train_config& train,
-                               double lr, std::int64_t t, device_clip& dc) {
+                               device_clip& dc) {
   be.zero(dc.sumsq);
   add_sumsq(be, slots, dc.sumsq);
-  be.clip_factor(dc.sumsq, train.grad_clip, dc.out);
-  adamw_update_t(be, slots, opt, lr, 1.0f, t, dc.out.slice(1, {1}));
+  be.clip_factor(dc.sumsq, dc.guard, train.grad_clip, dc.out);
+  // lr and t are placeholders: dc.schedule replaces them on the device.
+  adamw_update_t(be, slots, opt, 0.0, 1.0f, 1, dc.out.slice(1, {1}), dc.schedule);
 }
 
 device_clip_result read_device_clip(kernels::backend& be, device_clip& dc) {
@@ -191,7 +213,7 @@ void adamw_update(kernels::backend& be, std::vector<param_slot>& slots,
 
 void adamw_update_t(kernels::backend& be, std::vector<param_slot>& slots,
                     const core::optimizer_config& opt, double lr, float grad_scale,
-                    std::int64_t t, const tensor& grad_factor) {
+                    std::int64_t t, const tensor& grad_factor, const tensor& schedule) {
   kernels::adamw_params base;
   base.lr = static_cast<float>(lr);
   base.beta1 = static_cast<float>(opt.beta1);
@@ -199,6 +221,7 @@ void adamw_update_t(kernels::backend& be, std::vector<param_slot>& slots,
   base.eps = static_cast<float>(opt.eps);
   base.grad_scale = grad_scale;
   base.grad_factor = grad_factor;
+  base.schedule = schedule;
   base.step = static_cast<int>(t);
   base.weight_decay = static_cast<float>(opt.weight_decay);
   for (std::size_t first = 0; first < slots.size();) {

@@ -95,10 +95,12 @@ double learning_rate(const core::optimizer_config& opt, const core::train_config
 void adamw_update(kernels::backend& be, std::vector<param_slot>& slots,
                   const core::optimizer_config& opt, double lr, float grad_scale, int step);
 /// The same with AdamW's 1-based t given (dynamic loss scaling counts applied updates), and
-/// optionally kernels::adamw_params::grad_factor (a device value replacing grad_scale).
+/// optionally kernels::adamw_params::grad_factor and ::schedule (device values replacing
+/// grad_scale, and lr with t's bias corrections).
 void adamw_update_t(kernels::backend& be, std::vector<param_slot>& slots,
                     const core::optimizer_config& opt, double lr, float grad_scale,
-                    std::int64_t t, const tensor& grad_factor = {});
+                    std::int64_t t, const tensor& grad_factor = {},
+                    const tensor& schedule = {});
 
 /// The state of dynamic loss scaling, carried by whoever decides steps (the single-rank trainer, the
 /// coordinator) and saved in checkpoints. Disabled, it is inert: scale 1, AdamW's t = step + 1.
@@ -149,24 +151,41 @@ step_decision decide_step(const core::exact_sum& sumsq, loss_scaler& scaler,
                           const core::optimizer_config& opt, const core::train_config& train,
                           int step);
 
-/// The device buffers of clip_and_update_on_device, kept across steps.
+/// The device buffers of a step decided on the device, kept across steps (and, in a recorded
+/// CUDA graph, across replays: everything that changes between steps lives here).
 struct device_clip {
-  tensor sumsq;  // int64 [core::exact_sum_words]: the accumulator of step 4
-  tensor out;    // f64 [2] {norm, factor}: clip_factor's output, AdamW's grad_factor is out[1]
-  tensor host;   // f64 [2] host copy of out
+  tensor sumsq;     // int64 [core::exact_sum_words]: the accumulator of step 4
+  tensor guard;     // int64 [core::exact_sum_words]: the losses' sumsq blocks (guard_losses)
+  tensor out;       // f64 [2] {norm, factor}: clip_factor's output, AdamW's grad_factor is out[1]
+  tensor schedule;  // f32 [3] {lr, bc1, bc2}: AdamW's adamw_params::schedule
+  tensor host;      // f64 [2] host copy of out
+  tensor schedule_host;  // f32 [3]
 };
 device_clip make_device_clip(kernels::backend& be);
 
+/// Before a step's work: writes AdamW's learning rate and bias corrections for t into
+/// dc.schedule (a copy from the host, so not while a graph is being recorded).
+void set_adamw_schedule(kernels::backend& be, const core::optimizer_config& opt, double lr,
+                        std::int64_t t, device_clip& dc);
+
+/// The first op of a step decided on the device: clears the loss guard.
+void begin_device_step(kernels::backend& be, device_clip& dc);
+
+/// Adds the sumsq blocks of a micro-batch's per-row losses to the guard: a NaN or infinite loss
+/// makes the clip factor NaN, so AdamW skips the step before the host has seen the loss.
+void guard_losses(kernels::backend& be, const tensor& loss_rows, device_clip& dc);
+
 /// Steps 4, 5 and 7 of a step without dynamic loss scaling, queued without waiting for the device:
-/// the norm's exact sum and the clip factor are computed on the device and AdamW (learning rate
-/// `lr`, t) reads the factor there, skipping the update when the norm is not finite. The bits are
-/// those of decide_step followed by adamw_update_t; read_device_clip gives the norm and the clip.
+/// the norm's exact sum and the clip factor are computed on the device and AdamW (lr and t from
+/// dc.schedule) reads the factor there, skipping the update when the norm or a guarded loss is
+/// not finite. The bits are those of decide_step followed by adamw_update_t; read_device_clip
+/// gives the norm and the clip.
 void clip_and_update_on_device(kernels::backend& be, std::vector<param_slot>& slots,
                                const core::optimizer_config& opt, const core::train_config& train,
-                               double lr, std::int64_t t, device_clip& dc);
+                               device_clip& dc);
 
 /// The norm and the clip factor of the last clip_and_update_on_device (waits for the device). The
-/// factor is NaN when the norm is not finite: AdamW then left the parameters as they were.
+/// factor is NaN when AdamW skipped the step (the norm or a guarded loss not finite).
 struct device_clip_result {
   double grad_norm = 0;
   double clip = 1;

@@ -25,7 +25,18 @@ void note(std::FILE* log, const std::string& text) {
 }  // namespace
 
 trainer::trainer(const core::config& cfg, kernels::backend& be, loader train)
-    : cfg_(cfg), be_(be), train_(std::move(train)) {}
+    : cfg_(cfg), be_(be), train_(std::move(train)), graph_wanted_(cfg.runtime.cuda_graph) {}
+
+trainer::~trainer() {
+  // Only our own recording: another trainer on this backend may have replaced it.
+  if (graph_ready_ && be_.graph_current() == graph_id_) {
+    try {
+      be_.graph_reset();
+    } catch (const std::exception&) {
+      // A destructor must not throw; the backend frees the graph when it goes.
+    }
+  }
+}
 
 core::result<std::unique_ptr<trainer>> trainer::create(const core::config& cfg,
                                                        kernels::backend& be, int chunks) {
@@ -56,7 +67,29 @@ tensor trainer::to_device(const tensor& host) {
   return be_.dev().is_cpu() ? host : be_.from_host(host);
 }
 
+std::vector<param_slot> trainer::all_slots() {
+  std::vector<param_slot> slots;
+  for (std::size_t i = 0; i < chunks_.size(); ++i) {
+    auto s = slots_of(chunks_[i], states_[i]);
+    slots.insert(slots.end(), s.begin(), s.end());
+  }
+  return slots;
+}
+
+void trainer::tie(const std::vector<param_slot>& slots) {
+  for (const param_slot& s : slots) {  // 3
+    if (!s.info.tied) continue;
+    tensor g_wte = chunks_.front().grad(embedding_name(cfg_.model));
+    tensor g_head = s.grad;
+    tie_gradients(be_, g_wte, g_head);
+  }
+}
+
 core::result<step_result> trainer::train_step(int step) {
+  return scaler_.enabled ? scaled_step(step) : device_step(step);
+}
+
+core::result<step_result> trainer::scaled_step(int step) {
   for (chunk& c : chunks_) c.zero_grads();  // 1
   const float grad_scale = loss_grad_scale(scaler_.scale, tokens_per_step_);
   double loss_total = 0;
@@ -78,41 +111,12 @@ core::result<step_result> trainer::train_step(int step) {
     tensor g;
     for (std::size_t i = chunks_.size(); i-- > 0;) g = chunks_[i].backward(mb, g);
   }
-
-  std::vector<param_slot> slots;
-  for (std::size_t i = 0; i < chunks_.size(); ++i) {
-    auto s = slots_of(chunks_[i], states_[i]);
-    slots.insert(slots.end(), s.begin(), s.end());
-  }
-  for (const param_slot& s : slots) {  // 3
-    if (!s.info.tied) continue;
-    tensor g_wte = chunks_.front().grad(embedding_name(cfg_.model));
-    tensor g_head = s.grad;
-    tie_gradients(be_, g_wte, g_head);
-  }
+  std::vector<param_slot> slots = all_slots();
+  tie(slots);
   // 4-7: the slots carry each chunk's low-precision copy, so AdamW refreshes it in the same pass
-  step_decision d;
-  if (scaler_.enabled) {
-    d = decide_step(gradient_sumsq(be_, slots), scaler_, cfg_.optimizer, cfg_.train, step);
-    if (!d.skip) adamw_update_t(be_, slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
-  } else {
-    if (!clip_.sumsq.defined()) clip_ = make_device_clip(be_);
-    d.lr = learning_rate(cfg_.optimizer, cfg_.train, step);
-    d.adam_step = scaler_.adam_step(step);
-    clip_and_update_on_device(be_, slots, cfg_.optimizer, cfg_.train, d.lr, d.adam_step, clip_);
-    const device_clip_result c = read_device_clip(be_, clip_);
-    d.grad_norm = c.grad_norm;
-    if (!std::isfinite(c.grad_norm))
-      return core::error::make("the gradient norm is " +
-                                   std::string(std::isnan(c.grad_norm) ? "NaN" : "infinite") +
-                                   " at step " + std::to_string(step) +
-                                   "; the parameters were not updated",
-                               "lower optimizer.lr or set train.grad_clip; with fp16 turn on "
-                               "precision.dynamic_loss_scale");
-    d.clip = static_cast<float>(c.clip);
-    d.grad_scale = d.clip;
-    scaler_.record(true);
-  }
+  const step_decision d =
+      decide_step(gradient_sumsq(be_, slots), scaler_, cfg_.optimizer, cfg_.train, step);
+  if (!d.skip) adamw_update_t(be_, slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
 
   step_result r;
   r.loss = loss_total / static_cast<double>(tokens_per_step_);  // 8
@@ -123,6 +127,103 @@ core::result<step_result> trainer::train_step(int step) {
   r.skipped = d.skip;
   r.loss_scale = d.loss_scale;
   r.next_loss_scale = d.next_loss_scale;
+  return r;
+}
+
+void trainer::queue_device_step() {
+  const float grad_scale = loss_grad_scale(1.0f, tokens_per_step_);
+  for (chunk& c : chunks_) c.zero_grads();  // 1
+  begin_device_step(be_, clip_);
+  for (int mb = 0; mb < micro_batches_; ++mb) {  // 2
+    tensor x = inputs_[static_cast<std::size_t>(mb)].tokens;
+    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i) x = chunks_[i].forward(mb, x);
+    chunks_.back().forward(mb, x, inputs_[static_cast<std::size_t>(mb)].targets, grad_scale);
+    loss_rows_[static_cast<std::size_t>(mb)] = chunks_.back().loss_rows(mb);
+    guard_losses(be_, loss_rows_[static_cast<std::size_t>(mb)], clip_);
+    tensor g;
+    for (std::size_t i = chunks_.size(); i-- > 0;) g = chunks_[i].backward(mb, g);
+  }
+  std::vector<param_slot> slots = all_slots();
+  tie(slots);
+  clip_and_update_on_device(be_, slots, cfg_.optimizer, cfg_.train, clip_);  // 4-7
+}
+
+core::result<step_result> trainer::device_step(int step) {
+  if (!clip_.sumsq.defined()) {
+    // Buffers that outlive every step: a recorded graph reads its inputs and writes its results
+    // here on each replay.
+    clip_ = make_device_clip(be_);
+    loss_rows_.resize(static_cast<std::size_t>(micro_batches_));
+    for (int mb = 0; mb < micro_batches_; ++mb) {
+      const std::int64_t rows =
+          static_cast<std::int64_t>(cfg_.parallel.micro_batch_size) * cfg_.model.seq_length;
+      inputs_.push_back({be_.empty({rows}, core::dtype::i32), be_.empty({rows}, core::dtype::i32)});
+    }
+  }
+  for (int mb = 0; mb < micro_batches_; ++mb) {
+    batch b = train_.cut(static_cast<std::uint64_t>(step), 0, mb);
+    be_.copy(b.tokens.reshape({b.tokens.numel()}), inputs_[static_cast<std::size_t>(mb)].tokens);
+    be_.copy(b.targets.reshape({b.targets.numel()}),
+             inputs_[static_cast<std::size_t>(mb)].targets);
+  }
+  step_decision d;
+  d.lr = learning_rate(cfg_.optimizer, cfg_.train, step);  // 6
+  d.adam_step = scaler_.adam_step(step);
+  set_adamw_schedule(be_, cfg_.optimizer, d.lr, d.adam_step, clip_);
+
+  if (graph_ready_) {
+    be_.graph_replay(graph_id_);
+  } else if (graph_wanted_ && steps_queued_ >= 1 && (graph_id_ = be_.graph_begin()) != 0) {
+    // The second step is recorded: the first filled the allocator's cache and chose the GEMMs.
+    try {
+      queue_device_step();
+      be_.graph_end();
+      graph_ready_ = true;
+    } catch (const std::exception& e) {
+      be_.graph_reset();
+      graph_wanted_ = false;
+      for (chunk& c : chunks_)
+        for (int mb = 0; mb < micro_batches_; ++mb) c.release(mb);
+      graph_note_ = std::string("runtime.cuda_graph: the step could not be recorded (") +
+                    e.what() + "); every kernel is launched from the host instead";
+    }
+    if (graph_ready_)
+      be_.graph_replay(graph_id_);
+    else
+      queue_device_step();
+  } else {
+    queue_device_step();
+  }
+  ++steps_queued_;
+
+  const device_clip_result c = read_device_clip(be_, clip_);  // waits for the step
+  double loss_total = 0;
+  for (int mb = 0; mb < micro_batches_; ++mb) {
+    const double mb_loss = sum_loss_rows(be_, loss_rows_[static_cast<std::size_t>(mb)]);
+    if (!std::isfinite(mb_loss))
+      return core::error::make("loss is " + std::to_string(mb_loss) + " at step " +
+                                   std::to_string(step) + ", micro-batch " + std::to_string(mb),
+                               "lower optimizer.lr or set train.grad_clip; the parameters were "
+                               "not updated by this step");
+    loss_total += mb_loss;
+  }
+  if (!std::isfinite(c.grad_norm))
+    return core::error::make("the gradient norm is " +
+                                 std::string(std::isnan(c.grad_norm) ? "NaN" : "infinite") +
+                                 " at step " + std::to_string(step) +
+                                 "; the parameters were not updated",
+                             "lower optimizer.lr or set train.grad_clip; with fp16 turn on "
+                             "precision.dynamic_loss_scale");
+  scaler_.record(true);
+
+  step_result r;
+  r.loss = loss_total / static_cast<double>(tokens_per_step_);  // 8
+  r.grad_norm = c.grad_norm;
+  r.clip = static_cast<float>(c.clip);
+  r.lr = d.lr;
+  r.tokens = tokens_per_step_;
+  r.loss_scale = 1.0f;
+  r.next_loss_scale = 1.0f;
   return r;
 }
 
@@ -294,10 +395,19 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
   note(log, head);
 
   const auto t_start = clock_type::now();
+  bool graph_noted = false;
   for (int step = sum.first_step; step < sum.end_step; ++step) {
     const auto t0 = clock_type::now();
+    const bool replaying = tr.replays_graph();
     auto r = tr.train_step(step);
     if (!r) return r.err();
+    if (!tr.graph_note().empty() && !graph_noted) {
+      note(log, "note: " + tr.graph_note());
+      graph_noted = true;
+    }
+    if (tr.replays_graph() && !replaying)
+      note(log, "note: the step is recorded as a CUDA graph and replayed from step " +
+                    std::to_string(step + 1) + " on (runtime.cuda_graph)");
     const double dt = seconds_since(t0);
     sum.seconds += dt;
     sum.losses.push_back(r->loss);

@@ -67,10 +67,17 @@ class trainer {
   /// `be` and initialises them from train.seed. Opens data.train, and data.val when set.
   static core::result<std::unique_ptr<trainer>> create(const core::config& cfg,
                                                        kernels::backend& be, int chunks = 1);
+  ~trainer();
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
 
   /// Steps 1–8 for 0-based `step`. A non-finite loss is an error naming the step and micro-batch
   /// (the parameters are left untouched).
   core::result<step_result> train_step(int step);
+  /// True once steps replay a recorded CUDA graph (runtime.cuda_graph).
+  bool replays_graph() const { return graph_ready_; }
+  /// Why runtime.cuda_graph is not in effect although asked for (empty when it is, or not asked).
+  const std::string& graph_note() const { return graph_note_; }
   /// Mean token loss over eval_batches validation micro-batches. REQUIRES: has_validation().
   double validation_loss();
   bool has_validation() const { return val_.has_value(); }
@@ -93,6 +100,14 @@ class trainer {
   trainer(const core::config& cfg, kernels::backend& be, loader train);
 
   tensor to_device(const tensor& host);
+  std::vector<param_slot> all_slots();
+  void tie(const std::vector<param_slot>& slots);
+  /// train_step under dynamic loss scaling: the host decides from the norm's sum.
+  core::result<step_result> scaled_step(int step);
+  /// train_step without it: steps 4-7 on the device, the step recorded once as a graph.
+  core::result<step_result> device_step(int step);
+  /// Queues steps 1-7 of a device step on inputs_ and clip_ (recordable: no host copy, no wait).
+  void queue_device_step();
 
   core::config cfg_;
   kernels::backend& be_;
@@ -102,6 +117,16 @@ class trainer {
   std::vector<optimizer_state> states_;
   loss_scaler scaler_;
   device_clip clip_;  // steps 4-7 on the device, without dynamic loss scaling
+  struct device_inputs {
+    tensor tokens, targets;  // int32 [B*T] on the device: the graph's inputs
+  };
+  std::vector<device_inputs> inputs_;  // per micro-batch
+  std::vector<tensor> loss_rows_;      // per micro-batch: the last chunk's per-row losses
+  bool graph_wanted_ = true;
+  bool graph_ready_ = false;
+  std::uint64_t graph_id_ = 0;
+  int steps_queued_ = 0;
+  std::string graph_note_;
   int micro_batches_ = 0;
   std::int64_t tokens_per_step_ = 0;
 };

@@ -7,18 +7,21 @@
 // global-norm clip and AdamW as the trainer runs them without loss scaling
 // (model::clip_and_update_on_device: the sumsq blocks of every parameter but the tied copy, their
 // exact sum and the clip factor on the device, one adamw_runs call over the flat buffers reading
-// the factor there and writing the bf16 weights), and last the loss and norm read.
+// the factor there and writing the bf16 weights), and last the loss and norm read. As in the
+// trainer (runtime.cuda_graph), the second step is recorded as a CUDA graph and every later step
+// replays it; --no-graph launches every op from the host.
 // Timing: wall clock around each step, ended by a stream synchronisation; the median of the timed
 // steps is reported, after warm-up steps that also fill the allocator's cache.
 //
 // Usage: gpu_gpt2_bench [--layers 12] [--embd 768] [--heads 12] [--seq 1024] [--batch 16]
 //                       [--vocab 50304] [--steps 10] [--warmup 3] [--fp32] [--profile]
-//                       [--phases] [--gemm-tune FILE] [--no-clip] [--tag NAME]
+//                       [--phases] [--gemm-tune FILE] [--no-clip] [--no-graph] [--tag NAME]
 // --no-clip does the work of the PyTorch baseline, which does not clip (torch_gpt2.py: forward,
 // backward, fused AdamW): no global norm. The default step is the one troupe trains with (the clip
 // at 1.0).
 // --profile adds one step run through a backend wrapper that times each op (synchronising after
-// every op) and prints the per-op breakdown. --phases adds one step with CUDA events between its
+// every op) and prints the per-op breakdown (both that step and the --phases one launch their ops
+// from the host, not from the graph). --phases adds one step with CUDA events between its
 // phases (forward, backward, tie, norm + clip + AdamW, the reads) and prints, per phase, the host's time to
 // queue it next to the GPU's time from its start event to its end event: a phase whose GPU time
 // exceeds its kernels' sum is waiting for the host. --gemm-tune FILE sets TROUPE_GEMM_TUNE_FILE:
@@ -40,6 +43,7 @@
 #include "core/rng.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_check.hpp"
 #include "model/chunk.hpp"
 #include "model/optimizer.hpp"
 
@@ -55,6 +59,7 @@ struct options {
   bool profile = false;
   bool phases = false;
   bool no_clip = false;
+  bool no_graph = false;
   std::string tag, gemm_tune;
 };
 
@@ -82,12 +87,13 @@ options parse(int argc, char** argv) {
     else if (a == "--phases") o.phases = true;
     else if (a == "--gemm-tune") o.gemm_tune = next();
     else if (a == "--no-clip") o.no_clip = true;
+    else if (a == "--no-graph") o.no_graph = true;
     else if (a == "--tag") o.tag = next();
     else {
       std::fprintf(stderr,
                    "gpu_gpt2_bench: unknown option %s (options: --layers --embd --heads --seq "
                    "--batch --vocab --steps --warmup --fp32 --profile --phases --gemm-tune "
-                   "--no-clip --tag)\n",
+                   "--no-clip --no-graph --tag)\n",
                    a.c_str());
       std::exit(2);
     }
@@ -214,9 +220,15 @@ class profiling_backend final : public kernels::backend {
   void exact_sum_add(const tensor& values, tensor& acc) override {
     timed("exact_sum_add", [&] { in_.exact_sum_add(values, acc); });
   }
-  void clip_factor(const tensor& sumsq, double grad_clip, tensor& out) override {
-    timed("clip_factor", [&] { in_.clip_factor(sumsq, grad_clip, out); });
+  void clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip,
+                   tensor& out) override {
+    timed("clip_factor", [&] { in_.clip_factor(sumsq, guard, grad_clip, out); });
   }
+  std::uint64_t graph_begin() override { return in_.graph_begin(); }
+  void graph_end() override { in_.graph_end(); }
+  void graph_replay(std::uint64_t id) override { in_.graph_replay(id); }
+  void graph_reset() override { in_.graph_reset(); }
+  std::uint64_t graph_current() const override { return in_.graph_current(); }
   void adamw(tensor& p, const tensor& g, tensor& m, tensor& v, const kernels::adamw_params& ap,
              tensor& low) override {
     timed("adamw", [&] { in_.adamw(p, g, m, v, ap, low); });
@@ -325,10 +337,20 @@ int main(int argc, char** argv) {
       host_marks[i] = std::chrono::steady_clock::now();
       cudaEventRecord(marks[i], cuda_be->stream());
     };
-    auto step = [&](int index) {
+    // The inputs on the device before the step, as the trainer has them (no host copy to record).
+    const tensor dev_tokens = be.from_host(tokens);
+    const tensor dev_targets = be.from_host(targets);
+    tensor loss_rows;
+    bool graph_ready = false, eager = false;
+    std::uint64_t graph_id = 0;
+    // The trainer's queue_device_step for one micro-batch (model/trainer.cpp), split at the marks.
+    auto queue = [&]() {
       mark(0);
       c.zero_grads();
-      c.forward(0, tokens, targets, 1.0f / static_cast<float>(rows));
+      if (!o.no_clip) model::begin_device_step(be, clip_buffers);
+      c.forward(0, dev_tokens, dev_targets, 1.0f / static_cast<float>(rows));
+      loss_rows = c.loss_rows(0);
+      if (!o.no_clip) model::guard_losses(be, loss_rows, clip_buffers);
       mark(1);
       c.backward(0, tensor{});
       mark(2);
@@ -341,17 +363,27 @@ int main(int argc, char** argv) {
           }
       }
       mark(3);
-      if (o.no_clip) {
-        // The baseline's step: AdamW straight after the backward.
-        model::adamw_update_t(be, slots, opt, opt.lr, 1.0f, index + 1);
-      } else {
-        // The trainer's step without loss scaling (model/trainer.cpp).
-        model::clip_and_update_on_device(be, slots, opt, train_cfg, opt.lr, index + 1,
-                                         clip_buffers);
-      }
+      if (o.no_clip)  // the baseline's step: AdamW straight after the backward
+        model::adamw_update_t(be, slots, opt, 0.0, 1.0f, 1, tensor{}, clip_buffers.schedule);
+      else
+        model::clip_and_update_on_device(be, slots, opt, train_cfg, clip_buffers);
       mark(4);
+    };
+    auto step = [&](int index) {
+      model::set_adamw_schedule(be, opt, opt.lr, index + 1, clip_buffers);
+      if (graph_ready && !eager) {
+        be.graph_replay(graph_id);
+      } else if (!o.no_graph && !eager && index >= 1 && (graph_id = be.graph_begin()) != 0) {
+        // Recorded at the second step, as the trainer does.
+        queue();
+        be.graph_end();
+        graph_ready = true;
+        be.graph_replay(graph_id);
+      } else {
+        queue();
+      }
       last_norm = o.no_clip ? std::nan("") : model::read_device_clip(be, clip_buffers).grad_norm;
-      last_loss = c.loss_sum(0) / static_cast<double>(rows);
+      last_loss = model::sum_loss_rows(be, loss_rows) / static_cast<double>(rows);
       mark(5);
       be.synchronize();
     };
@@ -373,6 +405,7 @@ int main(int argc, char** argv) {
     }
     kernels::cuda::memory_stats ms;
     if (cuda_be) ms = cuda_be->memory();
+    eager = true;  // the profile and the phases time launched ops, not a replay
     if (o.profile) {
       prof.enable(true);
       step(o.warmup + o.steps);
@@ -414,11 +447,12 @@ int main(int argc, char** argv) {
         "{\"tag\": \"%s\", \"engine\": \"troupe\", \"precision\": \"%s\", \"params\": %lld, \"B\": %d, "
         "\"T\": %d, \"L\": %d, \"C\": %d, \"step_ms\": %.2f, \"tok_s\": %.0f, \"tflops\": %.1f, "
         "\"peak_gib\": %.2f, \"reserved_gib\": %.2f, \"timed_mallocs\": %llu, \"clip\": %s, "
+        "\"graph\": %s, "
         "\"loss\": %.4f}\n",
         o.tag.c_str(), o.fp32 ? "fp32" : "bf16", static_cast<long long>(params), o.batch, o.seq,
         o.layers, o.embd, med * 1e3, tok_s, tflops, ms.peak_in_use / gib, ms.peak_reserved / gib,
         static_cast<unsigned long long>(ms.device_mallocs - mallocs_before),
-        o.no_clip ? "false" : "true", last_loss);
+        o.no_clip ? "false" : "true", graph_ready ? "true" : "false", last_loss);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_gpt2_bench: %s\n", e.what());

@@ -5,7 +5,8 @@
 //   p = p - lr * ((m / bc1) / (sqrt(v / bc2) + eps) + weight_decay * p)
 // with bc1 = (float)(1 - beta1^step), bc2 = (float)(1 - beta2^step) computed in double, and
 // (1 - beta) rounded to float once. When `low` is given it receives the new p rounded to its type.
-// A defined grad_factor replaces grad_scale, and skips the update when it is not finite.
+// A defined grad_factor replaces grad_scale, and skips the update when it is not finite; a defined
+// schedule replaces lr, bc1 and bc2.
 #include <cmath>
 #include <string>
 
@@ -68,9 +69,17 @@ void cpu_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
   k.b2 = p.beta2;
   k.one_minus_b1 = 1.0f - p.beta1;
   k.one_minus_b2 = 1.0f - p.beta2;
-  k.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step));
-  k.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step));
+  k.bc1 = adamw_bias_correction(p.beta1, p.step);
+  k.bc2 = adamw_bias_correction(p.beta2, p.step);
   k.lr = p.lr;
+  if (p.schedule.defined()) {
+    c.require(p.schedule.dev().is_cpu() && p.schedule.type() == core::dtype::f32 &&
+                  p.schedule.numel() == 3,
+              "schedule must be an f32 [3] host tensor {lr, bc1, bc2}");
+    k.lr = p.schedule.data<float>()[0];
+    k.bc1 = p.schedule.data<float>()[1];
+    k.bc2 = p.schedule.data<float>()[2];
+  }
   k.eps = p.eps;
   k.wd = p.weight_decay;
   k.grad_scale = grad_scale;

@@ -70,7 +70,8 @@ class cpu_backend final : public backend {
 
   void sumsq_blocks(const tensor& x, tensor& out) override;
   void exact_sum_add(const tensor& values, tensor& acc) override;
-  void clip_factor(const tensor& sumsq, double grad_clip, tensor& out) override;
+  void clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip,
+                   tensor& out) override;
   void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const adamw_params& p,
              tensor& low) override;
   bool has_nonfinite(const tensor& x) override;

@@ -8,7 +8,9 @@
 // adamw_runs does a chunk's whole flat buffer in one launch (a model has a hundred or more
 // parameter tensors; one launch each cost more in launch gaps and tails than in bandwidth).
 // adamw_params::grad_factor (the clip decided on the device by clip_factor) is read by every thread
-// in place of grad_scale, so the host need not wait for the norm before queuing the update.
+// in place of grad_scale, so the host need not wait for the norm before queuing the update, and
+// adamw_params::schedule in place of lr and the bias corrections, so a replayed graph follows the
+// learning-rate schedule.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -24,11 +26,17 @@ namespace troupe::kernels::cuda {
 struct adamw_consts {
   float lr, beta1, beta2, one_minus_b1, one_minus_b2, bc1, bc2, eps, wd, grad_scale;
   const double* factor;  // adamw_params::grad_factor, or null
+  const float* schedule;  // adamw_params::schedule {lr, bc1, bc2}, or null
 };
 
 /// Applies adamw_params::grad_factor: false when the step is to be skipped (the factor is not
 /// finite). The same for every thread, so a block returns as a whole.
 __device__ __forceinline__ bool take_factor(adamw_consts& k) {
+  if (k.schedule != nullptr) {
+    k.lr = k.schedule[0];
+    k.bc1 = k.schedule[1];
+    k.bc2 = k.schedule[2];
+  }
   if (k.factor == nullptr) return true;
   const double f = *k.factor;
   if (!isfinite(f)) return false;
@@ -164,12 +172,13 @@ adamw_consts consts_of(const adamw_params& p) {
   k.beta2 = p.beta2;
   k.one_minus_b1 = 1.0f - p.beta1;
   k.one_minus_b2 = 1.0f - p.beta2;
-  k.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step));
-  k.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step));
+  k.bc1 = adamw_bias_correction(p.beta1, p.step);
+  k.bc2 = adamw_bias_correction(p.beta2, p.step);
   k.eps = p.eps;
   k.wd = p.weight_decay;
   k.grad_scale = p.grad_scale;
   k.factor = p.grad_factor.defined() ? p.grad_factor.data<double>() : nullptr;
+  k.schedule = p.schedule.defined() ? p.schedule.data<float>() : nullptr;
   return k;
 }
 
@@ -194,6 +203,10 @@ void check_buffers(const char* op, const tensor& param, const tensor& grad, cons
   if (p.grad_factor.defined()) {
     require_type(p.grad_factor, dtype::f64, op, "grad_factor");
     require_numel(p.grad_factor, 1, op, "grad_factor");
+  }
+  if (p.schedule.defined()) {
+    require_type(p.schedule, dtype::f32, op, "schedule");
+    require_numel(p.schedule, 3, op, "schedule ({lr, bc1, bc2})");
   }
 }
 

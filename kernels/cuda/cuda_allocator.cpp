@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/error.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 
 namespace troupe::kernels::cuda {
@@ -43,6 +44,8 @@ device_allocator::~device_allocator() {
       free_.emplace(b.size, b.p);  // free_cached_locked synchronises the device first
     }
     pending_.clear();
+    for (auto& [size, p] : graph_free_) free_.emplace(size, p);
+    graph_free_.clear();
     free_cached_locked();
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
   } catch (...) {
@@ -119,7 +122,18 @@ std::size_t device_allocator::round_size(std::size_t bytes) {
 void* device_allocator::allocate(std::size_t bytes) {
   const std::size_t size = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  collect_pending_locked();
+  if (capturing_) {
+    // The graph's own released blocks first; they are already counted in use.
+    auto g = graph_free_.find(size);
+    if (g != graph_free_.end()) {
+      void* p = g->second;
+      graph_free_.erase(g);
+      live_.emplace(p, size);
+      return p;
+    }
+  } else {
+    collect_pending_locked();  // polls events: not while a capture is open
+  }
   void* p = nullptr;
   auto it = free_.find(size);
   if (it != free_.end()) {
@@ -147,6 +161,7 @@ void* device_allocator::allocate(std::size_t bytes) {
     stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
   }
   live_.emplace(p, size);
+  if (capturing_) graph_owned_.emplace(p, size);
   stats_.in_use += size;
   stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
   return p;
@@ -156,9 +171,38 @@ void device_allocator::release(void* p) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
   if (it == live_.end()) return;
-  stats_.in_use -= it->second;
-  free_.emplace(it->second, p);
+  if (capturing_ || graph_owned_.count(p) != 0) {
+    // The graph's (or, during the capture, possibly used by it): reserved, still counted in use.
+    graph_owned_.emplace(p, it->second);
+    graph_free_.emplace(it->second, p);
+  } else {
+    stats_.in_use -= it->second;
+    free_.emplace(it->second, p);
+  }
   live_.erase(it);
+}
+
+void device_allocator::graph_begin() {
+  std::lock_guard<std::mutex> lock(mu_);
+  TROUPE_CHECK(!capturing_ && graph_owned_.empty(),
+               "cuda_allocator: one graph at a time (release the previous one first)");
+  capturing_ = true;
+}
+
+void device_allocator::graph_end() {
+  std::lock_guard<std::mutex> lock(mu_);
+  capturing_ = false;
+}
+
+void device_allocator::graph_release() {
+  std::lock_guard<std::mutex> lock(mu_);
+  capturing_ = false;
+  for (auto& [size, p] : graph_free_) {
+    stats_.in_use -= size;
+    free_.emplace(size, p);
+  }
+  graph_free_.clear();
+  graph_owned_.clear();
 }
 
 void device_allocator::free_cached_locked() {

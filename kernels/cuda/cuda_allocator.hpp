@@ -11,6 +11,14 @@
 // another backend, cuda_handoff.hpp) is released with events recorded on those streams: it waits in
 // a pending list and joins the free list once they have all completed (polled, never waited for),
 // so its next user cannot overwrite bytes another stream still reads.
+//
+// CUDA graphs (cuda_backend::graph_begin): a captured step's kernels keep the addresses they were
+// captured with and run again on every replay, while the host allocates nothing. So while a
+// capture is open every block released goes to a private list of the graph, which serves the
+// capture's own allocations, and every block allocated then belongs to the graph; a graph block
+// released later (a tensor the capture made outlives it) goes back to that list too. Nothing else
+// is ever handed a graph's block until graph_release(): evaluation or checkpointing between
+// replays cannot overwrite what the replayed step reads. Graph blocks count as in use.
 #pragma once
 
 #include <cstddef>
@@ -62,6 +70,13 @@ class device_allocator {
   /// Restarts the peaks at the current values (e.g. after warm-up steps).
   void reset_peak();
 
+  /// Opens a capture: blocks released from now on, and blocks allocated, belong to the graph.
+  void graph_begin();
+  /// Closes the capture; the graph's blocks stay reserved for its replays.
+  void graph_end();
+  /// The graph is gone: its free blocks rejoin the cache, its live ones are ordinary again.
+  void graph_release();
+
   /// The size class a request of `bytes` is served from.
   static std::size_t round_size(std::size_t bytes);
 
@@ -81,6 +96,9 @@ class device_allocator {
   std::multimap<std::size_t, void*> free_;                 // class size -> cached blocks
   std::vector<pending_block> pending_;                     // released, other streams not done
   std::vector<CUevent_st*> events_;                        // idle events
+  bool capturing_ = false;
+  std::unordered_map<void*, std::size_t> graph_owned_;     // blocks of the graph, live or free
+  std::multimap<std::size_t, void*> graph_free_;           // the graph's released blocks
   memory_stats stats_;
 };
 

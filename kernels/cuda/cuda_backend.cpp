@@ -94,6 +94,9 @@ void cuda_backend::copy(const tensor& src, tensor& dst) {
                         " bytes)");
   if (src.bytes() == 0) return;
   const bool src_host = src.dev().is_cpu(), dst_host = dst.dev().is_cpu();
+  if (ctx_->capturing && (src_host || dst_host))
+    throw core::failure("cuda copy: a copy to or from the host cannot be recorded in a graph "
+                        "(copy the inputs into device buffers before graph_begin)");
   if (src_host && dst_host) {
     std::memcpy(dst.raw(), src.raw(), src.bytes());
     return;
@@ -138,7 +141,78 @@ void cuda_backend::convert(const tensor& src, tensor& dst) {
 
 void cuda_backend::synchronize() {
   activate();
+  if (ctx_->capturing)
+    throw core::failure("cuda synchronize: cannot wait for the device while recording a graph");
   TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+}
+
+std::uint64_t cuda_backend::graph_begin() {
+  activate();
+  graph_reset();
+  // Relaxed: the allocator and cuBLASLt may make calls that are not stream work (never a
+  // synchronisation: copy and synchronize refuse while recording).
+  TROUPE_CUDA_CHECK(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeRelaxed));
+  ctx_->alloc->graph_begin();
+  ctx_->capturing = true;
+  ctx_->graph_id = ++ctx_->graphs_begun;
+  return ctx_->graph_id;
+}
+
+void cuda_backend::graph_end() {
+  activate();
+  if (!ctx_->capturing) throw core::failure("cuda graph_end: no graph_begin before it");
+  ctx_->capturing = false;
+  ctx_->alloc->graph_end();
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(ctx_->stream, &g);
+  if (e != cudaSuccess || g == nullptr) {
+    cudaGetLastError();
+    ctx_->alloc->graph_release();
+    throw core::failure(std::string("cuda graph_end: the recording failed (") +
+                        cudaGetErrorString(e) +
+                        "); hint: set train.cuda_graph = false to launch every op from the host");
+  }
+  const cudaError_t ie = cudaGraphInstantiate(&ctx_->graph, g, 0);
+  cudaGraphDestroy(g);
+  if (ie != cudaSuccess) {
+    cudaGetLastError();
+    ctx_->graph = nullptr;
+    ctx_->alloc->graph_release();
+    throw core::failure(std::string("cuda graph_end: cudaGraphInstantiate failed (") +
+                        cudaGetErrorString(ie) + ")");
+  }
+}
+
+void cuda_backend::graph_replay(std::uint64_t id) {
+  activate();
+  if (ctx_->graph == nullptr || ctx_->capturing || id != ctx_->graph_id)
+    throw core::failure("cuda graph_replay: recording " + std::to_string(id) +
+                        " is not this backend's (dropped by a later graph_begin or graph_reset)");
+  TROUPE_CUDA_CHECK(cudaGraphLaunch(ctx_->graph, ctx_->stream));
+}
+
+std::uint64_t cuda_backend::graph_current() const {
+  return ctx_->graph != nullptr && !ctx_->capturing ? ctx_->graph_id : 0;
+}
+
+void cuda_backend::graph_reset() {
+  activate();
+  if (ctx_->capturing) {
+    // An op failed while recording: end the capture so the stream works again, drop what it made.
+    ctx_->capturing = false;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(ctx_->stream, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+  }
+  if (ctx_->graph) {
+    // Its replays may still be queued: they must finish before its memory serves anyone else.
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+    TROUPE_CUDA_CHECK(cudaGraphExecDestroy(ctx_->graph));
+    ctx_->graph = nullptr;
+  }
+  ctx_->graph_id = 0;
+  ctx_->alloc->graph_release();
 }
 
 void cuda_backend::linear_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y) {
@@ -313,9 +387,10 @@ void cuda_backend::exact_sum_add(const tensor& values, tensor& acc) {
   launch_exact_sum_add(values, acc, ctx_->stream);
 }
 
-void cuda_backend::clip_factor(const tensor& sumsq, double grad_clip, tensor& out) {
+void cuda_backend::clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip,
+                               tensor& out) {
   activate();
-  launch_clip_factor(sumsq, grad_clip, out, ctx_->stream);
+  launch_clip_factor(sumsq, guard, grad_clip, out, ctx_->stream);
 }
 
 void cuda_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
@@ -333,6 +408,8 @@ void cuda_backend::adamw_runs(tensor& param, const tensor& grad, tensor& m, tens
 
 bool cuda_backend::has_nonfinite(const tensor& x) {
   activate();
+  if (ctx_->capturing)
+    throw core::failure("cuda has_nonfinite: cannot read a result back while recording a graph");
   return launch_has_nonfinite(*ctx_, x);
 }
 

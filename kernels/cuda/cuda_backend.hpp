@@ -92,13 +92,20 @@ class cuda_backend final : public backend {
   void sumsq_blocks(const tensor& x, tensor& out) override;
   void sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) override;
   void exact_sum_add(const tensor& values, tensor& acc) override;
-  void clip_factor(const tensor& sumsq, double grad_clip, tensor& out) override;
+  void clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip,
+                   tensor& out) override;
   void adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const adamw_params& p,
              tensor& low) override;
   void adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
                   const std::vector<adamw_run>& runs, const adamw_params& p,
                   tensor& low) override;
   bool has_nonfinite(const tensor& x) override;
+
+  std::uint64_t graph_begin() override;
+  void graph_end() override;
+  void graph_replay(std::uint64_t id) override;
+  void graph_reset() override;
+  std::uint64_t graph_current() const override;
 
   void record_ready(const tensor& t) override;
   void wait_ready(const tensor& t) override;

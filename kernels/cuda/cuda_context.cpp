@@ -26,6 +26,7 @@ context::~context() {
   // Teardown must not throw; errors here (driver already unloaded at exit) lose nothing.
   cudaSetDevice(device);
   if (stream) cudaStreamSynchronize(stream);
+  if (graph) cudaGraphExecDestroy(graph);
   if (workspace) alloc->release(workspace);
   for (auto& [key, plan] : gemm_plans) {
     cublasLtMatrixLayoutDestroy(plan.la);

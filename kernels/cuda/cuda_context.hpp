@@ -54,6 +54,10 @@ struct context {
   std::shared_ptr<device_allocator> alloc;
   std::map<gemm_key, gemm_plan> gemm_plans;
   std::vector<pinned_buffer> staging;  // host-to-device copies (cuda_backend::copy)
+  cudaGraphExec_t graph = nullptr;     // the recorded step (cuda_backend::graph_begin)
+  bool capturing = false;
+  std::uint64_t graph_id = 0;          // of `graph` (or of the recording under way)
+  std::uint64_t graphs_begun = 0;
 
   /// A staging buffer of at least `bytes` whose previous copy has completed (a new one if none).
   pinned_buffer& staging_buffer(std::size_t bytes);

@@ -92,7 +92,8 @@ void launch_sumsq_blocks(const tensor& x, tensor& out, cudaStream_t s);
 void launch_sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out, cudaStream_t s);
 // exact_sum.cu
 void launch_exact_sum_add(const tensor& values, tensor& acc, cudaStream_t s);
-void launch_clip_factor(const tensor& sumsq, double grad_clip, tensor& out, cudaStream_t s);
+void launch_clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip, tensor& out,
+                        cudaStream_t s);
 void launch_adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const adamw_params& p,
                   tensor& low, cudaStream_t s);
 void launch_adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,

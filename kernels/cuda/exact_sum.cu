@@ -30,15 +30,13 @@ namespace troupe::kernels::cuda {
 constexpr int exact_sum_threads = 256;
 
 __global__ void __launch_bounds__(exact_sum_threads)
-    exact_sum_kernel(const double *x, std::int64_t n, unsigned long long *acc) {
+    exact_sum_kernel(const double* x, std::int64_t n, unsigned long long* acc) {
   __shared__ unsigned long long part[core::exact_sum_words];
-  for (int i = threadIdx.x; i < core::exact_sum_words; i += blockDim.x)
-    part[i] = 0;
+  for (int i = threadIdx.x; i < core::exact_sum_words; i += blockDim.x) part[i] = 0;
   __syncthreads();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i =
-           static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     const core::exact_sum_split s = core::exact_sum_split_of(x[i]);
     if (s.counter >= 0) {
       atomicAdd(&part[s.counter], 1ull);
@@ -48,56 +46,55 @@ __global__ void __launch_bounds__(exact_sum_threads)
 #pragma unroll
       for (int j = 0; j < 3; ++j)
         if (s.piece[j] != 0)
-          atomicAdd(&part[s.digit + j],
-                    static_cast<unsigned long long>(s.piece[j]));
+          atomicAdd(&part[s.digit + j], static_cast<unsigned long long>(s.piece[j]));
     }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < core::exact_sum_words; i += blockDim.x)
-    if (part[i] != 0)
-      atomicAdd(&acc[i], part[i]);
+    if (part[i] != 0) atomicAdd(&acc[i], part[i]);
 }
 
-__global__ void clip_factor_kernel(const std::int64_t *sumsq, double grad_clip,
-                                   double *out) {
+__global__ void clip_factor_kernel(const std::int64_t* sumsq, const std::int64_t* guard,
+                                   double grad_clip, double* out) {
   const double norm = sqrt(core::exact_sum_value(sumsq));
+  const bool ok = isfinite(norm) && (guard == nullptr || isfinite(core::exact_sum_value(guard)));
   out[0] = norm;
-  out[1] = isfinite(norm) ? static_cast<double>(clip_scale_of(norm, grad_clip))
-                          : nan("");
+  out[1] = ok ? static_cast<double>(clip_scale_of(norm, grad_clip)) : nan("");
 }
 
 // ------------------------------------------------------------------------------------------------
 // launchers
 
-void launch_exact_sum_add(const tensor &values, tensor &acc, cudaStream_t s) {
-  const char *op = "exact_sum_add";
+void launch_exact_sum_add(const tensor& values, tensor& acc, cudaStream_t s) {
+  const char* op = "exact_sum_add";
   require_type(values, dtype::f64, op, "values");
   require_type(acc, dtype::i64, op, "acc");
   require_numel(acc, core::exact_sum_words, op, "acc (core::exact_sum_words)");
   const std::int64_t n = values.numel();
-  if (n == 0)
-    return;
+  if (n == 0) return;
   // About 8 values per thread: enough blocks to spread the atomics, few enough
   // that the blocks' final adds stay negligible.
-  const unsigned grid =
-      std::min<unsigned>(grid_for((n + 7) / 8, exact_sum_threads), 1024);
+  const unsigned grid = std::min<unsigned>(grid_for((n + 7) / 8, exact_sum_threads), 1024);
   exact_sum_kernel<<<grid, exact_sum_threads, 0, s>>>(
-      values.data<double>(), n,
-      reinterpret_cast<unsigned long long *>(acc.data<std::int64_t>()));
+      values.data<double>(), n, reinterpret_cast<unsigned long long*>(acc.data<std::int64_t>()));
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_clip_factor(const tensor &sumsq, double grad_clip, tensor &out,
+void launch_clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip, tensor& out,
                         cudaStream_t s) {
-  const char *op = "clip_factor";
+  const char* op = "clip_factor";
   require_type(sumsq, dtype::i64, op, "sumsq");
-  require_numel(sumsq, core::exact_sum_words, op,
-                "sumsq (core::exact_sum_words)");
+  require_numel(sumsq, core::exact_sum_words, op, "sumsq (core::exact_sum_words)");
+  if (guard.defined()) {
+    require_type(guard, dtype::i64, op, "guard");
+    require_numel(guard, core::exact_sum_words, op, "guard (core::exact_sum_words)");
+  }
   require_type(out, dtype::f64, op, "out");
   require_numel(out, 2, op, "out ({norm, factor})");
-  clip_factor_kernel<<<1, 1, 0, s>>>(sumsq.data<std::int64_t>(), grad_clip,
-                                     out.data<double>());
+  clip_factor_kernel<<<1, 1, 0, s>>>(sumsq.data<std::int64_t>(),
+                                     guard.defined() ? guard.data<std::int64_t>() : nullptr,
+                                     grad_clip, out.data<double>());
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-} // namespace troupe::kernels::cuda
+}  // namespace troupe::kernels::cuda

@@ -45,8 +45,10 @@ TEST_CASE("gpu: a launched pipeline (2 worker processes, nccl) on one GPU equals
   std::ofstream(config) << troupe::core::to_toml(cfg);
   const std::string bin = TROUPE_BINARY_DIR "/troupe";
   const std::string in_dir = tmp / "inproc", l_dir = tmp / "launched";
-  REQUIRE(sh("cd '" + tmp.path.string() + "' && '" + bin + "' train '" + config + "' --set runtime.run_dir='" +
-             in_dir + "' > train.out 2>&1") == 0);
+  const int train_code = sh("cd '" + tmp.path.string() + "' && '" + bin + "' train '" + config +
+                            "' --set runtime.run_dir='" + in_dir + "' > train.out 2>&1");
+  INFO(file_bytes(tmp / "train.out"));
+  REQUIRE(train_code == 0);
   const int code = sh("cd '" + tmp.path.string() + "' && TROUPE_NCCL_HOST_PER_RANK=1 '" + bin +
                       "' launch --worker_num 2 --master_port 29731 '" + config + "' --set runtime.run_dir='" +
                       l_dir + "' > launch.out 2> launch.err");

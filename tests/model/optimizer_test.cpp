@@ -144,7 +144,9 @@ TEST_CASE("the clip decided on the device gives the bits of the host's decision 
     auto b = make();
     device_clip dc = make_device_clip(*be);
     const double lr = learning_rate(o, t, 6);
-    clip_and_update_on_device(*be, a, o, t, lr, 7, dc);
+    set_adamw_schedule(*be, o, lr, 7, dc);
+    begin_device_step(*be, dc);
+    clip_and_update_on_device(*be, a, o, t, dc);
     const device_clip_result r = read_device_clip(*be, dc);
 
     const double norm = global_norm(gradient_sumsq(*be, b));
@@ -159,23 +161,37 @@ TEST_CASE("the clip decided on the device gives the bits of the host's decision 
   }
 }
 
-TEST_CASE("the clip decided on the device skips AdamW when the norm is not finite") {
+TEST_CASE("the clip decided on the device skips AdamW when the norm or a guarded loss is not "
+          "finite") {
   auto be = cpu();
   core::optimizer_config o;
   core::train_config t;
   t.grad_clip = 1.0;
-  for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
-    std::vector<param_slot> a = {make_slot("w", {3, 500}, true, false, 0.2f, 0.3f)};
-    a[0].grad.data<float>()[321] = bad;
-    const tensor before = a[0].param.clone();
-    device_clip dc = make_device_clip(*be);
-    clip_and_update_on_device(*be, a, o, t, 1e-3, 1, dc);
-    const device_clip_result r = read_device_clip(*be, dc);
-    CHECK_FALSE(std::isfinite(r.grad_norm));
-    CHECK(std::isnan(r.clip));
-    CHECK(std::memcmp(before.raw(), a[0].param.raw(), before.bytes()) == 0);
-    CHECK(a[0].exp_avg.data<float>()[0] == 0.0f);
-  }
+  for (bool in_loss : {false, true})
+    for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+      CAPTURE(in_loss);
+      std::vector<param_slot> a = {make_slot("w", {3, 500}, true, false, 0.2f, 0.3f)};
+      tensor losses = filled({2000}, 1.5f, 0.01f);
+      (in_loss ? losses.data<float>()[1999] : a[0].grad.data<float>()[321]) = bad;
+      const tensor before = a[0].param.clone();
+      device_clip dc = make_device_clip(*be);
+      set_adamw_schedule(*be, o, 1e-3, 1, dc);
+      begin_device_step(*be, dc);
+      guard_losses(*be, losses, dc);
+      clip_and_update_on_device(*be, a, o, t, dc);
+      const device_clip_result r = read_device_clip(*be, dc);
+      CHECK(std::isfinite(r.grad_norm) == in_loss);
+      CHECK(std::isnan(r.clip));
+      CHECK(std::memcmp(before.raw(), a[0].param.raw(), before.bytes()) == 0);
+      CHECK(a[0].exp_avg.data<float>()[0] == 0.0f);
+      // The next step clears the guard: finite inputs update again.
+      (in_loss ? losses.data<float>()[1999] : a[0].grad.data<float>()[321]) = 0.5f;
+      begin_device_step(*be, dc);
+      guard_losses(*be, losses, dc);
+      clip_and_update_on_device(*be, a, o, t, dc);
+      CHECK(std::isfinite(read_device_clip(*be, dc).clip));
+      CHECK(std::memcmp(before.raw(), a[0].param.raw(), before.bytes()) != 0);
+    }
 }
 
 TEST_CASE("tie_gradients adds the head gradient to the embedding's and copies the sum back") {
