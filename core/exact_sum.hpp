@@ -1,24 +1,19 @@
-// The exact sum of doubles, rounded once: a fixed-point superaccumulator that
-// spans the whole double range. The global gradient norm is defined with it
-// (model/optimizer.hpp, step 4): the sum of the fp64 sumsq blocks is their
-// exact sum, rounded to nearest-even once. Exact addition is associative, so
-// the result does not depend on the order the blocks are added in, on how they
-// are split between optimizer shards, or on whether a CPU loop or a GPU kernel
-// with integer atomics adds them — which is what lets the GPU compute the norm
-// and decide the clip without a host round trip and still give the bits of the
-// CPU reference and of the actor runtime.
+// The exact sum of doubles, rounded once: a fixed-point superaccumulator that spans the whole
+// double range. The global gradient norm is defined with it (model/optimizer.hpp, step 4): the sum
+// of the fp64 sumsq blocks is their exact sum, rounded to nearest-even once. Exact addition is
+// associative, so the result does not depend on the order the blocks are added in, on how they are
+// split between optimizer shards, or on whether a CPU loop or a GPU kernel with integer atomics
+// adds them — which is what lets the GPU compute the norm and decide the clip without a host round
+// trip and still give the bits of the CPU reference and of the actor runtime.
 //
-// Representation: `exact_sum_digits` signed 64-bit digits, digit i weighing
-// 2^(32·i + base) with base = -1088 (below the smallest subnormal, 2^-1074),
-// and three counters (NaN, +inf, -inf). A finite double m·2^k (m < 2^53) adds
-// three 32-bit pieces of m·2^(k - base) to three adjacent digits; each piece is
-// below 2^32, so a digit cannot overflow before 2^31 values have been added to
-// an accumulator (sums of sumsq blocks of 1024 elements: 2·10^12 parameters).
-// Digits are only normalised (carries propagated) when the value is read, so
-// adding is three integer additions.
+// Representation: `exact_sum_digits` signed 64-bit digits, digit i weighing 2^(32·i + base) with
+// base = -1088 (below the smallest subnormal, 2^-1074), and three counters (NaN, +inf, -inf). A
+// finite double m·2^k (m < 2^53) adds three 32-bit pieces of m·2^(k - base) to three adjacent
+// digits; each piece is below 2^32, so a digit cannot overflow before 2^31 values have been added
+// to an accumulator (sums of sumsq blocks of 1024 elements: 2·10^12 parameters). Digits are only
+// normalised (carries propagated) when the value is read, so adding is three integer additions.
 //
-// The functions are plain inline code, compiled for the host and, in .cu files,
-// for the device.
+// The functions are plain inline code, compiled for the host and, in .cu files, for the device.
 #pragma once
 
 #include <cstdint>
@@ -69,9 +64,8 @@ TROUPE_HD inline int bit_length(std::uint64_t v) {
 #endif
 }
 
-/// What adding x does to an accumulator: `counter` >= 0 names the counter word
-/// to increment (x is NaN or infinite); otherwise, unless x is zero (`digit` <
-/// 0), piece[j] is added to digit + j.
+/// What adding x does to an accumulator: `counter` >= 0 names the counter word to increment (x is
+/// NaN or infinite); otherwise, unless x is zero (`digit` < 0), piece[j] is added to digit + j.
 struct exact_sum_split {
   int counter = -1;
   int digit = -1;
@@ -89,8 +83,7 @@ TROUPE_HD inline exact_sum_split exact_sum_split_of(double x) {
     return s;
   }
   if (field == 0 && frac == 0) return s;
-  // x = m · 2^k: subnormals have no implicit bit and the exponent of the
-  // smallest normal.
+  // x = m · 2^k: subnormals have no implicit bit and the exponent of the smallest normal.
   const std::uint64_t m = field == 0 ? frac : (frac | (std::uint64_t{1} << 52));
   const int k = (field == 0 ? 1 : field) - 1075;
   const int p = k - exact_sum_base;  // >= 14
@@ -116,8 +109,7 @@ TROUPE_HD inline void exact_sum_add(std::int64_t* words, double x) {
   for (int j = 0; j < 3; ++j) words[s.digit + j] += s.piece[j];
 }
 
-/// Propagates carries: digits 0 .. D-2 end in [0, 2^32), the top digit keeps
-/// the sign.
+/// Propagates carries: digits 0 .. D-2 end in [0, 2^32), the top digit keeps the sign.
 TROUPE_HD inline void exact_sum_normalise(std::int64_t* d) {
   for (int i = 0; i + 1 < exact_sum_digits; ++i) {
     const std::int64_t carry = d[i] >> 32;  // floor division: arithmetic shift
@@ -126,9 +118,8 @@ TROUPE_HD inline void exact_sum_normalise(std::int64_t* d) {
   }
 }
 
-/// The accumulated sum rounded to the nearest double (ties to even); NaN when a
-/// NaN was added or both infinities were, ±inf when one infinity was or the sum
-/// is beyond the double range.
+/// The accumulated sum rounded to the nearest double (ties to even); NaN when a NaN was added or
+/// both infinities were, ±inf when one infinity was or the sum is beyond the double range.
 TROUPE_HD inline double exact_sum_value(const std::int64_t* words) {
   const std::uint64_t inf_bits = std::uint64_t{0x7ff} << 52;
   if (words[exact_sum_nan] > 0 || (words[exact_sum_pinf] > 0 && words[exact_sum_ninf] > 0))
@@ -149,9 +140,8 @@ TROUPE_HD inline double exact_sum_value(const std::int64_t* words) {
   if (h < 0) return 0.0;
   // Digit 66 weighs 2^(66·32 - 1088) = 2^1024: beyond the largest double.
   if (h >= (1024 - exact_sum_base) / 32) return bits_double(sign | inf_bits);
-  // The top three digits as a 96-bit window hi:lo (hi is digit h, nonzero, so
-  // the window holds 65..96 significant bits), the digits below it only as a
-  // sticky bit.
+  // The top three digits as a 96-bit window hi:lo (hi is digit h, nonzero, so the window holds
+  // 65..96 significant bits), the digits below it only as a sticky bit.
   const std::uint64_t hi = static_cast<std::uint64_t>(d[h]);
   const std::uint64_t mid = h >= 1 ? static_cast<std::uint64_t>(d[h - 1]) : 0;
   const std::uint64_t low = h >= 2 ? static_cast<std::uint64_t>(d[h - 2]) : 0;
@@ -176,9 +166,8 @@ TROUPE_HD inline double exact_sum_value(const std::int64_t* words) {
   if (biased >= 1)
     return bits_double(sign | (static_cast<std::uint64_t>(biased) << 52) |
                        (m & ((std::uint64_t{1} << 52) - 1)));
-  // Below 2^-1022 the sum is a multiple of 2^-1074 with fewer than 53 bits
-  // (every input is such a multiple), so it is exact and the shift below drops
-  // only zeros.
+  // Below 2^-1022 the sum is a multiple of 2^-1074 with fewer than 53 bits (every input is such a
+  // multiple), so it is exact and the shift below drops only zeros.
   return bits_double(sign | (m >> (1 - biased)));
 }
 
@@ -187,8 +176,7 @@ struct exact_sum {
   std::int64_t words[exact_sum_words] = {};
 
   void add(double x) { exact_sum_add(words, x); }
-  /// Adds another accumulator's words (as exact as adding its values one by
-  /// one).
+  /// Adds another accumulator's words (as exact as adding its values one by one).
   void merge(const std::int64_t* other) {
     for (int i = 0; i < exact_sum_words; ++i) words[i] += other[i];
   }

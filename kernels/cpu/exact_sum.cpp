@@ -1,7 +1,6 @@
-// The exact sum of fp64 values into a superaccumulator (core/exact_sum.hpp),
-// and the clip factor read from one: the host's half of deciding the clip on
-// the device. Both are the plain core functions, so the CUDA kernels that run
-// the same code give the same bits.
+// The exact sum of fp64 values into a superaccumulator (core/exact_sum.hpp), and the clip factor
+// read from one: the host's half of deciding the clip on the device. Both are the plain core
+// functions, so the CUDA kernels that run the same code give the same bits.
 #include <cmath>
 
 #include "kernels/clip.hpp"

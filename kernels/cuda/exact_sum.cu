@@ -1,20 +1,16 @@
-// The exact sum of fp64 values into a superaccumulator (core/exact_sum.hpp),
-// and the clip factor of the global gradient norm computed from it on the
-// device.
+// The exact sum of fp64 values into a superaccumulator (core/exact_sum.hpp), and the clip factor of
+// the global gradient norm computed from it on the device.
 //
-// exact_sum_add: each thread splits its values into three 32-bit pieces of the
-// fixed-point digits (core::exact_sum_split_of) and adds them to its CUDA
-// block's accumulator in shared memory, which the block then adds to the
-// output. The additions are 64-bit integer atomics: integer addition is exact
-// and associative, so the order the atomics land in cannot change a bit of the
-// result — the determinism the backend promises holds, unlike with
-// floating-point atomics. A GPT-2 124M step adds 121k norm blocks (0.97 MB)
-// with it.
+// exact_sum_add: each thread splits its values into three 32-bit pieces of the fixed-point digits
+// (core::exact_sum_split_of) and adds them to its CUDA block's accumulator in shared memory, which
+// the block then adds to the output. The additions are 64-bit integer atomics: integer addition is
+// exact and associative, so the order the atomics land in cannot change a bit of the result — the
+// determinism the backend promises holds, unlike with floating-point atomics. A GPT-2 124M step
+// adds 121k norm blocks (0.97 MB) with it.
 //
-// clip_factor: one thread rounds the accumulator (exact_sum_value, the host's
-// code), takes the square root and the clip scale (kernels/clip.hpp), in IEEE
-// double like the host, so the factor AdamW reads on the device has the bits
-// the coordinator would have decided.
+// clip_factor: one thread rounds the accumulator (exact_sum_value, the host's code), takes the
+// square root and the clip scale (kernels/clip.hpp), in IEEE double like the host, so the factor
+// AdamW reads on the device has the bits the coordinator would have decided.
 #include <cmath>
 
 #include "core/exact_sum.hpp"
@@ -41,8 +37,7 @@ __global__ void __launch_bounds__(exact_sum_threads)
     if (s.counter >= 0) {
       atomicAdd(&part[s.counter], 1ull);
     } else if (s.digit >= 0) {
-      // two's complement: adding the unsigned image of a negative piece
-      // subtracts it
+      // two's complement: adding the unsigned image of a negative piece subtracts it
 #pragma unroll
       for (int j = 0; j < 3; ++j)
         if (s.piece[j] != 0)
@@ -72,8 +67,8 @@ void launch_exact_sum_add(const tensor& values, tensor& acc, cudaStream_t s) {
   require_numel(acc, core::exact_sum_words, op, "acc (core::exact_sum_words)");
   const std::int64_t n = values.numel();
   if (n == 0) return;
-  // About 8 values per thread: enough blocks to spread the atomics, few enough
-  // that the blocks' final adds stay negligible.
+  // About 8 values per thread: enough blocks to spread the atomics, few enough that the blocks'
+  // final adds stay negligible.
   const unsigned grid = std::min<unsigned>(grid_for((n + 7) / 8, exact_sum_threads), 1024);
   exact_sum_kernel<<<grid, exact_sum_threads, 0, s>>>(
       values.data<double>(), n, reinterpret_cast<unsigned long long*>(acc.data<std::int64_t>()));

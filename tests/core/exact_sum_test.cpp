@@ -14,10 +14,9 @@ namespace {
 
 using troupe::core::exact_sum;
 
-// An independent reference: Shewchuk's exact expansion (non-overlapping
-// partials), rounded at the end with the half-way correction — the algorithm of
-// Python's math.fsum. Valid while no partial overflows, which the random cases
-// below respect.
+// An independent reference: Shewchuk's exact expansion (non-overlapping partials), rounded at the
+// end with the half-way correction — the algorithm of Python's math.fsum. Valid while no partial
+// overflows, which the random cases below respect.
 double fsum(const std::vector<double>& xs) {
   std::vector<double> partials;
   for (double x : xs) {
@@ -85,8 +84,7 @@ TEST_CASE("exact_sum covers subnormals, the largest doubles and overflow") {
   CHECK(same_bits(sum_of({DBL_MAX, -DBL_MAX, DBL_MAX}), DBL_MAX));
   CHECK(sum_of({DBL_MAX, DBL_MAX}) == std::numeric_limits<double>::infinity());
   CHECK(sum_of({-DBL_MAX, -DBL_MAX}) == -std::numeric_limits<double>::infinity());
-  // The last ulp below 2^1024 rounds up to infinity only past the half-way
-  // point.
+  // The last ulp below 2^1024 rounds up to infinity only past the half-way point.
   const double half_ulp = std::ldexp(1.0, 970);
   CHECK(same_bits(sum_of({DBL_MAX, half_ulp / 2}), DBL_MAX));
   CHECK(sum_of({DBL_MAX, half_ulp}) == std::numeric_limits<double>::infinity());
@@ -123,8 +121,7 @@ TEST_CASE(
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
     CHECK(same_bits(sum_of(shuffled), want));
 
-    // Split into parts summed separately, then merged: what shards and the
-    // coordinator do.
+    // Split into parts summed separately, then merged: what shards and the coordinator do.
     exact_sum merged;
     for (std::size_t at = 0; at < shuffled.size();) {
       const std::size_t len = std::min<std::size_t>(shuffled.size() - at, 1 + rng() % 500);

@@ -1,7 +1,6 @@
-// The clip decided on the device: the exact sum of the norm blocks
-// (exact_sum_add), the norm and clip factor read from it (clip_factor), and
-// AdamW reading that factor (adamw_params::grad_factor) — each on the GPU
-// against the CPU backend, bit for bit. Skips without a GPU.
+// The clip decided on the device: the exact sum of the norm blocks (exact_sum_add), the norm and
+// clip factor read from it (clip_factor), and AdamW reading that factor (adamw_params::grad_factor)
+// — each on the GPU against the CPU backend, bit for bit. Skips without a GPU.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -21,8 +20,7 @@ struct backends {
   std::unique_ptr<backend> gpu = make_backend("cuda");
 };
 
-/// n doubles over ~700 binades, subnormals and signs included when
-/// `signed_values`.
+/// n doubles over ~700 binades, subnormals and signs included when `signed_values`.
 tensor wide_doubles(std::int64_t n, std::uint64_t seed, bool signed_values) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> mant(1.0, 2.0);
@@ -63,8 +61,7 @@ TEST_CASE(
   backends be;
   for (bool signed_values : {false, true}) {
     CAPTURE(signed_values);
-    // More values than one launch's threads hold, so blocks meet in the
-    // output's atomics.
+    // More values than one launch's threads hold, so blocks meet in the output's atomics.
     const tensor x = wide_doubles(700001, signed_values ? 91 : 90, signed_values);
     const tensor want = cpu_sum(*be.cpu, x);
     for (int pieces : {1, 3}) {
