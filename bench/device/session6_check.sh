@@ -3,16 +3,9 @@
 # clip_factor, adamw's grad_factor), the cross-entropy cases, and every other CUDA test; then GPT-2
 # 124M with the default step (clip on the device) and --no-clip against torch.compile in the same
 # call. Expects pkg.tar.gz and torch_gpt2.py next to it (README.md, pack.sh); results in $OUT.
-S=$(cd "$(dirname "$0")" && pwd)
-B=/tmp/tl; rm -rf $B; mkdir -p $B && tar xzf $S/pkg.tar.gz -C $B
-export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH PYTHONUNBUFFERED=1
-O=${OUT:-/tmp/out}; mkdir -p $O
+source "$(dirname "$0")/unpack.sh"
 cd /tmp
-for t in test_kernels test_model test_actors; do
-  echo "== $t" | tee -a $O/tests.log
-  timeout 200 $B/$t -tc='cuda*,gemm*' > $O/$t.log 2>&1; tail -n 3 $O/$t.log | tee -a $O/tests.log
-  grep -B2 -A12 "ERROR\|FAILED\|error:" $O/$t.log | head -60
-done
+cuda_tests test_kernels test_model test_actors
 timeout 90 $B/gpu_gpt2_bench --tag gpt2-124M --steps 20 --phases 2>&1 | tail -n 12 | tee $O/bench.log
 timeout 60 $B/gpu_gpt2_bench --tag gpt2-124M-noclip --steps 20 --no-clip 2>&1 | tail -1 | tee -a $O/bench.log
 timeout 150 python3 $S/torch_gpt2.py --compile --tag compile-124M 2>&1 | tail -1 | tee -a $O/bench.log

@@ -1,23 +1,13 @@
 #!/bin/bash
 # Session 6's closing device call: every CUDA test, the one-GPU launch over nccl against troupe
-# train (launch_gpu.sh), GPT-2 124M (with --phases; the step recorded as a CUDA graph, then with --no-graph and --no-clip) against PyTorch eager and torch.compile, the
-# 4-stage 1F1B pipeline (gpu_pipeline_bench), then GPT-2 1.5B against torch.compile and eager, all
-# in one call. Expects pkg.tar.gz and torch_gpt2.py next to it (README.md, pack.sh); results in $OUT.
-S=$(cd "$(dirname "$0")" && pwd)
-B=/tmp/tl; rm -rf $B; mkdir -p $B && tar xzf $S/pkg.tar.gz -C $B
-export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH PYTHONUNBUFFERED=1
-O=${OUT:-/tmp/out}; mkdir -p $O
-R=$(pwd)
+# train (launch_gpu.sh), GPT-2 124M (with --phases; the step recorded as a CUDA graph, then with
+# --no-graph and --no-clip) against PyTorch eager and torch.compile, the 4-stage 1F1B pipeline
+# (gpu_pipeline_bench), then GPT-2 1.5B against torch.compile and eager, all in one call. Expects pkg.tar.gz and torch_gpt2.py next to it (README.md, pack.sh); results in $OUT.
+source "$(dirname "$0")/unpack.sh"
 cd /tmp
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee $O/tests.log
-for t in test_kernels test_model test_actors; do
-  echo "== $t" | tee -a $O/tests.log
-  timeout 200 $B/$t -tc='cuda*,gemm*' > $O/$t.log 2>&1; tail -n 3 $O/$t.log | tee -a $O/tests.log
-  grep -B3 -A14 "ERROR\|FAILED" $O/$t.log | head -30
-done
-if for d in build build-cuda; do mkdir -p /work/main/$d && cp $B/troupe /work/main/$d/troupe; done; then
-  timeout 90 $B/test_cli -tc='gpu*' 2>&1 | tail -2 | tee -a $O/tests.log
-fi
+cuda_tests test_kernels test_model test_actors
+timeout 90 $B/test_cli -tc='gpu*' 2>&1 | tail -2 | tee -a $O/tests.log
 OUT=/tmp/launch_out timeout 150 bash $S/launch_gpu.sh > /dev/null 2>&1
 grep -v "^memory" /tmp/launch_out/summary.log | tail -24 > $O/launch.log
 tail -4 $O/launch.log

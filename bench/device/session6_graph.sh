@@ -2,19 +2,10 @@
 # Session 6: every CUDA test (the recorded-step cases among them), troupe train on the GPU through
 # the CLI test, then GPT-2 124M as the trainer runs it (the step recorded as a CUDA graph), with
 # --no-graph, and torch.compile, in one call. Expects pkg.tar.gz and torch_gpt2.py next to it.
-S=$(cd "$(dirname "$0")" && pwd)
-B=/tmp/tl; rm -rf $B; mkdir -p $B && tar xzf $S/pkg.tar.gz -C $B
-export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH PYTHONUNBUFFERED=1
-O=${OUT:-/tmp/out}; mkdir -p $O
+source "$(dirname "$0")/unpack.sh"
 cd /tmp
-for t in test_kernels test_model test_actors; do
-  echo "== $t" | tee -a $O/tests.log
-  timeout 200 $B/$t -tc='cuda*,gemm*' > $O/$t.log 2>&1; tail -n 3 $O/$t.log | tee -a $O/tests.log
-  grep -B3 -A14 "ERROR\|FAILED\|error:" $O/$t.log | head -50
-done
-if for d in build build-cuda; do mkdir -p /work/main/$d && cp $B/troupe /work/main/$d/troupe; done; then
-  timeout 90 $B/test_cli -tc='gpu*' 2>&1 | tail -2 | tee -a $O/tests.log
-fi
+cuda_tests test_kernels test_model test_actors
+timeout 90 $B/test_cli -tc='gpu*' 2>&1 | tail -2 | tee -a $O/tests.log
 timeout 90 $B/gpu_gpt2_bench --tag gpt2-124M --steps 20 --phases 2>&1 | tail -n 9 | tee $O/bench.log
 timeout 60 $B/gpu_gpt2_bench --tag gpt2-124M-nograph --steps 20 --no-graph 2>&1 | tail -1 | tee -a $O/bench.log
 timeout 150 python3 $S/torch_gpt2.py --compile --tag compile-124M 2>&1 | tail -1 | tee -a $O/bench.log
