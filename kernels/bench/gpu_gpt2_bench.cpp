@@ -405,7 +405,10 @@ int main(int argc, char** argv) {
     }
     kernels::cuda::memory_stats ms;
     if (cuda_be) ms = cuda_be->memory();
-    eager = true;  // the profile and the phases time launched ops, not a replay
+    // The profile and the phases time launched ops, not a replay; the recording's memory goes back
+    // to the cache first, or their step would allocate its own.
+    eager = true;
+    if (graph_ready) be.graph_reset();
     if (o.profile) {
       prof.enable(true);
       step(o.warmup + o.steps);

@@ -1,6 +1,7 @@
 // The single-rank trainer on the GPU with its step recorded as a CUDA graph (runtime.cuda_graph):
 // the replays must give, bit for bit, what launching every op from the host gives — losses, norms,
-// validation losses between steps and the final parameters — in fp32 and bf16. Skips without a GPU.
+// validation losses between steps and the final parameters — in fp32 and bf16, for GPT-2 and
+// LLaMA, with and without full recompute. Skips without a GPU.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -14,14 +15,29 @@ namespace troupe::kernels::cuda_test {
 
 TEST_CASE("cuda trainer: replaying the recorded step gives the bits of launching every op") {
   if (!gpu_or_skip()) return;
-  for (core::precision_kind p : {core::precision_kind::fp32, core::precision_kind::bf16}) {
-    CAPTURE(static_cast<int>(p));
+  struct variant {
+    core::arch_kind arch;
+    core::precision_kind precision;
+    core::recompute_mode recompute;
+  };
+  const variant variants[] = {
+      {core::arch_kind::gpt2, core::precision_kind::fp32, core::recompute_mode::none},
+      {core::arch_kind::gpt2, core::precision_kind::bf16, core::recompute_mode::none},
+      {core::arch_kind::gpt2, core::precision_kind::bf16, core::recompute_mode::full},
+      {core::arch_kind::llama, core::precision_kind::bf16, core::recompute_mode::selective}};
+  for (const variant& v : variants) {
+    CAPTURE(static_cast<int>(v.arch));
+    CAPTURE(static_cast<int>(v.precision));
+    CAPTURE(static_cast<int>(v.recompute));
     model::testing::scratch_dir tmp("graph");
-    core::config cfg = model::testing::tiny_run(tmp);
+    core::config cfg = model::testing::tiny_run(tmp, v.arch);
     cfg.runtime.device = "cuda";
-    cfg.precision.compute = p;
-    cfg.model.num_heads = 1;  // head_dim 32
-    cfg.model.num_kv_heads = 1;
+    cfg.precision.compute = v.precision;
+    cfg.recompute.mode = v.recompute;
+    if (v.arch == core::arch_kind::gpt2) {
+      cfg.model.num_heads = 1;  // head_dim 32
+      cfg.model.num_kv_heads = 1;
+    }
     // One backend each: a recording belongs to its backend.
     auto be_graph = make_backend("cuda");
     auto be_plain = make_backend("cuda");
