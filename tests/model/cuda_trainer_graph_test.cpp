@@ -9,6 +9,7 @@
 
 #include "model/trainer.hpp"
 #include "tests/kernels/cuda_test_util.hpp"
+#include "tests/model/poisoned_step.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace troupe::kernels::cuda_test {
@@ -77,6 +78,19 @@ TEST_CASE("cuda trainer: replaying the recorded step gives the bits of launching
       CHECK_MESSAGE(same_bits(x, y), prm.name);
     }
   }
+}
+
+TEST_CASE("cuda trainer: a NaN loss in a replayed step stops it, the parameters left as they were") {
+  if (!gpu_or_skip()) return;
+  model::testing::scratch_dir tmp("graph_nan");
+  core::config cfg = model::testing::tiny_run(tmp);
+  cfg.runtime.device = "cuda";
+  auto be = make_backend("cuda");
+  auto t = model::trainer::create(cfg, *be);
+  REQUIRE(t.ok());
+  for (int step = 0; step < 3; ++step) REQUIRE((*t)->train_step(step).ok());
+  REQUIRE((*t)->replays_graph());
+  model::testing::check_poisoned_step(**t, *be, 3);
 }
 
 }  // namespace troupe::kernels::cuda_test

@@ -9,6 +9,7 @@
 
 #include "model/metrics.hpp"
 #include "model/params.hpp"
+#include "tests/model/poisoned_step.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace {
@@ -203,4 +204,14 @@ TEST_CASE("resuming from a checkpoint of another model is refused") {
   auto r = troupe::model::train_single_rank(cfg, opt);
   REQUIRE_FALSE(r.ok());
   CHECK(r.err().to_string().find("different model") != std::string::npos);
+}
+
+TEST_CASE("a NaN loss stops the step naming it, with the parameters left as they were") {
+  scratch_dir tmp("trainer");
+  auto cfg = tiny_run(tmp);
+  auto be = troupe::kernels::make_backend("cpu");
+  auto t = troupe::model::trainer::create(cfg, *be);
+  REQUIRE(t.ok());
+  for (int step = 0; step < 2; ++step) REQUIRE((*t)->train_step(step).ok());
+  troupe::model::testing::check_poisoned_step(**t, *be, 2);
 }
