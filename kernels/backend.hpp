@@ -8,7 +8,8 @@
 //  - Every backward ACCUMULATES (+=) into each gradient it produces, input gradients included;
 //    callers zero buffers first. This keeps residual branches and gradient accumulation across
 //    micro-batches a single code path, so results do not depend on how a model is split.
-//  - Deterministic: no atomics in reductions, so the same inputs give the same bits every time.
+//  - Deterministic: no floating-point atomics in reductions (exact_sum_add adds integers, whose sum
+//    does not depend on the order), so the same inputs give the same bits every time.
 //  - Shape errors throw core::failure naming the op and the shapes.
 //  - The CPU backend computes in fp32 only; the CUDA backend also takes bf16/fp16 activations and
 //    weights with fp32 accumulation. Optimizer state and master weights are always fp32.
