@@ -11,6 +11,7 @@
 #include "model/metrics.hpp"
 #include "model/optimizer.hpp"
 #include "model/params.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::actors {
 namespace {

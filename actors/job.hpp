@@ -41,7 +41,7 @@ struct job {
   std::map<int, caf::actor> loaders;                  // dp
   caf::actor coordinator;
   caf::actor writer;
-  /// A launched job's worker processes (actors/worker.cpp): the node actor of every other
+  /// A launched job's worker processes (runtime/worker.cpp): the node actor of every other
   /// worker and the host each worker runs on, indexed by worker rank; empty in one process.
   std::map<int, caf::actor> nodes;
   std::map<int, std::string> hosts;

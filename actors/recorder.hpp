@@ -5,7 +5,7 @@
 // the `recorder`, which writes <run_dir>/messages/rank_<R>.log (one JSON line per tensor sent:
 // step, sender, receiver, tag, instruction, dtype, shape, xxhash64 of the bytes, and for loader
 // cuts the data-sampling key) and, with runtime.record_tensors, rank_<R>.tensors (the bytes of
-// every tensor worker R received from another worker); and replay's verifier (actors/replay.cpp),
+// every tensor worker R received from another worker); and replay's verifier (replay/replay.cpp),
 // which compares what a re-run sends with those lines.
 //
 // No CAF here: the CLI, the replay driver and tests include it cheaply.

@@ -57,7 +57,6 @@ class shard_engine {
   /// The owned element range of chunk `i` (index into the constructor's list).
   std::pair<std::int64_t, std::int64_t> range(std::size_t i) const { return ranges_.at(i); }
   const std::vector<shard_chunk>& chunks() const { return chunks_; }
-  std::vector<core::tensor>& masters() { return master_; }
   std::vector<model::optimizer_state>& moments() { return moments_; }
   /// Rebuilds the slot views (after master/moments tensors were replaced, e.g. on resume).
   void rebuild_slots();

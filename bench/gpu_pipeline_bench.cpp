@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "core/config.hpp"
 #include "core/rng.hpp"
 #include "model/shards.hpp"

@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "actors/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "core/config.hpp"
 #include "model/shards.hpp"
 #include "core/rng.hpp"

@@ -16,6 +16,7 @@
 #include "model/checkpoint.hpp"
 #include "model/chunk.hpp"
 #include "model/tokenizer.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::cli {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "actors/replay.hpp"
+#include "replay/replay.hpp"
 #include "cli/command.hpp"
 
 namespace troupe::cli {

@@ -1,5 +1,5 @@
 // `troupe train CONFIG [--set key=value]... [--resume RUN_DIR|CKPT_DIR] [--steps N] [--single-rank]`:
-// trains the job as actors (actors/runtime.hpp): every stage, optimizer shard, data loader and the
+// trains the job as actors (runtime/runtime.hpp): every stage, optimizer shard, data loader and the
 // checkpoint writer of the data_parallel × pipeline_stage layout, in this process. --single-rank
 // runs the plain loop of model/trainer.hpp instead — the oracle the actors match bit for bit.
 // With --resume and no CONFIG, the config saved in the checkpoint is used (--set applies on top).
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "cli/command.hpp"
 #include "core/config.hpp"
 #include "model/checkpoint.hpp"

@@ -1,5 +1,5 @@
 // `troupe worker CONFIG [--set key=value]... [--resume RUN_DIR|CKPT] [--steps N]`: one worker
-// process of a launched job (actors/worker.hpp). `troupe launch` starts one per local rank and
+// process of a launched job (runtime/worker.hpp). `troupe launch` starts one per local rank and
 // passes who it is in the environment: TROUPE_MASTER_ADDR, TROUPE_MASTER_PORT, TROUPE_WORKER_NUM,
 // TROUPE_LOCAL_WORKER_NUM, TROUPE_NODE_RANK, TROUPE_LOCAL_RANK, TROUPE_JOB_TOKEN and, optionally,
 // TROUPE_RDZV_TIMEOUT_MS. Started by hand (with those variables set) it behaves the same.
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/worker.hpp"
+#include "runtime/worker.hpp"
 #include "cli/command.hpp"
 #include "core/config.hpp"
 

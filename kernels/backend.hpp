@@ -273,14 +273,4 @@ class backend {
   virtual std::uint64_t peak_memory_bytes() const { return 0; }
 };
 
-/// "cpu" or "cuda[:i]". Throws core::failure when the device is not available in this build or
-/// on this machine (the message says which).
-std::unique_ptr<backend> make_backend(const std::string& device);
-/// True when this build has the CUDA backend and a GPU is visible.
-bool cuda_available();
-
-/// Sets the threads a CPU op may use, the caller included (0 = all cores, the default); results do
-/// not depend on it (docs/kernels.md, "Determinism").
-void set_cpu_threads(int n);
-
 }  // namespace troupe::kernels

@@ -6,6 +6,7 @@
 
 #include "model/metrics.hpp"
 #include "model/params.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::model {
 

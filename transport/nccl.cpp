@@ -799,7 +799,7 @@ struct nccl_transport::impl {
     // Every communicator's finalize is started before any is waited for: a finalize may wait for
     // the peer's finalize of the same communicator, and ranks list their pair communicators in
     // different orders. Waiting for each in turn left the workers of a two-GPU job (NVLink, P2P)
-    // alive after its last step; the shutdown guard in actors/worker.cpp bounds what remains.
+    // alive after its last step; the shutdown guard in runtime/worker.cpp bounds what remains.
     std::vector<std::unique_lock<std::mutex>> locks;
     std::vector<comm_slot*> started;
     for (comm_slot* s : all) {

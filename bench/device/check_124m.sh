@@ -11,7 +11,7 @@ O=${OUT:-/tmp/out}; mkdir -p $O
 R=$(pwd)  # the repository root (configs/ for the pipeline benchmark)
 cd /tmp
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee $O/tests.log
-for t in test_kernels test_model test_actors; do
+for t in test_kernels test_model test_runtime; do
   echo "== $t" | tee -a $O/tests.log
   timeout 150 $B/$t -tc='cuda*,gemm*' 2>&1 | tail -n 4 | tee -a $O/tests.log
 done

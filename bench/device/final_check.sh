@@ -8,7 +8,7 @@ B=/tmp/tl; rm -rf $B; mkdir -p $B && tar xzf $S/pkg.tar.gz -C $B
 export LD_LIBRARY_PATH=$B:$LD_LIBRARY_PATH PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/out}; mkdir -p $O; cd /tmp
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $O/tests.log
-for t in test_kernels test_model test_actors; do
+for t in test_kernels test_model test_runtime; do
   echo "== $t -tc=cuda*" | tee -a $O/tests.log
   timeout 150 $B/$t -tc='cuda*' 2>&1 | tail -n 25 >> $O/tests.log
   tail -n 3 $O/tests.log

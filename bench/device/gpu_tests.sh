@@ -7,7 +7,7 @@ O=${OUT:-/tmp/out}; mkdir -p $O
 cd /tmp
 timeout 200 $B/test_kernels -tc='cuda*' 2>&1 | tail -4 | tee $O/kernels.log
 timeout 120 $B/test_model -tc='cuda*' 2>&1 | tail -4 | tee $O/model.log
-timeout 200 $B/test_actors -tc='cuda*' 2>&1 | tail -4 | tee $O/actors.log
+timeout 200 $B/test_runtime -tc='cuda*' 2>&1 | tail -4 | tee $O/actors.log
 # test_cli's GPU case runs TROUPE_BINARY_DIR/troupe (this build's path on the build machine).
 if mkdir -p /work/main/build-cuda 2>/dev/null && cp $B/troupe /work/main/build-cuda/troupe 2>/dev/null; then
   timeout 120 $B/test_cli -tc='gpu*' 2>&1 | tail -4 | tee $O/cli.log

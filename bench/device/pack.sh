@@ -9,7 +9,7 @@ DEV=$R/build-dev
 ST=$(mktemp -d)
 trap 'rm -rf "$ST"' EXIT
 cp "$BUILD/troupe" "$BUILD"/kernels/gpu_*_bench "$BUILD"/bench/gpu_pipeline_bench "$BUILD"/tests/test_* "$BUILD"/tests/*.so "$ST/"
-for lib in $(ldd "$BUILD/troupe" "$BUILD/tests/test_kernels" "$BUILD/tests/test_actors" | awk '/=>/ {print $3}' |
+for lib in $(ldd "$BUILD/troupe" "$BUILD/tests/test_kernels" "$BUILD/tests/test_runtime" | awk '/=>/ {print $3}' |
              grep -E 'libcaf|libtoml|libfmt|libpcre2|libxxhash|libopenblas|libgfortran|libquadmath' | sort -u); do
   cp -L "$lib" "$ST/"
 done

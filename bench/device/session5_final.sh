@@ -10,7 +10,7 @@ O=${OUT:-/tmp/out}; mkdir -p $O
 R=$(pwd)
 cd /tmp
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee $O/tests.log
-for t in test_kernels test_model test_actors; do
+for t in test_kernels test_model test_runtime; do
   echo "== $t" | tee -a $O/tests.log
   timeout 200 $B/$t -tc='cuda*,gemm*' > $O/$t.log 2>&1; tail -n 3 $O/$t.log | tee -a $O/tests.log
 done

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/unpack.sh"
 cd /tmp
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee $O/tests.log
-cuda_tests test_kernels test_model test_actors
+cuda_tests test_kernels test_model test_runtime
 timeout 90 $B/test_cli -tc='gpu*' 2>&1 | tail -2 | tee -a $O/tests.log
 OUT=/tmp/launch_out timeout 150 bash $S/launch_gpu.sh > /dev/null 2>&1
 grep -v "^memory" /tmp/launch_out/summary.log | tail -24 > $O/launch.log

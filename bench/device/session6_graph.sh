@@ -4,7 +4,7 @@
 # --no-graph, and torch.compile, in one call. Expects pkg.tar.gz and torch_gpt2.py next to it.
 source "$(dirname "$0")/unpack.sh"
 cd /tmp
-cuda_tests test_kernels test_model test_actors
+cuda_tests test_kernels test_model test_runtime
 timeout 90 $B/test_cli -tc='gpu*' 2>&1 | tail -2 | tee -a $O/tests.log
 timeout 90 $B/gpu_gpt2_bench --tag gpt2-124M --steps 20 --phases 2>&1 | tail -n 9 | tee $O/bench.log
 timeout 60 $B/gpu_gpt2_bench --tag gpt2-124M-nograph --steps 20 --no-graph 2>&1 | tail -1 | tee -a $O/bench.log

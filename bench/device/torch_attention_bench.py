@@ -1,4 +1,4 @@
-# PyTorch's causal SDPA (flash backend) at the shape of kernels/bench/gpu_attention_bench, timed the
+# PyTorch's causal SDPA (flash backend) at the shape of bench/gpu_attention_bench, timed the
 # same way: `reps` back-to-back calls between two events, best of `rounds`. Prints one JSON line.
 # Usage: python3 torch_attention_bench.py [--batch 16 --seq 1024 --heads 12 --dim 64]
 import argparse, json

@@ -82,11 +82,6 @@ void device_allocator::release_after(void* p, std::vector<cudaEvent_t> after) {
   live_.erase(it);
 }
 
-std::size_t device_allocator::pending_blocks() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pending_.size();
-}
-
 void device_allocator::collect_pending_locked() {
   if (pending_.empty()) return;
   device_guard guard(device_);

@@ -62,8 +62,6 @@ class device_allocator {
   /// recycle_event.
   CUevent_st* take_event();
   void recycle_event(CUevent_st* e);
-  /// Blocks released with events that have not completed yet.
-  std::size_t pending_blocks() const;
   /// Frees every cached (unused) block back to the device.
   void empty_cache();
   memory_stats stats() const;

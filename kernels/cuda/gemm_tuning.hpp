@@ -1,7 +1,7 @@
 // Measured GEMM algorithm choices, kept in a file across runs (TROUPE_GEMM_TUNE_FILE=path).
 //
 // cuBLASLt's heuristic picks a good algorithm, not the fastest: at GPT-2's shapes on the H200 the
-// fastest of its top eight candidates was up to 22% faster than its first (kernels/bench/
+// fastest of its top eight candidates was up to 22% faster than its first (bench/
 // gpu_gemm_bench). Timing candidates at run time would make the choice, and so the bits of every
 // result, depend on timing noise. Instead each choice is measured once and written to a file; every
 // later plan of the same GEMM on the same GPU and cuBLASLt version, in this process or another one

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/backend.hpp"
+#include "kernels/select.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace fs = std::filesystem;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tests/kernels/cpu_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cpu_test {
 namespace {

@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/parallel.hpp"
 #include "tests/kernels/cpu_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cpu_test {
 

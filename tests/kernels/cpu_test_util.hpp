@@ -19,6 +19,7 @@
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cpu_test {
 

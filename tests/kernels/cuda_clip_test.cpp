@@ -11,6 +11,7 @@
 
 #include "core/exact_sum.hpp"
 #include "tests/kernels/cuda_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cuda_test {
 namespace {

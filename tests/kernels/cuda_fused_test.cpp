@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "tests/kernels/cuda_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cuda_test {
 namespace {

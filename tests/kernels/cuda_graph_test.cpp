@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tests/kernels/cuda_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cuda_test {
 

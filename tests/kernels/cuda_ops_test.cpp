@@ -8,6 +8,7 @@
 #include "tests/kernels/cuda_test_util.hpp"
 #ifdef TROUPE_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/select.hpp"
 #endif
 
 namespace troupe::kernels::cuda_test {

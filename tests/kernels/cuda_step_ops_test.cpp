@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tests/kernels/cuda_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cuda_test {
 namespace {

@@ -1,5 +1,6 @@
 // add / accumulate / scale on the CPU backend.
 #include "tests/kernels/cpu_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cpu_test {
 

@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "kernels/cuda/gemm_tuning.hpp"
 #include "tests/kernels/cuda_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cuda_test {
 namespace {

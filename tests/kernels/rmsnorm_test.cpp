@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "tests/kernels/cpu_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cpu_test {
 namespace {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tests/kernels/cpu_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cpu_test {
 

@@ -8,6 +8,7 @@
 
 #include "model/params.hpp"
 #include "tests/model/trainer_fixture.hpp"
+#include "kernels/select.hpp"
 
 namespace {
 

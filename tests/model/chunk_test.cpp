@@ -7,6 +7,7 @@
 #include <set>
 
 #include "kernels/backend.hpp"
+#include "kernels/select.hpp"
 #include "model/chunk.hpp"
 #include "tests/model/chunk_harness.hpp"
 

@@ -9,6 +9,7 @@
 #include "model/chunk.hpp"
 #include "model/optimizer.hpp"
 #include "tests/kernels/cuda_test_util.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cuda_test {
 

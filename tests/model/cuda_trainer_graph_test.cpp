@@ -11,6 +11,7 @@
 #include "tests/kernels/cuda_test_util.hpp"
 #include "tests/model/poisoned_step.hpp"
 #include "tests/model/trainer_fixture.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::kernels::cuda_test {
 

@@ -12,6 +12,7 @@
 
 #include "core/rng.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/select.hpp"
 #include "model/chunk.hpp"
 #include "tests/model/chunk_harness.hpp"
 

@@ -11,6 +11,7 @@
 #include "model/optimizer.hpp"
 #include "model/trainer.hpp"
 #include "tests/model/trainer_fixture.hpp"
+#include "kernels/select.hpp"
 
 namespace {
 

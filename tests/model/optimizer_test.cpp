@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+#include "kernels/select.hpp"
 
 namespace {
 

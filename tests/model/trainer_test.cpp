@@ -11,6 +11,7 @@
 #include "model/params.hpp"
 #include "tests/model/poisoned_step.hpp"
 #include "tests/model/trainer_fixture.hpp"
+#include "kernels/select.hpp"
 
 namespace {
 

@@ -35,6 +35,7 @@
 
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/select.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "transport/nccl.hpp"
 #include "transport/rendezvous.hpp"

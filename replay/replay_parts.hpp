@@ -1,4 +1,4 @@
-// The parts of `troupe replay` (actors/replay.cpp): what it reads from a run directory, the
+// The parts of `troupe replay` (replay/replay.cpp): what it reads from a run directory, the
 // comparison of re-sent tensors with the recorded ones, and the replay of one worker alone
 // (`--rank R`), which drives that worker's stage and optimizer-shard engines directly, without
 // CAF: their inputs from other workers are the bytes recorded in rank_<R>.tensors, and every
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "actors/recorder.hpp"
-#include "actors/replay.hpp"
+#include "replay/replay.hpp"
 #include "core/config.hpp"
 #include "model/safetensors.hpp"
 

@@ -19,6 +19,7 @@
 
 #include "core/rng.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/select.hpp"
 
 namespace {
 

@@ -18,6 +18,7 @@
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/select.hpp"
 
 using namespace troupe;
 using core::dtype;

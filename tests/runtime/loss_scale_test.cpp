@@ -6,7 +6,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "actors/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "model/checkpoint.hpp"
 #include "model/metrics.hpp"
 #include "model/optimizer.hpp"

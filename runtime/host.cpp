@@ -1,12 +1,13 @@
-#include "actors/host.hpp"
+#include "runtime/host.hpp"
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
-#include "actors/build.hpp"
+#include "runtime/build.hpp"
 #include "model/safetensors.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::actors {
 namespace {

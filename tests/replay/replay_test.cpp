@@ -8,10 +8,10 @@
 #include <set>
 #include <sstream>
 
-#include "actors/build.hpp"
+#include "runtime/build.hpp"
 #include "actors/recorder.hpp"
-#include "actors/replay.hpp"
-#include "actors/runtime.hpp"
+#include "replay/replay.hpp"
+#include "runtime/runtime.hpp"
 #include "model/safetensors.hpp"
 #include "tests/model/trainer_fixture.hpp"
 

@@ -1,4 +1,4 @@
-#include "actors/worker.hpp"
+#include "runtime/worker.hpp"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 #include <mutex>
 #include <thread>
 
-#include "actors/host.hpp"
+#include "runtime/host.hpp"
 #include "transport/rendezvous.hpp"
 #include "transport/tcp.hpp"
 #ifdef TROUPE_HAVE_NCCL

@@ -1,15 +1,10 @@
-#include "actors/runtime.hpp"
+#include "runtime/runtime.hpp"
 
-#include "actors/host.hpp"
+#include "runtime/host.hpp"
 #include "transport/local.hpp"
 
 namespace troupe::actors {
 namespace {
-
-std::vector<core::tensor>& final_params() {
-  static std::vector<core::tensor> params;
-  return params;
-}
 
 class actor_config : public caf::actor_system_config {
  public:
@@ -20,8 +15,6 @@ class actor_config : public caf::actor_system_config {
 };
 
 }  // namespace
-
-const std::vector<core::tensor>& last_job_parameters() { return final_params(); }
 
 core::result<model::train_summary> run_actor_job(const core::config& cfg, const run_options& opt) {
   const int workers = cfg.parallel.data_parallel * cfg.parallel.pipeline_stage;
@@ -45,12 +38,6 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg, const 
   auto result = future.get();
   h.j->clear_directory();
   close_recorder(h);
-  const job_layout& layout = h.j->layout;
-  final_params().clear();
-  for (int i = 0; i < layout.chunks(); ++i) {
-    auto& b = h.stages.at({0, layout.rank_of_chunk(i)});
-    final_params().push_back(b->be->to_host(b->engine->chunks()[layout.local_index(i)].flat_params()).clone());
-  }
   print_summary(opt.log, result);
   return result;
 }

@@ -32,8 +32,4 @@ struct run_options {
 /// Trains `cfg` as actors. Errors name the failed actor, rank, step and instruction.
 core::result<model::train_summary> run_actor_job(const core::config& cfg, const run_options& opt);
 
-/// The final flat parameters of every chunk of the last run_actor_job in this process, for tests
-/// that compare weights bit for bit (replica 0, chunk order).
-const std::vector<core::tensor>& last_job_parameters();
-
 }  // namespace troupe::actors

@@ -3,14 +3,15 @@
 // the kernels are deterministic and a pipeline runs the same kernels in the same order as one
 // rank, so pipeline_stage 2 and 4 must give the single-rank CUDA loop's losses and weights bit for
 // bit, and the same config twice the same bits. Also fp16 with dynamic loss scaling, skipped steps
-// included. Skips without a GPU (run on a GPU machine: test_actors -tc='cuda*').
+// included. Skips without a GPU (run on a GPU machine: test_runtime -tc='cuda*').
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <fstream>
 
-#include "actors/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/select.hpp"
 #include "model/checkpoint.hpp"
 #include "model/metrics.hpp"
 #include "tests/model/trainer_fixture.hpp"

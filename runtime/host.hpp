@@ -1,6 +1,6 @@
 // What one process hosts of a job: the pieces every actor of the process shares (actors/job.hpp),
-// built from the config for a chosen set of workers. The in-process runtime (actors/runtime.cpp)
-// hosts every worker; a launched worker process (actors/worker.cpp) hosts one. Both build the
+// built from the config for a chosen set of workers. The in-process runtime (runtime/runtime.cpp)
+// hosts every worker; a launched worker process (runtime/worker.cpp) hosts one. Both build the
 // same chunks, shards and loaders in the same way, which is what keeps a launched job bit-identical
 // to `troupe train` of the same config.
 #pragma once
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "actors/actors.hpp"
-#include "actors/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "model/checkpoint.hpp"
 
 namespace troupe::actors {

@@ -1,6 +1,6 @@
 // Building the pieces of a job from its config: the layout, the lowered schedule, a pipeline
 // rank's model chunks and an optimizer shard, fresh or restored from a checkpoint. Shared by the
-// in-process runtime (actors/runtime.cpp), which builds every worker's, and by code that builds
+// in-process runtime (runtime/runtime.cpp), which builds every worker's, and by code that builds
 // one worker's only (`replay --rank`, a process per worker). No CAF here.
 #pragma once
 

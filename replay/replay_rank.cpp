@@ -8,9 +8,10 @@
 #include <chrono>
 #include <thread>
 
-#include "actors/build.hpp"
-#include "actors/replay_parts.hpp"
+#include "runtime/build.hpp"
+#include "replay/replay_parts.hpp"
 #include "model/loader.hpp"
+#include "kernels/select.hpp"
 
 namespace troupe::actors {
 

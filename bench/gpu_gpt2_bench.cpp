@@ -42,6 +42,7 @@
 #include "core/config.hpp"
 #include "core/rng.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/select.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "model/chunk.hpp"

@@ -1,4 +1,4 @@
-#include "actors/replay.hpp"
+#include "replay/replay.hpp"
 
 #include <unistd.h>
 
@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "actors/recorder.hpp"
-#include "actors/replay_parts.hpp"
-#include "actors/runtime.hpp"
+#include "replay/replay_parts.hpp"
+#include "runtime/runtime.hpp"
 #include "model/checkpoint.hpp"
 #include "model/safetensors.hpp"
 

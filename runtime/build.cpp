@@ -1,4 +1,4 @@
-#include "actors/build.hpp"
+#include "runtime/build.hpp"
 
 #include "model/params.hpp"
 #include "schedules/lower.hpp"

@@ -15,7 +15,7 @@
 #include <functional>
 #include <string>
 
-#include "actors/runtime.hpp"
+#include "runtime/runtime.hpp"
 #include "transport/tcp_wire.hpp"
 
 namespace troupe::actors {

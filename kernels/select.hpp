@@ -1,0 +1,22 @@
+// Choosing a backend by device name, and the CPU backend's thread count: the one place that knows
+// every backend implementation, so the interface in kernels/backend.hpp knows none.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/backend.hpp"
+
+namespace troupe::kernels {
+
+/// "cpu" or "cuda[:i]". Throws core::failure when the device is not available in this build or
+/// on this machine (the message says which).
+std::unique_ptr<backend> make_backend(const std::string& device);
+/// True when this build has the CUDA backend and a GPU is visible.
+bool cuda_available();
+
+/// Sets the threads a CPU op may use, the caller included (0 = all cores, the default); results do
+/// not depend on it (docs/kernels.md, "Determinism").
+void set_cpu_threads(int n);
+
+}  // namespace troupe::kernels
