@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 
+#include "actors/coordinator_engine.hpp"
 #include "actors/job.hpp"
 #include "actors/shard_engine.hpp"
 #include "actors/stage_engine.hpp"
@@ -25,13 +26,9 @@ struct shard_bundle {
   std::unique_ptr<shard_engine> engine;
 };
 
-/// What the coordinator needs beyond the job.
-struct coordinator_setup {
-  int first_step = 0;
-  int end_step = 0;
-  std::shared_ptr<model::loader> val;          // null: no validation
-  int halt_after = -1;                         // stop once this step is done (-1 = end_step)
-  std::optional<model::loss_scaler> scaler;    // a resumed run's loss scaler; none: from the config
+/// What the coordinator needs beyond the job: its plan, and the promise it settles with the
+/// job's outcome.
+struct coordinator_setup : coordinator_plan {
   std::shared_ptr<std::promise<core::result<model::train_summary>>> done;
 };
 
@@ -43,8 +40,5 @@ caf::actor spawn_loader(caf::actor_system& sys, std::shared_ptr<job> j, int dp,
                         std::shared_ptr<model::loader> data, int end_step);
 caf::actor spawn_writer(caf::actor_system& sys, std::shared_ptr<job> j, std::string root);
 caf::actor spawn_coordinator(caf::actor_system& sys, std::shared_ptr<job> j, coordinator_setup s);
-
-/// "stage(dp=0, pp=1)".
-std::string stage_name(int dp, int pp);
 
 }  // namespace troupe::actors

@@ -24,6 +24,7 @@ struct pending {
 
 struct writer_state {
   std::map<std::int64_t, pending> steps;
+  std::int64_t step = -1;  // of the last message, for failure reports
 };
 
 /// Parts whose moments the writer gets: ZeRO-0 shards hold everything, only replica 0's is sent.
@@ -110,14 +111,18 @@ void write_when_complete(caf::stateful_actor<writer_state>* self, const job& j,
 
 caf::behavior writer_actor(caf::stateful_actor<writer_state>* self, std::shared_ptr<job> j,
                            std::string root) {
+  report_exceptions(self, j, address{role::writer, 0, 0},
+                    [self] { return std::pair{self->state.step, std::string()}; });
   return {
       [=](ckpt_atom, std::int64_t step, std::vector<double>& scaler) {
+        self->state.step = step;
         auto& p = self->state.steps[step];
         p.announced = true;
         p.scaler = std::move(scaler);
         write_when_complete(self, *j, root, step);
       },
       [=](tensor_ready& m) {
+        self->state.step = m.step;
         auto& p = self->state.steps[m.step];
         core::tensor t = receive(*j, 0, m);
         switch (static_cast<tensor_kind>(m.kind)) {

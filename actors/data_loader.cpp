@@ -38,20 +38,8 @@ void feed(caf::stateful_actor<loader_state>* self, const job& j, int dp, std::in
 caf::behavior loader_actor(caf::stateful_actor<loader_state>* self, std::shared_ptr<job> j, int dp,
                            std::shared_ptr<model::loader> data, int end_step) {
   self->state.data = std::move(data);
-  self->set_exception_handler([self, j, dp](caf::scheduled_actor*, std::exception_ptr& e) {
-    std::string what;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      what = x.what();
-    } catch (...) {
-      what = "unknown exception";
-    }
-    self->send(j->coordinator, actor_failure{"data_loader(dp=" + std::to_string(dp) + ")",
-                                             j->layout.worker(dp, 0), self->state.feeding,
-                                             "loader cut", what});
-    return caf::make_error(caf::sec::runtime_error, what);
-  });
+  report_exceptions(self, j, address{role::loader, dp, 0},
+                    [self] { return std::pair{self->state.feeding, std::string("loader cut")}; });
   return {
       [=](step_atom, std::int64_t step) {
         for (std::int64_t s = std::max(step, self->state.sent_through + 1);

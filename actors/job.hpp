@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,6 +77,33 @@ struct job {
   /// The worker rank an address lives on.
   int worker_of(const address& a) const { return actors::worker_of(layout, a); }
 };
+
+/// The text of a caught exception.
+inline std::string exception_text(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+/// Installs the exception handler of an actor of the job (every actor but the coordinator, which
+/// stops the job itself): an exception ends the actor, and the coordinator gets an actor_failure
+/// naming the actor at `me`, its worker rank, and the step and instruction `where()` returns
+/// (a std::pair<std::int64_t, std::string>), and stops the job with it.
+template <class Self, class Where>
+void report_exceptions(Self* self, std::shared_ptr<job> j, address me, Where where) {
+  self->set_exception_handler(
+      [self, j = std::move(j), me, where](caf::scheduled_actor*, std::exception_ptr& e) {
+        const std::string what = exception_text(e);
+        auto [step, instruction] = where();
+        self->send(j->coordinator,
+                   actor_failure{actor_name(me), j->worker_of(me), step, instruction, what});
+        return caf::make_error(caf::sec::runtime_error, what);
+      });
+}
 
 /// What route() needs beyond the tensor to record it: the sender's backend (to read a device
 /// tensor's final bytes) and, for loader cuts, the data-sampling key.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "actors/wire.hpp"
 #include "kernels/backend.hpp"
 
 namespace troupe::actors {
@@ -47,5 +48,15 @@ struct job_layout {
   /// Do shards send the summed gradient slices back to every replica (all-reduce)?
   bool returns_reduced_grads() const { return zero_stage == 1; }
 };
+
+/// The worker rank an address lives on (coordinator and checkpoint writer: worker 0).
+inline int worker_of(const job_layout& l, const address& a) {
+  switch (a.who) {
+    case role::stage: return l.worker(a.a, a.b);
+    case role::shard: return l.worker(a.b, a.a);
+    case role::loader: return l.worker(a.a, 0);
+    default: return 0;
+  }
+}
 
 }  // namespace troupe::actors

@@ -37,19 +37,8 @@ caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
                           int part, std::shared_ptr<shard_bundle> b) {
   self->state.b = std::move(b);
   self->state.worker = j->layout.worker(part, pp);
-  std::string name = "optimizer_shard(pp=" + std::to_string(pp) + ", part=" + std::to_string(part) + ")";
-  self->set_exception_handler([self, j, name](caf::scheduled_actor*, std::exception_ptr& e) {
-    std::string what;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      what = x.what();
-    } catch (...) {
-      what = "unknown exception";
-    }
-    self->send(j->coordinator, actor_failure{name, self->state.worker, self->state.step, "", what});
-    return caf::make_error(caf::sec::runtime_error, what);
-  });
+  report_exceptions(self, j, address{role::shard, pp, part},
+                    [self] { return std::pair{self->state.step, std::string()}; });
   return {
       [=](tensor_ready& m) {
         auto& eng = *self->state.b->engine;

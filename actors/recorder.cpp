@@ -395,15 +395,6 @@ std::uint64_t tensor_xxh64(const core::tensor& t) {
   return model::safetensors::xxh64(t.raw(), t.bytes());
 }
 
-int worker_of(const job_layout& l, const address& a) {
-  switch (a.who) {
-    case role::stage: return l.worker(a.a, a.b);
-    case role::shard: return l.worker(a.b, a.a);
-    case role::loader: return l.worker(a.a, 0);
-    default: return 0;
-  }
-}
-
 core::tensor host_view(const core::tensor& t, kernels::backend* be) {
   if (!t.defined() || t.dev().is_cpu()) return t;
   TROUPE_CHECK(be != nullptr, "a device tensor reached the message log without its backend");

@@ -147,8 +147,6 @@ class message_sink {
 
 /// xxhash64 (seed 0) of a host tensor's bytes, as the logs hold it.
 std::uint64_t tensor_xxh64(const core::tensor& t);
-/// The worker rank an address lives on (coordinator and checkpoint writer: worker 0).
-int worker_of(const job_layout& l, const address& a);
 
 /// The record of tensor `t` (host bytes) that `from` on worker `src` sends `to` on `dst`.
 message_record record_of(const address& from, int src, const address& to, int dst,

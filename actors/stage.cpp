@@ -6,10 +6,6 @@
 
 namespace troupe::actors {
 
-std::string stage_name(int dp, int pp) {
-  return "stage(dp=" + std::to_string(dp) + ", pp=" + std::to_string(pp) + ")";
-}
-
 namespace {
 
 struct stage_state {
@@ -49,19 +45,9 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
                           int pp, std::shared_ptr<stage_bundle> b) {
   self->state.b = std::move(b);
   self->state.worker = j->layout.worker(dp, pp);
-  self->set_exception_handler([self, j, dp, pp](caf::scheduled_actor*, std::exception_ptr& e) {
-    std::string what;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      what = x.what();
-    } catch (...) {
-      what = "unknown exception";
-    }
+  report_exceptions(self, j, address{role::stage, dp, pp}, [self] {
     auto& eng = *self->state.b->engine;
-    self->send(j->coordinator, actor_failure{stage_name(dp, pp), self->state.worker, eng.step(),
-                                             eng.current_instruction(), what});
-    return caf::make_error(caf::sec::runtime_error, what);
+    return std::pair{eng.step(), eng.current_instruction()};
   });
   return {
       [=](step_atom, std::int64_t step, float loss_scale) {
@@ -89,8 +75,8 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
       },
       [=](status_atom) {
         auto& eng = *self->state.b->engine;
-        std::string s = stage_name(dp, pp) + " (rank " + std::to_string(self->state.worker) +
-                        ") step " + std::to_string(eng.step());
+        std::string s = actor_name(address{role::stage, dp, pp}) + " (rank " +
+                        std::to_string(self->state.worker) + ") step " + std::to_string(eng.step());
         if (!self->state.running) return s + ": idle";
         s += " at " + eng.current_instruction();
         auto w = eng.waiting_for();

@@ -110,10 +110,12 @@ model::chunk& stage_engine::chunk_for(int global_chunk) {
   return chunks_.at(layout_.local_index(global_chunk));
 }
 
-void stage_engine::record(const std::string& name, std::uint8_t cat, clock::time_point start,
+void stage_engine::record(const std::string& name, event_cat cat, clock::time_point start,
                           clock::time_point end) {
   double dur = seconds(end - start);
-  (cat == 0 ? timing_.busy_s : cat == 1 ? timing_.comm_s : timing_.wait_s) += dur;
+  (cat == event_cat::compute ? timing_.busy_s
+   : cat == event_cat::comm  ? timing_.comm_s
+                             : timing_.wait_s) += dur;
   timing_.events.push_back(trace_event{name, cat, seconds(start - epoch_) * 1e6, dur * 1e6});
 }
 
@@ -150,11 +152,12 @@ bool stage_engine::run() {
     }
     auto t1 = clock::now();
     if (blocked_since_) {
-      record("wait " + schedules::to_string(op), 2, *blocked_since_, t0);
+      record("wait " + schedules::to_string(op), event_cat::wait, *blocked_since_, t0);
       blocked_since_.reset();
     }
     waiting_for_.clear();
-    record(schedules::to_string(op), schedules::is_compute(op.kind) ? 0 : 1, t0, t1);
+    record(schedules::to_string(op),
+           schedules::is_compute(op.kind) ? event_cat::compute : event_cat::comm, t0, t1);
     ++pc_;
     if (!out_.empty()) return false;  // let the host send it now (see stage.cpp's pump)
   }
@@ -236,12 +239,12 @@ void stage_engine::send_slices(int c) {
     emit(address{role::shard, pp_, k}, tag_of(tensor_kind::grad_slice, c, -1, k),
          g.slice(lo, {hi - lo}));
   }
-  reduce_state_[c] = 2;
+  reduce_state_[c] = reduce_progress::slices_sent;
 }
 
 bool stage_engine::reduce_grad(int c) {
-  int& state = reduce_state_[c];
-  if (state == 2) return true;
+  reduce_progress& state = reduce_state_[c];
+  if (state == reduce_progress::slices_sent) return true;
   const int last = layout_.chunks() - 1;
   const bool tied = cfg_.model.tie_embeddings && (c == 0 || c == last);
   if (!tied) {
@@ -259,28 +262,28 @@ bool stage_engine::reduce_grad(int c) {
   if (layout_.rank_of_chunk(partner) == pp_) {
     // Both uses live on this rank: sum once both gradients are complete, i.e. when the second of
     // the two is reduced (or at the end of the step).
-    if (reduce_state_[partner] == 0 && !finishing_) {
-      state = 1;
+    if (reduce_state_[partner] == reduce_progress::none && !finishing_) {
+      state = reduce_progress::tied_sent;
       return true;
     }
     core::tensor g_wte = chunk_for(0).grad(emb), g_head = chunk_for(last).grad("lm_head.weight");
     model::tie_gradients(be_, g_wte, g_head);
     send_slices(c);
-    if (reduce_state_[partner] != 2) send_slices(partner);
+    if (reduce_state_[partner] != reduce_progress::slices_sent) send_slices(partner);
     return true;
   }
   // The partner is on another rank: send a copy now, add the partner's copy when it has come
   // (a + b == b + a, so both ranks get the same bits). Never wait inside the instruction list:
   // the partner may need this rank's later instructions before it reaches its own REDUCE_GRAD.
   core::tensor mine = chunk_for(c).grad(c == 0 ? emb : "lm_head.weight");
-  if (state == 0) {
+  if (state == reduce_progress::none) {
     // A copy: this rank adds the partner's gradient into `mine` while the partner reads this one.
     // On a GPU the copy stays on the device (a host round trip of the embedding's gradient costs
     // tens of milliseconds per step).
     emit(address{role::stage, dp_, layout_.rank_of_chunk(partner)},
          tag_of(tensor_kind::tied_grad, c, -1),
          be_.dev().is_cpu() ? mine.clone() : hand_over(be_, mine, true));
-    state = 1;
+    state = reduce_progress::tied_sent;
   }
   if (!finishing_) return true;
   auto tg = tag_of(tensor_kind::tied_grad, partner, -1);
@@ -298,7 +301,7 @@ bool stage_engine::finish_step() {
   auto t0 = clock::now();
   for (int i = 0; i < layout_.v; ++i) {
     int c = pp_ + i * layout_.pp;
-    if (reduce_state_[c] != 2 && !reduce_grad(c)) {
+    if (reduce_state_[c] != reduce_progress::slices_sent && !reduce_grad(c)) {
       if (!blocked_since_) blocked_since_ = t0;
       return false;
     }
@@ -322,7 +325,7 @@ bool stage_engine::finish_step() {
     }
   }
   if (blocked_since_) {
-    record("wait optimizer", 2, *blocked_since_, t0);
+    record("wait optimizer", event_cat::wait, *blocked_since_, t0);
     blocked_since_.reset();
   }
   waiting_for_.clear();
@@ -343,7 +346,7 @@ bool stage_engine::finish_step() {
     }
     ch.params_updated();
   }
-  record("STEP", 1, t0, clock::now());
+  record("STEP", event_cat::comm, t0, clock::now());
   return true;
 }
 

@@ -102,7 +102,7 @@ class stage_engine {
   core::tensor on_device(core::tensor t);
   transport::tag tag_of(tensor_kind k, int chunk, int mb, int part = 0) const;
   void emit(address to, transport::tag tg, core::tensor t);
-  void record(const std::string& name, std::uint8_t cat, clock::time_point start, clock::time_point end);
+  void record(const std::string& name, event_cat cat, clock::time_point start, clock::time_point end);
   void maybe_inject_fault(const schedules::instruction& op) const;
 
   const core::config& cfg_;
@@ -125,8 +125,13 @@ class stage_engine {
   std::optional<clock::time_point> blocked_since_;
   std::string waiting_for_;
   stage_timing timing_;
-  // REDUCE_GRAD progress per chunk: 0 = not started, 1 = tied grad sent, 2 = slices sent.
-  std::map<int, int> reduce_state_;
+  /// REDUCE_GRAD progress of a chunk.
+  enum class reduce_progress {
+    none,         // not started
+    tied_sent,    // the tied embedding's gradient handled (sent to its partner, or deferred)
+    slices_sent,  // the gradient slices went to the shards: done
+  };
+  std::map<int, reduce_progress> reduce_state_;
   bool finishing_ = false;  // past the last instruction: deferred reductions run now
 };
 

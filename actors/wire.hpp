@@ -1,9 +1,14 @@
 // Plain types shared by the actor runtime's engines (testable without CAF) and the CAF protocol
-// (actors/protocol.hpp): what a tagged tensor is, who a tensor is for, and trace events.
+// (actors/protocol.hpp): what a tagged tensor is, who a message is for and what an actor is
+// called, trace events, and the control messages themselves. protocol.hpp makes them CAF
+// messages (inspect, registration) and adds the atoms.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "transport/transport.hpp"
 
 namespace troupe::actors {
 
@@ -32,12 +37,129 @@ struct address {
   bool operator==(const address&) const = default;
 };
 
+/// The name failure reports and logs use for the actor at `a`: "stage(dp=0, pp=1)",
+/// "optimizer_shard(pp=1, part=0)", "data_loader(dp=1)", "checkpoint_writer", "coordinator".
+inline std::string actor_name(const address& a) {
+  const std::string x = std::to_string(a.a), y = std::to_string(a.b);
+  switch (a.who) {
+    case role::stage: return "stage(dp=" + x + ", pp=" + y + ")";
+    case role::shard: return "optimizer_shard(pp=" + x + ", part=" + y + ")";
+    case role::loader: return "data_loader(dp=" + x + ")";
+    case role::coordinator: return "coordinator";
+    case role::writer: return "checkpoint_writer";
+  }
+  return "an actor";
+}
+
+/// What a traced instruction spent its time on.
+enum class event_cat : std::uint8_t { compute = 0, comm = 1, wait = 2 };
+
+/// "compute", "comm", "wait" (the Chrome trace's category names).
+inline const char* event_cat_name(event_cat c) {
+  return c == event_cat::compute ? "compute" : c == event_cat::comm ? "comm" : "wait";
+}
+
 /// One timed instruction of a stage, for the Chrome trace.
 struct trace_event {
-  std::string name;       // "1F3", "wait 2RECV_F3<-1", ...
-  std::uint8_t cat = 0;   // 0 compute, 1 communication, 2 waiting
-  double start_us = 0;    // since the job started
+  std::string name;                   // "1F3", "wait 2RECV_F3<-1", ...
+  event_cat cat = event_cat::compute;
+  double start_us = 0;                // since the job started
   double dur_us = 0;
+};
+
+/// Destinations of a snapshot (a bit mask of these).
+inline constexpr std::int32_t to_writer = 1;
+inline constexpr std::int32_t to_coordinator = 2;
+
+// --- control messages (protocol.hpp makes them CAF messages) -----------------------------------
+
+/// "The tensor under this tag is on the transport for you, from worker `src`."
+struct tensor_ready {
+  std::int64_t step = 0;
+  std::uint32_t kind = 0;
+  std::int32_t chunk = 0;
+  std::int32_t mb = 0;
+  std::int32_t part = 0;
+  std::int32_t src = 0;
+
+  transport::tag tag() const { return {step, kind, chunk, mb, part}; }
+};
+
+/// Losses of the last stage of replica `dp` (one per micro-batch, in micro-batch order), sent as
+/// soon as its instructions are done, before the optimizer runs.
+struct loss_report {
+  std::int64_t step = 0;
+  std::int32_t dp = 0;
+  std::vector<double> mb_loss_sums;
+};
+
+/// A stage finished step `step` (parameters updated).
+struct stage_report {
+  std::int64_t step = 0;
+  std::int32_t dp = 0;
+  std::int32_t pp = 0;
+  double busy_s = 0;     // compute instructions
+  double comm_s = 0;     // sends, receives, reductions (excluding waits)
+  double wait_s = 0;     // blocked on a peer: the bubble
+  std::uint64_t peak_activation_bytes = 0;
+  std::vector<trace_event> events;
+  std::uint64_t peak_device_bytes = 0;  // the stage backend's allocator peak (0 on the CPU)
+};
+
+/// The exact sum of the per-block sums of squares of one shard's slice of a chunk's reduced
+/// gradient: the words of a core::exact_sum (order-free, so the coordinator merges them in any
+/// order and gets the single-rank trainer's norm).
+struct norm_part {
+  std::int64_t step = 0;
+  std::int32_t chunk = 0;
+  std::int32_t part = 0;
+  std::vector<std::int64_t> sumsq;
+};
+
+/// The coordinator's decision for step `step` (model::decide_step): AdamW's gradient factor
+/// (clipping, and undoing a dynamic loss scale), learning rate, AdamW's t, and whether the step is
+/// skipped (non-finite gradients under dynamic loss scaling: no update on any shard).
+struct clip_decision {
+  std::int64_t step = 0;
+  float scale = 1;
+  double lr = 0;
+  std::int64_t adam_step = 1;
+  bool skip = false;
+  float loss_scale = 1;  // the scale the step's losses were multiplied by (logged for replay)
+};
+
+/// An optimizer shard finished step `step`.
+struct shard_report {
+  std::int64_t step = 0;
+  std::int32_t pp = 0;
+  std::int32_t part = 0;
+  std::uint64_t state_bytes = 0;  // master slice + AdamW moments held by this shard
+  std::uint64_t peak_device_bytes = 0;  // the shard backend's allocator peak (0 on the CPU)
+};
+
+/// An actor failed; the coordinator stops the job with this.
+struct actor_failure {
+  std::string actor;        // "stage(dp=0, pp=1)"
+  std::int32_t rank = -1;   // worker rank
+  std::int64_t step = -1;
+  std::string instruction;  // text form, "" when not executing one
+  std::string what;
+};
+
+/// A worker process is alive, and what its stage was doing: sent by every worker's node actor to
+/// the coordinator once a second, so that when a process dies the coordinator can say what it
+/// was last doing.
+struct worker_heartbeat {
+  std::int32_t rank = 0;
+  std::int32_t pid = 0;
+  std::string status;  // the stage's status line ("stage(dp=1, pp=1) (rank 3) step 5 at 1B3: ...")
+};
+
+/// The writer finished (or failed) the checkpoint of `step`.
+struct checkpoint_written {
+  std::int64_t step = 0;
+  std::string path;   // the checkpoint directory; empty on failure
+  std::string error;  // why it failed
 };
 
 }  // namespace troupe::actors

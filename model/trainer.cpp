@@ -229,20 +229,9 @@ core::result<step_result> trainer::device_step(int step) {
 }
 
 double trainer::validation_loss() {
-  const int n = cfg_.train.eval_batches;
-  double total = 0;
-  std::int64_t tokens = 0;
-  for (int i = 0; i < n; ++i) {
-    batch b = val_->eval_cut(i);
-    tensor x = to_device(b.tokens);
-    tensor targets = to_device(b.targets);
-    for (std::size_t c = 0; c + 1 < chunks_.size(); ++c) x = chunks_[c].forward(i, x);
-    chunks_.back().forward(i, x, targets, 0.0f);
-    total += chunks_.back().loss_sum(i);
-    for (chunk& c : chunks_) c.release(i);
-    tokens += static_cast<std::int64_t>(b.batch_size) * b.seq_length;
-  }
-  return total / static_cast<double>(tokens);
+  std::vector<chunk*> chunks;
+  for (chunk& c : chunks_) chunks.push_back(&c);
+  return model::validation_loss(*val_, cfg_.train.eval_batches, be_, std::move(chunks));
 }
 
 checkpoint::save_request trainer::snapshot(int steps_done) {
@@ -305,38 +294,6 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-// The resumed run must be the same model; other differences (logging, intervals) are allowed but
-// the ones that change the arithmetic are pointed out, since they break bit-identical resumption.
-core::status check_resume_config(const core::config& cfg, const checkpoint::reader& ck,
-                                 std::FILE* log) {
-  const std::string where = (fs::path(ck.dir()) / "manifest.json").string();
-  auto saved = core::parse_config(ck.info().config_toml, where);
-  if (!saved) return saved.err();
-  // Validation fills derived defaults (kv heads, MLP width); compare both sides after it.
-  auto current = core::parse_config(core::to_toml(cfg), "the run's config");
-  if (!current) return current.err();
-  if (!(saved->model == current->model))
-    return core::error::at_file(where, "the checkpoint holds a different model than the config",
-                                "resume with the config the checkpoint was trained with (its "
-                                "text is in manifest.json), or fix the [model] table");
-  if (saved->train.seed != cfg.train.seed)
-    note(log, "note: train.seed differs from the checkpoint's; the data order will not continue "
-              "the original run");
-  if (saved->train.steps != cfg.train.steps || saved->train.warmup_steps != cfg.train.warmup_steps ||
-      saved->optimizer.lr != cfg.optimizer.lr || saved->optimizer.min_lr != cfg.optimizer.min_lr)
-    note(log, "note: the learning-rate schedule differs from the checkpoint's run");
-  return {};
-}
-
-core::status write_text(const std::string& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) return core::error::at_file(path, "cannot create");
-  bool ok = std::fputs(text.c_str(), f) >= 0;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) return core::error::at_file(path, "write failed", "check free disk space");
-  return {};
-}
-
 }  // namespace
 
 core::result<train_summary> train_single_rank(const core::config& cfg, const train_options& opt) {
@@ -356,33 +313,14 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
   if (!made) return made.err();
   trainer& tr = *made.value();
 
-  train_summary sum;
-  if (!opt.resume.empty()) {
-    auto dir = checkpoint::resolve(opt.resume);
-    if (!dir) return dir.err();
-    auto ck = checkpoint::reader::open(dir.value());
-    if (!ck) return ck.err();
-    if (auto st = check_resume_config(cfg, ck.value(), log); !st) return st.err();
-    if (auto st = tr.restore(ck.value()); !st) return st.err();
-    sum.first_step = ck->info().next_step;
-    note(log, "resumed from " + dir.value() + " at step " + std::to_string(sum.first_step));
-  }
+  auto start = open_run(cfg, opt.resume, opt.max_steps, true, log);
+  if (!start) return start.err();
+  if (start->resume)
+    if (auto st = tr.restore(*start->resume); !st) return st.err();
+  auto run = run_log::open(cfg, start.value(), log);
+  if (!run) return run.err();
   const int total = cfg.train.steps;
-  sum.end_step = total;
-  if (opt.max_steps >= 0) sum.end_step = std::min(total, sum.first_step + opt.max_steps);
-
-  std::error_code ec;
-  fs::create_directories(cfg.runtime.run_dir, ec);
-  if (ec)
-    return core::error::at_file(cfg.runtime.run_dir, "cannot create the run directory: " + ec.message());
-  if (auto st = write_text((fs::path(cfg.runtime.run_dir) / "config.toml").string(), core::to_toml(cfg));
-      !st)
-    return st.err();
-  auto metrics = metrics_writer::open(cfg.runtime.run_dir, sum.first_step);
-  if (!metrics) return metrics.err();
-  const std::string ckpt_root = cfg.checkpoint.dir.empty()
-                                    ? (fs::path(cfg.runtime.run_dir) / "checkpoints").string()
-                                    : cfg.checkpoint.dir;
+  const int first_step = start->first_step, end_step = start->end_step;
 
   char head[256];
   std::snprintf(head, sizeof head,
@@ -391,13 +329,11 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
                 cfg.model.arch == core::arch_kind::gpt2 ? "gpt2" : "llama", cfg.model.num_layers,
                 cfg.model.hidden_size, core::parameter_count(cfg.model) / 1e6, tr.micro_batches(),
                 par.micro_batch_size, cfg.model.seq_length,
-                static_cast<long long>(tr.tokens_per_step()), sum.first_step + 1, sum.end_step,
-                total);
+                static_cast<long long>(tr.tokens_per_step()), first_step + 1, end_step, total);
   note(log, head);
 
-  const auto t_start = clock_type::now();
   bool graph_noted = false;
-  for (int step = sum.first_step; step < sum.end_step; ++step) {
+  for (int step = first_step; step < end_step; ++step) {
     const auto t0 = clock_type::now();
     const bool replaying = tr.replays_graph();
     auto r = tr.train_step(step);
@@ -409,48 +345,35 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
     if (tr.replays_graph() && !replaying)
       note(log, "note: the step is recorded as a CUDA graph and replayed from step " +
                     std::to_string(step + 1) + " on (runtime.cuda_graph)");
-    const double dt = seconds_since(t0);
-    sum.seconds += dt;
-    sum.losses.push_back(r->loss);
-    sum.grad_norms.push_back(r->grad_norm);
-    const int done = step + 1;
-
-    step_metrics m;
-    m.step = step;
-    m.loss = static_cast<float>(r->loss);
-    m.lr = static_cast<float>(r->lr);
-    m.grad_norm = static_cast<float>(r->grad_norm);
-    m.tokens_per_s = static_cast<float>(static_cast<double>(r->tokens) / dt);
-    if (tr.scaler().enabled) {
-      m.loss_scale = r->loss_scale;
-      m.skipped = r->skipped;
-      m.next_loss_scale = r->next_loss_scale;
+    step_outcome o;
+    o.seconds = seconds_since(t0);
+    o.step = step;
+    o.loss = r->loss;
+    o.grad_norm = r->grad_norm;
+    o.lr = r->lr;
+    o.tokens = r->tokens;
+    o.scaled = tr.scaler().enabled;
+    o.loss_scale = r->loss_scale;
+    o.skipped = r->skipped;
+    o.next_loss_scale = r->next_loss_scale;
+    const step_cadence due = cadence(cfg, step + 1, end_step, tr.has_validation());
+    if (due.evaluate) {
+      try {
+        o.val_loss = tr.validation_loss();
+      } catch (const core::failure& e) {
+        return core::error::make("the evaluation after step " + std::to_string(step) +
+                                     " failed: " + e.what(),
+                                 "check data.val; resume from the last checkpoint with --resume");
+      }
     }
-    const bool eval_now = tr.has_validation() &&
-                          ((cfg.train.eval_interval > 0 && done % cfg.train.eval_interval == 0) ||
-                           done == sum.end_step);
-    if (eval_now) {
-      sum.final_val_loss = tr.validation_loss();
-      m.val_loss = static_cast<float>(*sum.final_val_loss);
-    }
-    m.elapsed_s = static_cast<float>(seconds_since(t_start));
-    if (auto st = metrics->write(m); !st) return st.err();
-    const double per_step = sum.seconds / static_cast<double>(done - sum.first_step);
-    if (log && (cfg.train.log_interval <= 1 || done % cfg.train.log_interval == 0 || eval_now ||
-                done == sum.end_step)) {
-      std::fprintf(log, "%s\n", progress_line(m, total, per_step * (sum.end_step - done)).c_str());
-      std::fflush(log);
-    }
-
-    if ((cfg.checkpoint.interval > 0 && done % cfg.checkpoint.interval == 0) || done == sum.end_step) {
-      auto saved = checkpoint::save(ckpt_root, tr.snapshot(done), cfg.checkpoint.keep);
+    if (auto st = run->step_end(o); !st) return st.err();
+    if (due.checkpoint) {
+      auto saved = checkpoint::save(start->ckpt_root, tr.snapshot(step + 1), cfg.checkpoint.keep);
       if (!saved) return saved.err();
-      sum.checkpoint = saved.value();
-      note(log, "checkpoint " + sum.checkpoint);
+      run->checkpoint_written(saved.value());
     }
   }
-  if (sum.first_step >= sum.end_step) note(log, "nothing to do: the run already has all steps");
-  return sum;
+  return run->finish();
 }
 
 }  // namespace troupe::model

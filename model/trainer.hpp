@@ -27,8 +27,7 @@
 //     the same pass (one adamw_runs call per chunk).
 //  8. reported loss = loss_total / tokens_per_step (mean token loss, double).
 //
-// Validation loss = Σ loss_sum over eval_cut(0 .. eval_batches-1) / (eval_batches × B × T), forward
-// only (grad_scale 0), each micro-batch released after use.
+// Validation loss: model::validation_loss (model/run_policy.hpp), the coordinator's too.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +44,7 @@
 #include "model/chunk.hpp"
 #include "model/loader.hpp"
 #include "model/optimizer.hpp"
+#include "model/run_policy.hpp"
 
 namespace troupe::model {
 
@@ -146,19 +146,8 @@ struct train_options {
   std::FILE* log = stdout;  // progress lines and notes; null = quiet
 };
 
-/// What a run did.
-struct train_summary {
-  int first_step = 0;                  // step the run started at (after a resume: the next one)
-  int end_step = 0;                    // one past the last step run
-  std::vector<double> losses;          // per step run, in order
-  std::vector<double> grad_norms;
-  std::optional<double> final_val_loss;
-  std::string checkpoint;              // the last checkpoint written ("" if none)
-  double seconds = 0;                  // training time (without evaluation and checkpoints)
-};
-
-/// `troupe train` on one rank: progress lines, validation, metrics.jsonl and config.toml in
-/// runtime.run_dir, checkpoints every checkpoint.interval steps and at the end. Parallel sizes > 1
+/// `troupe train` on one rank under the run policy of model/run_policy.hpp (run directory,
+/// cadence of evaluation, checkpoints and progress lines, metrics.jsonl). Parallel sizes > 1
 /// are run as the same global batch on one rank (with a note).
 core::result<train_summary> train_single_rank(const core::config& cfg, const train_options& opt);
 

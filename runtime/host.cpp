@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include "runtime/build.hpp"
@@ -33,36 +32,22 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
   auto sched = build_schedule(cfg, layout.microbatches);
   if (!sched.ok()) return sched.err();
 
-  // Resume: the checkpoint decides where training continues.
-  std::optional<model::checkpoint::reader> ck;
-  std::string resumed_from;
-  if (!opt.resume.empty()) {
-    auto dir = model::checkpoint::resolve(opt.resume);
-    if (!dir.ok()) return dir.err();
-    auto r = model::checkpoint::reader::open(dir.value());
-    if (!r.ok()) return r.err();
-    ck.emplace(std::move(r.value()));
-    h.first_step = ck->info().next_step;
-    resumed_from = dir.value();
+  // The run policy (model/run_policy.hpp) resolves the resume point and the steps, creates the
+  // run directory, and writes config.toml on the process hosting worker 0.
+  auto start = model::open_run(cfg, opt.resume, opt.max_steps, h.hosts(0),
+                               h.hosts(0) ? opt.log : nullptr);
+  if (!start.ok()) return start.err();
+  const std::optional<model::checkpoint::reader>& ck = start->resume;
+  const std::string& resumed_from = start->resumed_from;
+  h.first_step = start->first_step;
+  h.end_step = start->end_step;
+  h.ckpt_root = start->ckpt_root;
+  if (ck) {
     auto scaler = model::restore_loss_scaler(*ck, cfg.precision);
     if (!scaler.ok()) return scaler.err();
     h.scaler = scaler.value();
   }
-  h.end_step = cfg.train.steps;
-  if (opt.max_steps >= 0) h.end_step = std::min(h.end_step, h.first_step + opt.max_steps);
-
-  std::error_code ec;
-  std::filesystem::create_directories(cfg.runtime.run_dir, ec);
-  if (ec)
-    return core::error::at_key(cfg.source, "runtime.run_dir", 0, 0,
-                               "cannot create run directory '" + cfg.runtime.run_dir + "': " + ec.message(),
-                               "choose a writable runtime.run_dir");
   const std::string config_text = core::to_toml(cfg);
-  if (h.hosts(0)) {
-    std::ofstream f(cfg.runtime.run_dir + "/config.toml");
-    f << config_text;
-  }
-  h.ckpt_root = cfg.checkpoint.dir.empty() ? cfg.runtime.run_dir + "/checkpoints" : cfg.checkpoint.dir;
 
   auto data_opts = model::loader_options::from(cfg);
   auto train = model::loader::open(cfg.data.train, data_opts);

@@ -1,7 +1,8 @@
 // `troupe launch`, run as the built binary: --help, the usage errors caught before anything
 // starts (wrong --worker_num, nodes, token), a master port in use, a node that never arrives, a
-// stranger at the rendezvous port while a two-node job forms, a worker killed by SIGKILL and a
-// SIGTERM to the launcher. Every launcher runs as a child of the test with a bound on its
+// stranger at the rendezvous port while a two-node job forms, a worker killed by SIGKILL, a
+// SIGTERM to the launcher, and an exception inside an actor (a bad validation shard) under both
+// `troupe train` and `troupe launch`. Every launcher runs as a child of the test with a bound on its
 // running time, on a free port found by binding port 0; none hangs the test.
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "model/shards.hpp"
 #include "tests/model/trainer_fixture.hpp"
 #include "transport/rendezvous.hpp"
 
@@ -411,4 +413,36 @@ TEST_CASE(
   CHECK(*code == 128 + SIGTERM);
   CHECK(contains(l->stderr_text(), "received SIGTERM; forwarded it to the workers"));
   for (pid_t p : pids) CHECK_FALSE(alive(p));
+}
+
+TEST_CASE(
+    "a token id outside the vocabulary in the validation shard stops `troupe train` and `troupe "
+    "launch` with a non-zero exit, naming the shard file and the token") {
+  scratch_dir tmp("launch_val_token");
+  auto job = write_config(tmp, 2, 1, 2);  // validation after the last step
+  const std::string val = tmp / "val.bin";
+  REQUIRE(troupe::model::write_shard(val, std::vector<std::uint16_t>(4000, 99)).ok());
+
+  auto t = start_troupe(tmp.path, "train", {"train", job.path});
+  const auto tc = t->wait(120s);
+  REQUIRE_MESSAGE(tc.has_value(), "troupe train was still running after 120 s");
+  CHECK(*tc == 1);
+  const auto terr = t->stderr_text();
+  CHECK_MESSAGE(contains(terr, "coordinator (rank 0) at step 1, instruction evaluation failed: "
+                               "token id 99"),
+                terr);
+  CHECK_MESSAGE(contains(terr, val), terr);
+
+  auto l = start_troupe(tmp.path, "launch",
+                        {"launch", "--master_port", std::to_string(free_port()), "--grace", "2",
+                         "--log_dir", tmp / "launch_logs", job.path});
+  const auto lc = l->wait(120s);
+  REQUIRE_MESSAGE(lc.has_value(), "troupe launch was still running after 120 s");
+  CHECK(*lc != 0);
+  const auto worker0 = slurp(tmp.path / "launch_logs" / "worker_0.log");
+  CHECK_MESSAGE(contains(worker0, "instruction evaluation failed: token id 99"), worker0);
+  CHECK_MESSAGE(contains(worker0, val), worker0);
+  // Worker 1 learns from worker 0 how the job ended, and stops too.
+  const auto worker1 = slurp(tmp.path / "launch_logs" / "worker_1.log");
+  CHECK_MESSAGE(contains(worker1, "token id 99"), worker1);
 }

@@ -1,0 +1,422 @@
+#include "actors/coordinator_engine.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "kernels/select.hpp"
+#include "model/params.hpp"
+
+namespace troupe::actors {
+
+const char* phase_name(coordinator_phase p) {
+  switch (p) {
+    case coordinator_phase::idle: return "idle";
+    case coordinator_phase::gathering: return "gathering";
+    case coordinator_phase::updating: return "updating";
+    case coordinator_phase::evaluating: return "evaluating";
+    case coordinator_phase::finishing: return "finishing";
+    case coordinator_phase::stopped: return "stopped";
+  }
+  return "?";
+}
+
+core::error failure_error(const actor_failure& f) {
+  std::string where = f.actor + " (rank " + std::to_string(f.rank) + ")";
+  if (f.step >= 0) where += " at step " + std::to_string(f.step);
+  if (!f.instruction.empty()) where += ", instruction " + f.instruction;
+  core::error e = core::error::make(where + " failed: " + f.what,
+                                    "the job was stopped; fix the cause and resume from the "
+                                    "last checkpoint with --resume");
+  e.where.rank = f.rank;
+  return e;
+}
+
+coordinator_engine::coordinator_engine(const core::config& cfg, job_layout layout,
+                                       coordinator_plan plan, std::FILE* log,
+                                       std::chrono::milliseconds watchdog)
+    : cfg_(cfg), layout_(layout), plan_(std::move(plan)), log_(log), watchdog_(watchdog) {
+  step_ = plan_.first_step;
+  scaler_ = plan_.scaler ? *plan_.scaler : model::loss_scaler::from(cfg_.precision, plan_.first_step);
+  if (plan_.val) {
+    be_ = kernels::make_backend(cfg_.runtime.device);
+    eval_model_ = std::make_unique<model::chunk>(cfg_.model, model::partition(cfg_.model, 1)[0],
+                                                 *be_, cfg_.precision.compute);
+  }
+}
+
+std::vector<coordinator_command> coordinator_engine::take_commands() {
+  std::vector<coordinator_command> out;
+  out.swap(out_);
+  return out;
+}
+
+void coordinator_engine::fail(core::error e) {
+  if (phase_ == coordinator_phase::stopped) return;
+  phase_ = coordinator_phase::stopped;
+  close_trace();
+  out_.clear();
+  outcome_ = core::result<model::train_summary>(std::move(e));
+}
+
+void coordinator_engine::start(std::map<int, std::string> hosts) {
+  if (phase_ != coordinator_phase::idle) return;
+  hosts_ = std::move(hosts);
+  model::run_start rs;
+  rs.first_step = plan_.first_step;
+  rs.end_step = plan_.end_step;
+  auto run = model::run_log::open(cfg_, rs, log_);
+  if (!run) return fail(run.err());
+  run_.emplace(std::move(run.value()));
+  const std::string trace_path = cfg_.runtime.run_dir + "/trace.json";
+  trace_ = std::fopen(trace_path.c_str(), "w");
+  if (!trace_)
+    return fail(core::error::at_file(trace_path, std::string("cannot create: ") + std::strerror(errno),
+                                     "choose a writable runtime.run_dir"));
+  std::fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", trace_);
+  if (plan_.first_step >= plan_.end_step) return complete();
+  begin_step(plan_.first_step);
+}
+
+void coordinator_engine::begin_step(std::int64_t step) {
+  phase_ = coordinator_phase::gathering;
+  step_ = step;
+  losses_.clear();
+  norms_.clear();
+  reports_.clear();
+  shard_reports_ = 0;
+  t_step_ = clock::now();
+  last_progress_ = t_step_;
+  out_.push_back(begin_step_cmd{step, scaler_.scale});
+}
+
+int coordinator_engine::expected_norm_parts() const {
+  return layout_.chunks() * (layout_.zero_stage == 0 ? 1 : layout_.dp);
+}
+
+void coordinator_engine::on_loss(loss_report r) {
+  if (phase_ == coordinator_phase::stopped) return;
+  progressed();
+  losses_[r.dp] = std::move(r.mb_loss_sums);
+  maybe_decide();
+}
+
+void coordinator_engine::on_norm(norm_part n) {
+  if (phase_ == coordinator_phase::stopped) return;
+  progressed();
+  if (n.sumsq.size() != static_cast<std::size_t>(core::exact_sum_words))
+    return fail(core::error::make(
+        "the gradient-norm sum of chunk " + std::to_string(n.chunk) + ", shard " +
+            std::to_string(n.part) + " at step " + std::to_string(n.step) + " has " +
+            std::to_string(n.sumsq.size()) + " words, expected " +
+            std::to_string(core::exact_sum_words),
+        "every worker must run the same troupe build; rebuild and relaunch"));
+  norms_[{n.chunk, n.part}] = std::move(n.sumsq);
+  maybe_decide();
+}
+
+void coordinator_engine::maybe_decide() {
+  if (phase_ != coordinator_phase::gathering || static_cast<int>(losses_.size()) < layout_.dp ||
+      static_cast<int>(norms_.size()) < expected_norm_parts())
+    return;
+  for (auto& [d, l] : losses_)
+    for (std::size_t mb = 0; mb < l.size(); ++mb)
+      if (!std::isfinite(l[mb]))
+        return fail(core::error::make(
+            "the loss is " + std::string(std::isnan(l[mb]) ? "NaN" : "infinite") + " at step " +
+                std::to_string(step_) + ", micro-batch " + std::to_string(mb) + " (replica " +
+                std::to_string(d) + "); the parameters were not updated",
+            "lower optimizer.lr, raise train.warmup_steps or set train.grad_clip; resume from the "
+            "last checkpoint with --resume"));
+  core::exact_sum sumsq;
+  for (auto& [key, w] : norms_) sumsq.merge(w.data());
+  // The single-rank trainer decides with the same function (or, without loss scaling, the same
+  // arithmetic on the device): same norm, clip, lr, skip, scale.
+  const model::step_decision d =
+      model::decide_step(sumsq, scaler_, cfg_.optimizer, cfg_.train, static_cast<int>(step_));
+  if (!d.skip && !std::isfinite(d.grad_norm))
+    // Without dynamic loss scaling a non-finite gradient would poison every parameter.
+    return fail(core::error::make(
+        "the gradient norm is " + std::string(std::isnan(d.grad_norm) ? "NaN" : "infinite") +
+            " at step " + std::to_string(step_) + "; the parameters were not updated",
+        "lower optimizer.lr or set train.grad_clip; with fp16 turn on "
+        "precision.dynamic_loss_scale; resume from the last checkpoint with --resume"));
+  decision_ = d;
+  phase_ = coordinator_phase::updating;
+  out_.push_back(clip_decision{step_, d.grad_scale, d.lr, d.adam_step, d.skip, d.loss_scale});
+  maybe_finish_step();  // reports cannot come before the decision, but keep the check in one place
+}
+
+void coordinator_engine::on_shard_report(const shard_report& r) {
+  if (phase_ == coordinator_phase::stopped) return;
+  progressed();
+  ++shard_reports_;
+  shard_bytes_[{r.pp, r.part}] = r.state_bytes;
+  shard_peak_[{r.pp, r.part}] = r.peak_device_bytes;
+  maybe_finish_step();
+}
+
+void coordinator_engine::on_stage_report(stage_report r) {
+  if (phase_ == coordinator_phase::stopped) return;
+  progressed();
+  reports_.push_back(std::move(r));
+  maybe_finish_step();
+}
+
+void coordinator_engine::maybe_finish_step() {
+  if (phase_ != coordinator_phase::updating ||
+      static_cast<int>(reports_.size()) < layout_.workers() ||
+      shard_reports_ < layout_.pp * layout_.dp)
+    return;
+  model::step_outcome o;
+  o.seconds = std::chrono::duration<double>(clock::now() - t_step_).count();
+  double loss_total = 0;
+  for (auto& [d, l] : losses_)
+    for (double x : l) loss_total += x;
+  o.tokens = static_cast<std::int64_t>(layout_.dp) * layout_.microbatches *
+             cfg_.parallel.micro_batch_size * cfg_.model.seq_length;
+  o.step = static_cast<int>(step_);
+  o.loss = loss_total / static_cast<double>(o.tokens);
+  o.grad_norm = decision_.grad_norm;
+  o.lr = decision_.lr;
+  if (scaler_.enabled) {
+    o.scaled = true;
+    o.loss_scale = decision_.loss_scale;
+    o.skipped = decision_.skip;
+    o.next_loss_scale = decision_.next_loss_scale;
+  }
+  pending_fields_ = stage_fields();
+  write_trace();
+
+  const int done = static_cast<int>(step_) + 1;
+  const model::step_cadence due = model::cadence(cfg_, done, plan_.end_step, plan_.val != nullptr);
+  const std::int32_t dests = (due.checkpoint ? to_writer : 0) | (due.evaluate ? to_coordinator : 0);
+  if (dests) out_.push_back(snapshot_cmd{step_, dests});
+  if (due.checkpoint) {
+    ++pending_checkpoints_;
+    // The loss scaler's state after this step travels with the checkpoint (empty when off).
+    out_.push_back(checkpoint_cmd{step_, scaler_.enabled ? scaler_.to_vector() : std::vector<double>{}});
+  }
+  if (due.evaluate) {
+    phase_ = coordinator_phase::evaluating;
+    pending_ = o;
+    return;
+  }
+  record_step(o);
+}
+
+void coordinator_engine::on_snapshot(int chunk, core::tensor params) {
+  if (phase_ == coordinator_phase::stopped) return;
+  progressed();
+  snapshot_[chunk] = std::move(params);
+  if (phase_ != coordinator_phase::evaluating ||
+      static_cast<int>(snapshot_.size()) < layout_.chunks())
+    return;
+  evaluate();
+}
+
+void coordinator_engine::evaluate() {
+  model::step_outcome o = *pending_;
+  pending_.reset();
+  try {
+    auto specs = model::partition(cfg_.model, layout_.chunks());
+    for (int c = 0; c < layout_.chunks(); ++c) {
+      const core::tensor& flat = snapshot_.at(c);
+      for (const auto& d : model::define_params(cfg_.model, specs[c])) {
+        core::tensor dst = eval_model_->param(d.info.name);
+        be_->copy(flat.slice(d.info.offset, d.info.shape), dst);
+      }
+    }
+    snapshot_.clear();
+    eval_model_->params_updated();
+    o.val_loss = model::validation_loss(*plan_.val, cfg_.train.eval_batches, *be_, {eval_model_.get()});
+  } catch (const std::exception& e) {
+    return fail(failure_error(
+        actor_failure{actor_name(address{role::coordinator, 0, 0}), 0, step_, "evaluation", e.what()}));
+  }
+  record_step(o);
+}
+
+void coordinator_engine::record_step(const model::step_outcome& o) {
+  if (auto st = run_->step_end(o, pending_fields_); !st) return fail(st.err());
+  next_or_finish();
+}
+
+void coordinator_engine::next_or_finish() {
+  if (step_ + 1 < plan_.end_step && step_ != plan_.halt_after) return begin_step(step_ + 1);
+  phase_ = coordinator_phase::finishing;
+  if (pending_checkpoints_ == 0) complete();
+}
+
+void coordinator_engine::on_checkpoint(const checkpoint_written& w) {
+  if (phase_ == coordinator_phase::stopped) return;
+  --pending_checkpoints_;
+  if (!w.error.empty())
+    return fail(core::error::make("the checkpoint of step " + std::to_string(w.step + 1) +
+                                      " could not be written: " + w.error,
+                                  "check checkpoint.dir: free space and permissions"));
+  run_->checkpoint_written(w.path);
+  if (phase_ == coordinator_phase::finishing && pending_checkpoints_ == 0) complete();
+}
+
+void coordinator_engine::complete() {
+  print_memory();
+  close_trace();
+  phase_ = coordinator_phase::stopped;
+  outcome_ = core::result<model::train_summary>(run_->finish());
+}
+
+void coordinator_engine::close_trace() {
+  if (!trace_) return;
+  std::fputs("\n]}\n", trace_);
+  std::fclose(trace_);
+  trace_ = nullptr;
+}
+
+/// Per-stage busy / communicating / waiting and the bubble fraction of this step, measured like
+/// the simulator: idle time of each stage within the span of the step's instructions. The
+/// metrics line's fields `"bubble":..,"stages":[..]`.
+std::string coordinator_engine::stage_fields() {
+  double t0 = 1e300, t1 = 0;
+  for (auto& r : reports_)
+    for (auto& e : r.events) {
+      if (e.name.rfind("wait optimizer", 0) == 0 || e.name == "STEP") continue;
+      t0 = std::min(t0, e.start_us);
+      t1 = std::max(t1, e.start_us + e.dur_us);
+    }
+  double span = std::max(t1 - t0, 1.0);
+  nlohmann::json out = nlohmann::json::array();
+  double idle = 0;
+  for (auto& r : reports_) {
+    double busy_us = 0;
+    for (auto& e : r.events)
+      if (e.cat == event_cat::compute) busy_us += e.dur_us;
+    double b = 1.0 - busy_us / span;
+    idle += b;
+    out.push_back({{"dp", r.dp}, {"pp", r.pp}, {"busy_s", r.busy_s}, {"comm_s", r.comm_s},
+                   {"wait_s", r.wait_s}, {"bubble", b}, {"peak_activation_bytes", r.peak_activation_bytes}});
+    if (r.peak_device_bytes > 0) {
+      out.back()["peak_device_bytes"] = r.peak_device_bytes;
+      // Under every ZeRO stage shard (pp, dp) lives on this stage's worker.
+      auto sh = shard_peak_.find({r.pp, r.dp});
+      if (sh != shard_peak_.end()) out.back()["optimizer_peak_device_bytes"] = sh->second;
+    }
+  }
+  const double bubble = reports_.empty() ? 0 : idle / static_cast<double>(reports_.size());
+  return "\"bubble\":" + std::to_string(bubble) + ",\"stages\":" + out.dump();
+}
+
+void coordinator_engine::write_trace() {
+  if (!trace_) return;
+  for (auto& r : reports_)
+    for (auto& e : r.events) {
+      nlohmann::json ev = {{"name", e.name}, {"cat", event_cat_name(e.cat)}, {"ph", "X"},
+                           {"ts", e.start_us}, {"dur", e.dur_us}, {"pid", r.dp},
+                           {"tid", r.pp}, {"args", {{"step", r.step}}}};
+      std::fputs(trace_first_ ? "\n" : ",\n", trace_);
+      trace_first_ = false;
+      std::fputs(ev.dump().c_str(), trace_);
+    }
+  std::fflush(trace_);
+}
+
+/// The memory each stage and shard held: what recompute and ZeRO are for.
+void coordinator_engine::print_memory() {
+  if (!log_ || reports_.empty()) return;
+  auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  std::fprintf(log_, "memory: peak saved activations per stage (recompute %s):",
+               cfg_.recompute.mode == core::recompute_mode::none   ? "none"
+               : cfg_.recompute.mode == core::recompute_mode::full ? "full"
+                                                                    : "selective");
+  for (const auto& r : reports_)
+    if (r.dp == 0) std::fprintf(log_, " pp%d %.2f MiB", r.pp, mib(r.peak_activation_bytes));
+  std::fprintf(log_, "\nmemory: optimizer state (fp32 master + AdamW moments) per shard (ZeRO-%d):",
+               layout_.zero_stage);
+  for (const auto& [k, b] : shard_bytes_)
+    std::fprintf(log_, " pp%d/part%d %.2f MiB", k.first, k.second, mib(b));
+  std::fprintf(log_, "\n");
+  if (reports_.front().peak_device_bytes == 0) return;
+  std::fprintf(log_, "memory: peak device memory per stage (stage + its optimizer shard):");
+  for (const auto& r : reports_)
+    if (r.dp == 0) {
+      auto sh = shard_peak_.find({r.pp, 0});
+      std::uint64_t shard = sh == shard_peak_.end() ? 0 : sh->second;
+      std::fprintf(log_, " pp%d %.2f GiB (%.2f + %.2f)", r.pp,
+                   mib(r.peak_device_bytes + shard) / 1024.0, mib(r.peak_device_bytes) / 1024.0,
+                   mib(shard) / 1024.0);
+    }
+  std::fprintf(log_, "\n");
+}
+
+void coordinator_engine::on_heartbeat(worker_heartbeat h) {
+  const int rank = h.rank;
+  beats_[rank] = {std::move(h), clock::now()};
+}
+
+bool coordinator_engine::on_failure(const actor_failure& f, bool defer) {
+  if (phase_ == coordinator_phase::stopped) return false;
+  if (!defer) {
+    fail(failure_error(f));
+    return false;
+  }
+  if (deferred_) return false;
+  deferred_ = failure_error(f);
+  return true;
+}
+
+void coordinator_engine::on_deferred_timeout() {
+  if (deferred_) fail(*deferred_);
+}
+
+/// The error for a worker process that is gone: its rank and host, the step, and what its stage
+/// was doing at its last heartbeat.
+core::error coordinator_engine::process_lost(int rank, const std::string& why) const {
+  const auto host = hosts_.find(rank);
+  std::string text = "worker rank " + std::to_string(rank) + " (host " +
+                     (host == hosts_.end() ? std::string("?") : host->second);
+  const auto beat = beats_.find(rank);
+  if (beat != beats_.end()) text += ", pid " + std::to_string(beat->second.first.pid);
+  text += ") died or became unreachable during step " + std::to_string(step_) + " (" + why + ")";
+  if (beat != beats_.end()) {
+    const double ago = std::chrono::duration<double>(clock::now() - beat->second.second).count();
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", ago);
+    text += "; its last report, " + std::string(buf) + " s before: " + beat->second.first.status;
+  }
+  // The text names the dead rank; the error's own rank is the one reporting it.
+  return core::error::make(text, "see that worker's log for how it ended (killed, out of memory, "
+                                 "crashed); resume from the last checkpoint with --resume");
+}
+
+void coordinator_engine::on_down(const address& who, bool unreachable, const std::string& reason) {
+  if (phase_ == coordinator_phase::stopped) return;
+  if (unreachable) return fail(process_lost(worker_of(layout_, who), reason));
+  fail(core::error::make(actor_name(who) + " stopped unexpectedly during step " +
+                             std::to_string(step_) + " (" + reason + ")",
+                         "see the messages above; rerun with the same config to reproduce it "
+                         "deterministically"));
+}
+
+watchdog_action coordinator_engine::on_tick(clock::time_point now) {
+  if (phase_ == coordinator_phase::stopped) return watchdog_action::wait;
+  const double idle = std::chrono::duration<double>(now - last_progress_).count();
+  if (asking_) {
+    std::string text = "no progress for " + std::to_string(static_cast<int>(idle)) +
+                       " s at step " + std::to_string(step_) + "; who waits on whom:";
+    std::sort(hang_lines_.begin(), hang_lines_.end());
+    for (auto& l : hang_lines_) text += "\n    " + l;
+    fail(core::error::make(text, "a peer never sent what the schedule expects; check a custom "
+                                 "schedule with `troupe schedule check`"));
+    return watchdog_action::wait;
+  }
+  // Waiting for an evaluation's snapshot is not a hang of the pipeline.
+  if (idle > watchdog_.count() / 1000.0 && phase_ != coordinator_phase::evaluating) {
+    asking_ = true;
+    return watchdog_action::ask;
+  }
+  return watchdog_action::wait;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,270 @@
+// The coordinator's engine driven directly, without CAF (as the stage actor's engine is driven by
+// its host): its phases through a step, the run policy's cadence of checkpoints and metrics, and
+// every way it stops a job — a non-finite loss, an actor's failure, a lost process, the watchdog,
+// and an evaluation whose validation shard holds a token id outside the vocabulary.
+#include "actors/coordinator_engine.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <variant>
+
+#include "model/params.hpp"
+#include "model/shards.hpp"
+#include "tests/model/trainer_fixture.hpp"
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::actors;
+using model::testing::scratch_dir;
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+core::config engine_config(const scratch_dir& tmp) {
+  auto cfg = model::testing::tiny_run(tmp);
+  cfg.parallel.pipeline_stage = 2;
+  cfg.train.steps = 2;
+  cfg.train.eval_interval = 0;
+  return cfg;
+}
+
+coordinator_plan steps(int first, int end) {
+  coordinator_plan p;
+  p.first_step = first;
+  p.end_step = end;
+  return p;
+}
+
+job_layout two_stages() {
+  job_layout l;
+  l.pp = 2;
+  l.microbatches = 2;
+  return l;
+}
+
+std::vector<std::int64_t> norm_words(double sumsq) {
+  core::exact_sum s;
+  s.add(sumsq);
+  return {std::begin(s.words), std::end(s.words)};
+}
+
+// One step's messages from every stage and shard of the two-stage layout, up to the decision.
+void gather(coordinator_engine& e, std::int64_t step, std::vector<double> losses) {
+  e.on_loss(loss_report{step, 0, std::move(losses)});
+  e.on_norm(norm_part{step, 0, 0, norm_words(0.25)});
+  e.on_norm(norm_part{step, 1, 0, norm_words(0.75)});
+}
+
+void report(coordinator_engine& e, std::int64_t step) {
+  for (int p = 0; p < 2; ++p) {
+    stage_report r;
+    r.step = step;
+    r.pp = p;
+    r.events = {trace_event{"0F0", event_cat::compute, 0, 10}};
+    e.on_stage_report(std::move(r));
+    e.on_shard_report(shard_report{step, p, 0, 1024, 0});
+  }
+}
+
+template <class T>
+const T* command(const std::vector<coordinator_command>& cs, std::size_t i) {
+  REQUIRE(i < cs.size());
+  return std::get_if<T>(&cs[i]);
+}
+
+std::string error_of(const coordinator_engine& e) {
+  REQUIRE(e.phase() == coordinator_phase::stopped);
+  REQUIRE(e.outcome().has_value());
+  REQUIRE_FALSE(e.outcome()->ok());
+  return e.outcome()->err().to_string();
+}
+
+}  // namespace
+
+TEST_CASE("a step goes gathering, updating, then the next step; the last waits for its checkpoint") {
+  scratch_dir tmp("ce_steps");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr);
+  CHECK(e.phase() == coordinator_phase::idle);
+  e.start();
+  auto cs = e.take_commands();
+  REQUIRE(cs.size() == 1);
+  REQUIRE(command<begin_step_cmd>(cs, 0));
+  CHECK(command<begin_step_cmd>(cs, 0)->step == 0);
+  CHECK(e.phase() == coordinator_phase::gathering);
+
+  // The decision needs every replica's losses and every chunk's norm sum.
+  e.on_loss(loss_report{0, 0, {64.0, 32.0}});
+  e.on_norm(norm_part{0, 0, 0, norm_words(0.25)});
+  CHECK(e.take_commands().empty());
+  e.on_norm(norm_part{0, 1, 0, norm_words(0.75)});
+  cs = e.take_commands();
+  REQUIRE(cs.size() == 1);
+  const clip_decision* d = command<clip_decision>(cs, 0);
+  REQUIRE(d);
+  CHECK(d->step == 0);
+  CHECK(d->lr == model::learning_rate(cfg.optimizer, cfg.train, 0));
+  CHECK(d->adam_step == 1);
+  CHECK_FALSE(d->skip);
+  CHECK(e.phase() == coordinator_phase::updating);
+
+  report(e, 0);
+  cs = e.take_commands();  // step 1 of 2: no checkpoint (checkpoint.interval 0), no evaluation
+  REQUIRE(cs.size() == 1);
+  REQUIRE(command<begin_step_cmd>(cs, 0));
+  CHECK(command<begin_step_cmd>(cs, 0)->step == 1);
+  CHECK(e.phase() == coordinator_phase::gathering);
+
+  gather(e, 1, {16.0, 16.0});
+  e.take_commands();
+  report(e, 1);
+  cs = e.take_commands();  // the last step: a checkpoint, the stages' snapshot first
+  REQUIRE(cs.size() == 2);
+  REQUIRE(command<snapshot_cmd>(cs, 0));
+  CHECK(command<snapshot_cmd>(cs, 0)->dests == to_writer);
+  REQUIRE(command<checkpoint_cmd>(cs, 1));
+  CHECK(command<checkpoint_cmd>(cs, 1)->step == 1);
+  CHECK(e.phase() == coordinator_phase::finishing);
+  CHECK_FALSE(e.outcome().has_value());
+
+  e.on_checkpoint(checkpoint_written{1, tmp / "ckpt", ""});
+  REQUIRE(e.phase() == coordinator_phase::stopped);
+  REQUIRE(e.outcome().has_value());
+  REQUIRE(e.outcome()->ok());
+  const auto& s = e.outcome()->value();
+  const double tokens = 2.0 * cfg.parallel.micro_batch_size * cfg.model.seq_length;
+  REQUIRE(s.losses.size() == 2);
+  CHECK(s.losses[0] == 96.0 / tokens);
+  CHECK(s.losses[1] == 32.0 / tokens);
+  CHECK(s.grad_norms[0] == std::sqrt(1.0));
+  CHECK(s.checkpoint == tmp / "ckpt");
+  CHECK(s.end_step == 2);
+  // One metrics line per step, with the stages' fields.
+  const auto metrics = model::testing::file_bytes(cfg.runtime.run_dir + "/metrics.jsonl");
+  CHECK(std::count(metrics.begin(), metrics.end(), '\n') == 2);
+  CHECK(has(metrics, "\"bubble\":"));
+  CHECK(has(metrics, "\"stages\":[{"));
+}
+
+TEST_CASE("a failed checkpoint write stops the job naming the step") {
+  scratch_dir tmp("ce_ckpt");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(1, 2), nullptr);
+  e.start();
+  gather(e, 1, {1.0, 1.0});
+  report(e, 1);
+  e.on_checkpoint(checkpoint_written{1, "", "disk full"});
+  const auto m = error_of(e);
+  CHECK(has(m, "the checkpoint of step 2 could not be written: disk full"));
+}
+
+TEST_CASE("a non-finite loss stops the job before any decision is sent") {
+  scratch_dir tmp("ce_nan");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr);
+  e.start();
+  e.take_commands();
+  gather(e, 0, {1.0, std::nan("")});
+  CHECK(e.take_commands().empty());
+  const auto m = error_of(e);
+  CHECK(has(m, "the loss is NaN at step 0, micro-batch 1 (replica 0)"));
+  CHECK(has(m, "not updated"));
+}
+
+TEST_CASE("an actor's failure stops the job naming actor, rank, step and instruction") {
+  scratch_dir tmp("ce_fail");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr);
+  e.start();
+  CHECK_FALSE(e.on_failure(actor_failure{"stage(dp=0, pp=1)", 1, 0, "1B1", "boom"}, false));
+  const auto m = error_of(e);
+  CHECK(has(m, "stage(dp=0, pp=1) (rank 1) at step 0, instruction 1B1 failed: boom"));
+  CHECK(e.outcome()->err().where.rank == 1);
+}
+
+TEST_CASE("across processes a survivor's failure waits for the dead process's down message") {
+  scratch_dir tmp("ce_lost");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr);
+  e.start({{0, "hostA"}, {1, "hostB"}});
+  e.on_heartbeat(worker_heartbeat{1, 4242, "stage(dp=0, pp=1) (rank 1) step 0 at 1F0: computing"});
+  CHECK(e.on_failure(actor_failure{"stage(dp=0, pp=0)", 0, 0, "0RECV_B0", "connection lost"}, true));
+  CHECK(e.phase() == coordinator_phase::gathering);
+  e.on_down(address{role::stage, 0, 1}, true, "remote_link_unreachable");
+  e.on_deferred_timeout();
+  const auto m = error_of(e);
+  CHECK(has(m, "worker rank 1 (host hostB, pid 4242) died or became unreachable during step 0"));
+  CHECK(has(m, "its last report"));
+  CHECK(has(m, "1F0: computing"));
+  CHECK_FALSE(has(m, "connection lost"));
+}
+
+TEST_CASE("an actor that stops without a report is named") {
+  scratch_dir tmp("ce_down");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr);
+  e.start();
+  e.on_down(address{role::shard, 1, 0}, false, "runtime_error");
+  CHECK(has(error_of(e), "optimizer_shard(pp=1, part=0) stopped unexpectedly during step 0"));
+}
+
+TEST_CASE("the watchdog asks the stages after the limit and then stops with their answers") {
+  scratch_dir tmp("ce_watch");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr,
+                       std::chrono::seconds(60));
+  e.start();
+  const auto now = coordinator_engine::clock::now();
+  CHECK(e.on_tick(now + std::chrono::seconds(1)) == watchdog_action::wait);
+  CHECK(e.on_tick(now + std::chrono::seconds(61)) == watchdog_action::ask);
+  CHECK(e.phase() == coordinator_phase::gathering);
+  e.hang_line("stage(dp=0, pp=1) (rank 1) step 0 at 1RECV_F0: waiting for 1RECV_F0<-0");
+  e.on_tick(now + std::chrono::seconds(64));
+  const auto m = error_of(e);
+  CHECK(has(m, "at step 0; who waits on whom:"));
+  CHECK(has(m, "\n    stage(dp=0, pp=1) (rank 1) step 0 at 1RECV_F0"));
+}
+
+TEST_CASE("evaluation: zero weights give ln(vocab); a token id out of range stops the job naming the shard") {
+  scratch_dir tmp("ce_eval");
+  auto cfg = engine_config(tmp);
+  cfg.train.steps = 1;
+  // Every snapshot parameter zero: every logit is 0, so the loss is ln(V) at every position.
+  auto run_eval = [&](const std::string& val_path) {
+    coordinator_plan plan = steps(0, 1);
+    auto val = model::loader::open(val_path, model::loader_options::from(cfg));
+    REQUIRE(val.ok());
+    plan.val = std::make_shared<model::loader>(std::move(val.value()));
+    auto e = std::make_unique<coordinator_engine>(cfg, two_stages(), plan, nullptr);
+    e->start();
+    gather(*e, 0, {1.0, 1.0});
+    report(*e, 0);
+    auto cs = e->take_commands();
+    REQUIRE(command<snapshot_cmd>(cs, cs.size() - 2));
+    CHECK(command<snapshot_cmd>(cs, cs.size() - 2)->dests == (to_writer | to_coordinator));
+    CHECK(e->phase() == coordinator_phase::evaluating);
+    const auto specs = model::partition(cfg.model, 2);
+    for (int c = 0; c < 2; ++c)
+      e->on_snapshot(c, core::tensor::zeros({model::flat_numel(model::define_params(cfg.model, specs[c]))}));
+    return e;
+  };
+  {
+    auto e = run_eval(cfg.data.val);
+    CHECK(e->phase() == coordinator_phase::finishing);  // the checkpoint is still being written
+    e->on_checkpoint(checkpoint_written{0, tmp / "ckpt", ""});
+    REQUIRE(e->outcome().has_value());
+    REQUIRE(e->outcome()->ok());
+    REQUIRE(e->outcome()->value().final_val_loss.has_value());
+    CHECK(*e->outcome()->value().final_val_loss == doctest::Approx(std::log(64.0)).epsilon(1e-6));
+  }
+  {
+    const std::string bad = tmp / "val_bad.bin";
+    REQUIRE(model::write_shard(bad, std::vector<std::uint16_t>(4000, 99)).ok());
+    auto e = run_eval(bad);
+    const auto m = error_of(*e);
+    CHECK(has(m, "coordinator (rank 0) at step 0, instruction evaluation failed: token id 99"));
+    CHECK(has(m, "val_bad.bin"));
+    CHECK(has(m, "model.vocab_size 64"));
+  }
+}
