@@ -70,6 +70,7 @@ void coordinator_engine::start(std::map<int, std::string> hosts) {
   auto run = model::run_log::open(cfg_, rs, log_);
   if (!run) return fail(run.err());
   run_.emplace(std::move(run.value()));
+  for (auto& h : plan_.step_hooks) run_->add_step_hook(h);
   const std::string trace_path = cfg_.runtime.run_dir + "/trace.json";
   trace_ = std::fopen(trace_path.c_str(), "w");
   if (!trace_)

@@ -319,6 +319,7 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
     if (auto st = tr.restore(*start->resume); !st) return st.err();
   auto run = run_log::open(cfg, start.value(), log);
   if (!run) return run.err();
+  for (auto& h : opt.step_hooks) run->add_step_hook(h);
   const int total = cfg.train.steps;
   const int first_step = start->first_step, end_step = start->end_step;
 

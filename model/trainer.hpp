@@ -144,6 +144,9 @@ struct train_options {
   int max_steps = -1;       // stop after this many steps in this invocation (-1 = run to
                             // train.steps); the learning-rate schedule still spans train.steps
   std::FILE* log = stdout;  // progress lines and notes; null = quiet
+  /// Per-step side work (reports, ...): run after each step's metrics line (run_log::step_hook);
+  /// an error stops the run.
+  std::vector<run_log::step_hook> step_hooks;
 };
 
 /// `troupe train` on one rank under the run policy of model/run_policy.hpp (run directory,

@@ -31,6 +31,7 @@ struct hosted_job {
   std::map<std::pair<int, int>, std::shared_ptr<stage_bundle>> stages;  // (dp, pp), hosted only
   std::map<std::pair<int, int>, std::shared_ptr<shard_bundle>> shards;  // (pp, part), hosted only
   std::shared_ptr<recorder> rec;               // null: not recording (or a caller's sink)
+  std::vector<model::run_log::step_hook> step_hooks;  // the coordinator's (run_options)
 
   bool hosts(int w) const;
 };

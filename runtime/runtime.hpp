@@ -27,6 +27,10 @@ struct run_options {
   /// Sees every tensor the job sends instead of the recorder (replay's verifier); null = record
   /// as runtime.record says.
   std::shared_ptr<message_sink> sink;
+  /// Per-step side work (reports, ...): the coordinator runs these after each step's metrics line
+  /// (model::run_log::step_hook; an error stops the job). Only the process hosting worker 0 runs
+  /// them.
+  std::vector<model::run_log::step_hook> step_hooks;
 };
 
 /// Trains `cfg` as actors. Errors name the failed actor, rank, step and instruction.
