@@ -18,6 +18,14 @@ std::string embedding_name(const core::model_config& m) {
   return m.arch == core::arch_kind::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
 }
 
+/// A copy of t made by `be` (so the backend counts it, and `troupe plan`'s dry run on the meta
+/// backend sees it).
+core::tensor copy_on(kernels::backend& be, const core::tensor& t) {
+  core::tensor out = be.empty(t.shape(), t.type());
+  be.copy(t, out);
+  return out;
+}
+
 }  // namespace
 
 stage_engine::stage_engine(const core::config& cfg, job_layout layout, int dp, int pp,
@@ -282,7 +290,7 @@ bool stage_engine::reduce_grad(int c) {
     // tens of milliseconds per step).
     emit(address{role::stage, dp_, layout_.rank_of_chunk(partner)},
          tag_of(tensor_kind::tied_grad, c, -1),
-         be_.dev().is_cpu() ? mine.clone() : hand_over(be_, mine, true));
+         be_.dev().is_cpu() ? copy_on(be_, mine) : hand_over(be_, mine, true));
     state = reduce_progress::tied_sent;
   }
   if (!finishing_) return true;

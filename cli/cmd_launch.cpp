@@ -24,6 +24,7 @@
 
 #include "cli/command.hpp"
 #include "cli/launch_workers.hpp"
+#include "cli/plan_check.hpp"
 #include "core/config.hpp"
 #include "transport/rendezvous.hpp"
 
@@ -47,6 +48,8 @@ struct launch_args {
   std::vector<std::string> sets;
   std::string resume;
   int steps = -1;
+  std::string device_memory;  // for the plan check (cli/plan_check.hpp)
+  bool no_plan_check = false;
   // Which options were given on the command line (those win over Slurm's variables).
   CLI::Option* worker_num_opt = nullptr;
   CLI::Option* local_worker_num_opt = nullptr;
@@ -255,6 +258,8 @@ int run_launch(launch_args& a) {
     print_error(st.err().to_string());
     return usage_error;
   }
+  if (!a.no_plan_check)
+    if (int rc = check_plan(cfg.value(), a.device_memory, true)) return rc;
   auto planned = make_plan(a, cfg.value());
   if (!planned) {
     print_error(planned.err().to_string());
@@ -436,6 +441,11 @@ const command_registrar reg{command{
       app.add_option("--resume", a->resume,
                      "continue from a run directory or checkpoint directory (passed to every "
                      "worker)");
+      app.add_option("--device-memory", a->device_memory,
+                     "bytes of one device for the plan check, e.g. 80GiB (default: the GPU's own "
+                     "size on CUDA; no check on the CPU)");
+      app.add_flag("--no-plan-check", a->no_plan_check,
+                   "start even when `troupe plan` says the layout does not fit");
       app.add_option("--steps", a->steps, "stop after N steps in this invocation (passed on)")
           ->check(CLI::NonNegativeNumber);
       app.footer(

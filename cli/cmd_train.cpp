@@ -9,6 +9,7 @@
 
 #include "runtime/runtime.hpp"
 #include "cli/command.hpp"
+#include "cli/plan_check.hpp"
 #include "core/config.hpp"
 #include "model/checkpoint.hpp"
 #include "model/trainer.hpp"
@@ -22,6 +23,8 @@ struct train_args {
   std::string resume;
   int steps = -1;
   bool single_rank = false;
+  std::string device_memory;  // for the plan check (cli/plan_check.hpp)
+  bool no_plan_check = false;
 };
 
 core::result<core::config> resolve_config(const train_args& a) {
@@ -50,6 +53,8 @@ int run_train(const train_args& a) {
     print_error(st.err().to_string());
     return 1;
   }
+  if (!a.no_plan_check)
+    if (int rc = check_plan(cfg.value(), a.device_memory, false)) return rc;
   core::result<model::train_summary> summary = core::error::make("not run");
   if (a.single_rank) {
     model::train_options opt;
@@ -64,6 +69,7 @@ int run_train(const train_args& a) {
   }
   if (!summary) {
     print_error(summary.err().to_string());
+    explain_out_of_memory(cfg.value(), summary.err().to_string(), a.device_memory, false);
     return 1;
   }
   const auto& s = summary.value();
@@ -89,6 +95,11 @@ const command_registrar reg{command{
                      "stop after N steps in this invocation (the learning-rate schedule still "
                      "spans train.steps)")
           ->check(CLI::NonNegativeNumber);
+      app.add_option("--device-memory", a->device_memory,
+                     "bytes of the device for the plan check, e.g. 80GiB (default: the GPU's own "
+                     "size on CUDA; no check on the CPU)");
+      app.add_flag("--no-plan-check", a->no_plan_check,
+                   "start even when `troupe plan` says the layout does not fit");
       app.add_flag("--single-rank", a->single_rank,
                    "run the plain single-rank loop (the reference the actor runtime matches bit "
                    "for bit) over the same global batch");

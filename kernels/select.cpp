@@ -56,6 +56,17 @@ bool cuda_available() {
 #endif
 }
 
+std::uint64_t device_memory_bytes(const std::string& device) {
+  const int index = cuda_index(device);
+  if (index < 0) return 0;
+#ifdef TROUPE_HAVE_CUDA
+  if (!cuda_device_present()) return 0;
+  return cuda_device_memory(index);
+#else
+  return 0;
+#endif
+}
+
 void set_cpu_threads(int n) { cpu::set_threads(n); }
 
 }  // namespace troupe::kernels

@@ -2,6 +2,7 @@
 // every backend implementation, so the interface in kernels/backend.hpp knows none.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -14,6 +15,8 @@ namespace troupe::kernels {
 std::unique_ptr<backend> make_backend(const std::string& device);
 /// True when this build has the CUDA backend and a GPU is visible.
 bool cuda_available();
+/// Total bytes of the device `device` names ("cuda[:i]"); 0 for the CPU or when unknown.
+std::uint64_t device_memory_bytes(const std::string& device);
 
 /// Sets the threads a CPU op may use, the caller included (0 = all cores, the default); results do
 /// not depend on it (docs/kernels.md, "Determinism").

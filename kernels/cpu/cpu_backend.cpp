@@ -21,8 +21,24 @@ cpu_backend::cpu_backend() {
 }
 
 tensor cpu_backend::empty(const core::shape_t& shape, core::dtype t) {
-  return tensor::zeros(shape, t);
+  tensor out = tensor::zeros(shape, t);
+  // The storage's own release frees the memory; wrap it to count. Storage bytes, not the 64-byte
+  // rounded allocation: the planner counts tensor bytes.
+  const std::shared_ptr<core::storage>& st = out.store();
+  const std::uint64_t bytes = st->bytes;
+  std::uint64_t now = mem_->live.fetch_add(bytes) + bytes;
+  std::uint64_t peak = mem_->peak.load();
+  while (now > peak && !mem_->peak.compare_exchange_weak(peak, now)) {
+  }
+  st->release = [counter = mem_, bytes, free_it = std::move(st->release)](void* p) {
+    counter->live.fetch_sub(bytes);
+    free_it(p);
+  };
+  return out;
 }
+
+std::uint64_t cpu_backend::peak_memory_bytes() const { return mem_->peak.load(); }
+std::uint64_t cpu_backend::live_memory_bytes() const { return mem_->live.load(); }
 
 void cpu_backend::zero(tensor& x) {
   op_check c("zero", {{"x", &x}});

@@ -9,6 +9,8 @@
 // ops on one instance concurrently.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -23,6 +25,9 @@ class cpu_backend final : public backend {
   core::device dev() const override { return {}; }
   std::string name() const override { return "cpu"; }
 
+  /// Zero-filled host memory, counted: live_memory_bytes / peak_memory_bytes report what this
+  /// backend's tensors hold (storage bytes, whoever holds the last handle), so a CPU run measures
+  /// what `troupe plan` predicts.
   tensor empty(const core::shape_t& shape, core::dtype t) override;
   void zero(tensor& x) override;
   void copy(const tensor& src, tensor& dst) override;
@@ -76,6 +81,10 @@ class cpu_backend final : public backend {
              tensor& low) override;
   bool has_nonfinite(const tensor& x) override;
 
+  std::uint64_t peak_memory_bytes() const override;
+  /// Bytes of this backend's tensors alive now.
+  std::uint64_t live_memory_bytes() const;
+
   /// cos/sin of the rotary angles for positions [0, seq) and pairs [0, head_dim/2), row-major
   /// [seq, head_dim/2] each (kernels/cpu/rope.cpp states the formula).
   struct rope_table {
@@ -88,6 +97,14 @@ class cpu_backend final : public backend {
  private:
   /// The table for (seq, head_dim, theta), computed once and shared by later calls.
   std::shared_ptr<const rope_table> rope_angles(int seq, int head_dim, float theta);
+
+  /// Live and peak bytes; shared with the release function of every storage handed out, which
+  /// may outlive the backend.
+  struct memory_counter {
+    std::atomic<std::uint64_t> live{0};
+    std::atomic<std::uint64_t> peak{0};
+  };
+  std::shared_ptr<memory_counter> mem_ = std::make_shared<memory_counter>();
 
   std::mutex rope_mu_;
   std::vector<std::shared_ptr<const rope_table>> rope_tables_;

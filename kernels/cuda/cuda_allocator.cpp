@@ -146,11 +146,26 @@ void* device_allocator::allocate(std::size_t bytes) {
       free_cached_locked();
       e = cudaMalloc(&p, size);
     }
-    if (e != cudaSuccess)
-      throw core::failure("cuda_allocator: cudaMalloc of " + std::to_string(size) +
-                          " bytes on cuda:" + std::to_string(device_) + " failed (" +
-                          cudaGetErrorString(e) + "); " + std::to_string(stats_.in_use) +
-                          " bytes in use (hint: lower micro_batch_size or turn recompute on)");
+    if (e != cudaSuccess) {
+      const std::string why = cudaGetErrorString(e);
+      cudaGetLastError();
+      if (e != cudaErrorMemoryAllocation)
+        throw core::failure("cuda_allocator: cudaMalloc of " + std::to_string(size) +
+                            " bytes on cuda:" + std::to_string(device_) + " failed (" + why + ")");
+      // The words "out of device memory" are what the CLI looks for to print the plan.
+      std::size_t free_bytes = 0, total_bytes = 0;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) cudaGetLastError();
+      throw core::failure(
+          "out of device memory on cuda:" + std::to_string(device_) + ": " +
+          std::to_string(size) + " more bytes wanted; this backend holds " +
+          std::to_string(stats_.in_use) + " bytes in live tensors (peak " +
+          std::to_string(stats_.peak_in_use) + ", " + std::to_string(stats_.reserved) +
+          " reserved after freeing its cache), the device has " + std::to_string(free_bytes) +
+          " of " + std::to_string(total_bytes) +
+          " bytes free (hint: `troupe plan CONFIG --device-memory SIZE` shows what each rank "
+          "holds and which change fits: recompute.mode, optimizer.zero_stage, "
+          "parallel.micro_batch_size, parallel.pipeline_stage)");
+    }
     ++stats_.device_mallocs;
     stats_.reserved += size;
     stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);

@@ -23,6 +23,15 @@ bool cuda_device_present() {
   return n > 0;
 }
 
+std::uint64_t cuda_device_memory(int device_index) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return prop.totalGlobalMem;
+}
+
 namespace cuda {
 
 namespace {

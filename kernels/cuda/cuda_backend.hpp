@@ -19,6 +19,8 @@ namespace troupe::kernels {
 std::unique_ptr<backend> make_cuda_backend(int device_index);
 /// True when at least one GPU is visible to the CUDA runtime (never throws).
 bool cuda_device_present();
+/// Total memory of GPU `device_index` in bytes (0 when it cannot be asked).
+std::uint64_t cuda_device_memory(int device_index);
 
 namespace cuda {
 

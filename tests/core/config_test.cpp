@@ -365,13 +365,13 @@ TEST_CASE("overrides set every value type and are recorded as --set") {
   const core::config c = load_ok("tiny.toml");
   auto r = core::load_config(configs_dir + "tiny.toml",
                              {"parallel.pipeline_stage=4", "optimizer.lr=1e-4",
-                              "runtime.deterministic=false", "runtime.run_dir=runs/other",
+                              "runtime.record=false", "runtime.run_dir=runs/other",
                               "data.val=\"a b.bin\"", "checkpoint.dir=2024",
                               "model.arch = llama", "train.steps=10", "train.steps=20"});
   REQUIRE(r.ok());
   CHECK(r->parallel.pipeline_stage == 4);
   CHECK(r->optimizer.lr == 1e-4);
-  CHECK_FALSE(r->runtime.deterministic);
+  CHECK_FALSE(r->runtime.record);
   CHECK(r->runtime.run_dir == "runs/other");
   CHECK(r->data.val == "a b.bin");
   CHECK(r->checkpoint.dir == "2024");  // a string key keeps the text even if it looks like a number
@@ -515,4 +515,17 @@ TEST_CASE("configs/README.md documents every key") {
     CAPTURE(e.key);
     CHECK(contains(text.str(), "`" + e.key + "`"));
   }
+}
+
+TEST_CASE("keys without a second behaviour are refused, not ignored: offload and nondeterminism") {
+  const core::error off = parse_bad("[optimizer]\noffload = true\n");
+  CHECK(off.where.key == "optimizer.offload");
+  CHECK(off.where.line == 2);
+  CHECK(contains(off.message, "not implemented"));
+  CHECK(contains(off.hint, "troupe plan"));
+  const core::error nd = parse_bad("[runtime]\ndeterministic = false\n");
+  CHECK(nd.where.key == "runtime.deterministic");
+  CHECK(contains(nd.hint, "deterministic = true"));
+  const core::error set = parse_bad("", {"optimizer.offload=true"});
+  CHECK(set.where.file == "--set optimizer.offload=true");
 }

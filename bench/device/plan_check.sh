@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Planned (`troupe plan --json`) against measured (`troupe train`'s metrics.jsonl) on one GPU: the
+# peak device bytes of every stage's allocator and of its optimizer shard's, and the step time,
+# for GPT-2 124M, GPT-2 1.5B and a LLaMA-style 1.1B over pipeline stages, recompute modes and
+# ZeRO stages (every worker in one process on GPU 0, bf16). Prints one table row per run and
+# writes $O/plan_check.jsonl; the ratios are planned / measured.
+#
+#   bash bench/device/pack.sh                 # here: stage the CUDA build into build-dev/
+#   cp bench/device/plan_check.sh build-dev/
+#   # device: bash build-dev/plan_check.sh [124m|1.5b|llama|all] [--calibrate]   carry = ["build-dev"]
+#
+# --calibrate first measures the GPU (`troupe plan --calibrate`) and plans with those rates.
+source "$(dirname "${BASH_SOURCE[0]}")/unpack.sh"
+which=${1:-124m}
+cal_flag=""
+mkdir -p $O/runs $O/cfg
+# Token shard in llm.c's format: 256 int32 header (magic, version, count), then uint16 tokens.
+python3 - "$O/tokens.bin" <<'PY'
+import random, struct, sys
+n = 4_000_000
+random.seed(1)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack("<%dH" % n, *(random.randrange(32000) for _ in range(n))))
+PY
+
+write_cfg() {  # name arch layers hidden heads kv ffn seq vocab mbs
+  cat > $O/cfg/$1.toml <<TOML
+[model]
+arch = "$2"
+num_layers = $3
+hidden_size = $4
+num_heads = $5
+num_kv_heads = $6
+ffn_hidden_size = $7
+seq_length = $8
+vocab_size = $9
+[parallel]
+micro_batch_size = ${10}
+micro_batch_num = 8
+[precision]
+compute = "bf16"
+[train]
+steps = 4
+eval_interval = 0
+[data]
+train = "$O/tokens.bin"
+[runtime]
+device = "cuda"
+record = false
+run_dir = "$O/runs/latest"
+cuda_graph = false
+TOML
+}
+write_cfg 124m gpt2 12 768 12 0 0 1024 50257 4
+write_cfg 1.5b gpt2 48 1600 25 0 0 1024 50257 2
+write_cfg llama llama 16 2048 16 8 5632 2048 32000 2
+
+if [ "${2:-}" = "--calibrate" ]; then
+  $B/troupe plan $O/cfg/124m.toml --calibrate $O/calibration.json && cal_flag="--calibration $O/calibration.json"
+fi
+
+run() {  # model tag --set ...
+  local model=$1 tag=$2; shift 2
+  local sets=("$@") args=()
+  for s in "${sets[@]}"; do args+=(--set "$s"); done
+  local dir=$O/runs/$model-$tag
+  $B/troupe plan $O/cfg/$model.toml "${args[@]}" --set runtime.run_dir=\"$dir\" --json $cal_flag > $dir.plan.json 2> $dir.plan.err
+  timeout 500 $B/troupe train $O/cfg/$model.toml "${args[@]}" --set runtime.run_dir=\"$dir\" --no-plan-check \
+    > $dir.train.log 2>&1 || { echo "$model $tag: train failed"; tail -5 $dir.train.log; }
+  python3 - "$model" "$tag" "$dir" <<'PY' | tee -a $O/plan_check.jsonl
+import json, sys, statistics
+model, tag, d = sys.argv[1:]
+try:
+    plan = json.load(open(d + ".plan.json"))
+    lines = [json.loads(l) for l in open(d + "/metrics.jsonl") if l.strip()]
+except Exception as e:
+    print(json.dumps({"model": model, "run": tag, "error": str(e)})); sys.exit()
+last = lines[-1]
+meas = {(s["dp"], s["pp"]): (s.get("peak_device_bytes", 0), s.get("optimizer_peak_device_bytes", 0)) for s in last["stages"]}
+rows = []
+for r in plan["ranks"]:
+    ms, mo = meas[(r["dp"], r["pp"])]
+    rows.append({"dp": r["dp"], "pp": r["pp"], "stage_planned": r["stage_peak_bytes"], "stage_measured": ms,
+                 "shard_planned": r["optimizer_peak_bytes"], "shard_measured": mo,
+                 "stage_ratio": r["stage_peak_bytes"] / ms if ms else None,
+                 "shard_ratio": r["optimizer_peak_bytes"] / mo if mo else None})
+tps = [l["tokens_per_s"] for l in lines[1:]] or [lines[-1]["tokens_per_s"]]
+step_meas = plan["tokens_per_step"] / statistics.median(tps)
+print(json.dumps({"model": model, "run": tag, "ranks": rows, "step_planned_s": plan["step_s"],
+                  "step_measured_s": step_meas, "step_ratio": plan["step_s"] / step_meas}))
+PY
+}
+
+models=$which; [ "$which" = all ] && models="124m llama 1.5b"
+for m in $models; do
+  for pp in 1 2 4; do
+    for rc in none selective full; do
+      run $m pp$pp-$rc parallel.pipeline_stage=$pp recompute.mode=$rc
+    done
+  done
+  for z in 0 1 2; do
+    run $m dp2-zero$z parallel.data_parallel=2 parallel.pipeline_stage=2 optimizer.zero_stage=$z parallel.micro_batch_num=4
+  done
+done
+python3 - $O/plan_check.jsonl <<'PY'
+import json, sys
+print("%-6s %-18s %5s %12s %12s %6s %10s %10s %6s %9s %9s %6s" % ("model", "run", "rank", "stage plan", "stage real", "ratio",
+      "shard plan", "shard real", "ratio", "step plan", "step real", "ratio"))
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if "error" in j: print(j["model"], j["run"], "error:", j["error"]); continue
+    for r in j["ranks"]:
+        g = lambda b: "%.2fG" % (b / 2**30)
+        print("%-6s %-18s %2d/%-2d %12s %12s %6.3f %10s %10s %6.3f %9.4f %9.4f %6.3f" % (j["model"], j["run"], r["dp"], r["pp"],
+              g(r["stage_planned"]), g(r["stage_measured"]), r["stage_ratio"] or 0, g(r["shard_planned"]), g(r["shard_measured"]),
+              r["shard_ratio"] or 0, j["step_planned_s"], j["step_measured_s"], j["step_ratio"]))
+PY

@@ -1,0 +1,119 @@
+#include "plan/cost_model.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace troupe::plan {
+
+calibration default_calibration(const std::string& device, core::precision_kind precision) {
+  calibration c;
+  c.precision = precision == core::precision_kind::fp32   ? "fp32"
+                : precision == core::precision_kind::bf16 ? "bf16"
+                                                          : "fp16";
+  if (device.rfind("cuda", 0) == 0) {
+    c.device = "cuda";
+    c.flops_per_s = precision == core::precision_kind::fp32 ? 5e13 : 4e14;
+    c.op_overhead_s = 5e-6;
+    c.memory_bytes_per_s = 3e12;
+    c.link_bytes_per_s = 1e11;
+  }
+  return c;
+}
+
+core::result<calibration> load_calibration(const std::string& path) {
+  std::ifstream f(path);
+  if (!f)
+    return core::error::make("cannot read calibration file '" + path + "'",
+                             "write one with `troupe plan CONFIG --calibrate " + path + "`");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    return core::error::make("calibration file '" + path + "' is not JSON: " + e.what(),
+                             "write it again with `troupe plan CONFIG --calibrate " + path + "`");
+  }
+  calibration c;
+  c.source = path;
+  for (auto [key, dst] : {std::pair<const char*, double*>{"flops_per_s", &c.flops_per_s},
+                          {"op_overhead_s", &c.op_overhead_s},
+                          {"memory_bytes_per_s", &c.memory_bytes_per_s},
+                          {"link_bytes_per_s", &c.link_bytes_per_s}}) {
+    if (!j.contains(key) || !j[key].is_number() || j[key].get<double>() <= 0)
+      return core::error::make("calibration file '" + path + "': key \"" + key +
+                                   "\" is missing or not a positive number",
+                               "write it again with `troupe plan CONFIG --calibrate " + path + "`");
+    *dst = j[key].get<double>();
+  }
+  c.device = j.value("device", "cpu");
+  c.precision = j.value("precision", "fp32");
+  return c;
+}
+
+core::status save_calibration(const calibration& c, const std::string& path) {
+  nlohmann::ordered_json j;
+  j["device"] = c.device;
+  j["precision"] = c.precision;
+  j["flops_per_s"] = c.flops_per_s;
+  j["op_overhead_s"] = c.op_overhead_s;
+  j["memory_bytes_per_s"] = c.memory_bytes_per_s;
+  j["link_bytes_per_s"] = c.link_bytes_per_s;
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f) return core::error::make("cannot write calibration file '" + path + "'", "choose a writable path");
+  return core::status{};
+}
+
+double forward_flops(const core::model_config& m, int layers, bool head, std::int64_t rows) {
+  const double C = m.hidden_size, F = m.ffn_size(), T = m.seq_length, V = m.vocab_size;
+  const double kv = static_cast<double>(m.kv_heads()) * m.head_dim();
+  const double mlp = m.arch == core::arch_kind::gpt2 ? 2 * F * C : 3 * F * C;
+  const double weights = C * C + 2 * kv * C + C * C + mlp;  // q, k, v, output projection, MLP
+  const double per_layer = 2.0 * static_cast<double>(rows) * weights +
+                           2.0 * static_cast<double>(rows) * T * C;  // causal QKᵀ and PV
+  return layers * per_layer + (head ? 2.0 * static_cast<double>(rows) * V * C : 0.0);
+}
+
+int forward_ops_per_layer(const core::model_config& m) {
+  return m.arch == core::arch_kind::gpt2 ? 7 : 10;
+}
+
+schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal) {
+  const int chunks = cfg.parallel.pipeline_stage * cfg.parallel.virtual_pipeline;
+  const int layers = cfg.model.num_layers / chunks;
+  const std::int64_t rows =
+      static_cast<std::int64_t>(cfg.parallel.micro_batch_size) * cfg.model.seq_length;
+  const double ops = forward_ops_per_layer(cfg.model) * layers;
+  // The slowest chunk sets the pipeline's pace: the one with the head (the embedding is a lookup).
+  const double f_flops = forward_flops(cfg.model, layers, true, rows);
+  const double f = f_flops / cal.flops_per_s + ops * cal.op_overhead_s;
+  double extra = 0;  // recomputed forward work inside the backward
+  if (cfg.recompute.mode == core::recompute_mode::full) {
+    extra = f;
+  } else if (cfg.recompute.mode == core::recompute_mode::selective) {
+    extra = layers * 2.0 * static_cast<double>(rows) * cfg.model.seq_length *
+            cfg.model.hidden_size / cal.flops_per_s;
+  }
+  schedules::cost_model c;
+  c.f = f;
+  c.b = 2 * f + extra;
+  c.i = f + extra;
+  c.w = f;
+  const std::size_t act = cfg.precision.compute == core::precision_kind::fp32 ? 4 : 2;
+  c.comm = static_cast<double>(rows) * cfg.model.hidden_size * act / cal.link_bytes_per_s;
+  return c;
+}
+
+double optimizer_seconds(const core::config& cfg, const calibration& cal,
+                         std::int64_t stage_elements, std::int64_t shard_elements) {
+  const int dp = cfg.parallel.data_parallel;
+  double t = 0;
+  if (dp > 1)  // every replica's gradient slices go to their shards, parameters come back
+    t += 2.0 * static_cast<double>(stage_elements) * 4 * (dp - 1) / dp / cal.link_bytes_per_s;
+  // AdamW reads parameter, gradient and both moments and writes three of them back: 28 B/element.
+  t += 28.0 * static_cast<double>(shard_elements) / cal.memory_bytes_per_s;
+  return t;
+}
+
+}  // namespace troupe::plan

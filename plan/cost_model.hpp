@@ -1,0 +1,52 @@
+// The time side of `troupe plan`: how long a chunk's forward and backward of one micro-batch take,
+// from the chunk's arithmetic (matrix products and attention, in FLOPs) and a device's measured
+// rates; the schedule simulator (schedules/simulate.hpp) turns those into the step's makespan.
+//
+// Rates come from a calibration file (`troupe plan --calibrate FILE`, which times the model's own
+// chunk forward/backward, AdamW and a copy on the device) or, without one, from defaults per
+// device and precision stated below.
+#pragma once
+
+#include <string>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "schedules/schedule.hpp"
+
+namespace troupe::plan {
+
+/// Measured (or default) rates of one device at one precision.
+struct calibration {
+  std::string device = "cpu";         // what it was measured on: cpu | cuda
+  std::string precision = "fp32";     // compute precision it was measured at
+  double flops_per_s = 2e10;          // effective rate of a chunk's forward/backward arithmetic
+  double op_overhead_s = 2e-6;        // fixed cost of each op (launch, dispatch)
+  double memory_bytes_per_s = 1e10;   // AdamW and copies: bytes read + written per second
+  double link_bytes_per_s = 5e9;      // a tensor between two pipeline ranks or replicas
+  std::string source = "defaults";    // file it came from, or "defaults"
+};
+
+/// Defaults: CPU fp32 2e10 FLOP/s (a few cores of OpenBLAS), 10 GB/s; CUDA (H200-class) bf16/fp16
+/// 4e14 FLOP/s, fp32 5e13, 3e12 B/s memory, 1e11 B/s between GPUs, 5 µs per op.
+calibration default_calibration(const std::string& device, core::precision_kind precision);
+
+/// Reads a calibration file (JSON written by save_calibration). Errors name the file and key.
+core::result<calibration> load_calibration(const std::string& path);
+core::status save_calibration(const calibration& c, const std::string& path);
+
+/// FLOPs of one chunk forward of `rows` tokens holding layers [first, first + n) (and the head when
+/// `head`): 2·rows·(weights of its matrix products) plus causal attention 2·rows·T·C per layer.
+double forward_flops(const core::model_config& m, int layers, bool head, std::int64_t rows);
+/// Ops one layer's forward launches (for the per-op overhead).
+int forward_ops_per_layer(const core::model_config& m);
+
+/// Per-kind simulator costs (seconds) for cfg's slowest chunk: F, B (with recompute), I, W, and
+/// comm for one activation between ranks.
+schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal);
+
+/// Seconds of the optimizer's tail of a step on one pipeline rank: the gradient exchange between
+/// replicas and AdamW over the largest shard (`shard_elements` fp32 elements).
+double optimizer_seconds(const core::config& cfg, const calibration& cal,
+                         std::int64_t stage_elements, std::int64_t shard_elements);
+
+}  // namespace troupe::plan

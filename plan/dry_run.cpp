@@ -1,0 +1,193 @@
+#include "plan/dry_run.hpp"
+
+#include <deque>
+#include <memory>
+
+#include "actors/layout.hpp"
+#include "actors/shard_engine.hpp"
+#include "actors/stage_engine.hpp"
+#include "kernels/meta_backend.hpp"
+#include "model/chunk.hpp"
+#include "runtime/build.hpp"
+
+namespace troupe::plan {
+
+namespace {
+
+using actors::address;
+using actors::role;
+using actors::tensor_kind;
+
+/// Labels for what a stage or shard allocates while the step runs: the logits (and dlogits, which
+/// the cross-entropy writes over them) are recognised by their vocabulary-wide rows; fp32 buffers
+/// shaped like gradient or parameter slices (1-D and longer than any per-row statistic) and the
+/// copies of a tied embedding's gradient are what travels to the optimizer shards and back.
+kernels::meta_backend::classifier classify(const core::model_config& m, std::int64_t rows) {
+  return [vocab = m.vocab_size, hidden = m.hidden_size, rows](const core::shape_t& s,
+                                                              core::dtype t) -> std::string {
+    if (s.size() == 2 && s[1] == vocab) return "logits";
+    if (t == core::dtype::f32 && s.size() == 1 && s[0] > rows && s[0] > hidden)
+      return "communication";
+    if (t == core::dtype::f32 && s.size() == 2 && s[0] == vocab && s[1] == hidden)
+      return "communication";
+    return "";
+  };
+}
+
+backend_peak peak_of(const kernels::meta_backend& be) { return {be.peak_bytes(), be.peak_by_label()}; }
+
+struct worker_parts {
+  std::unique_ptr<kernels::meta_backend> stage_be, shard_be;
+  std::unique_ptr<actors::stage_engine> stage;
+  std::unique_ptr<actors::shard_engine> shard;
+};
+
+}  // namespace
+
+core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, int steps) {
+  const actors::job_layout l = actors::layout_of(cfg);
+  auto sched = actors::build_schedule(cfg, l.microbatches);
+  if (!sched.ok()) return sched.err();
+  const std::int64_t rows =
+      static_cast<std::int64_t>(cfg.parallel.micro_batch_size) * cfg.model.seq_length;
+  kernels::meta_backend::options mo;
+  mo.cuda_rounding = mo.cuda_fusions = dev == device_model::cuda;
+  const core::device claimed =
+      dev == device_model::cuda ? core::device{core::device_kind::cuda, 0} : core::device{};
+
+  dry_run_result out;
+  out.params.assign(l.pp, 0);
+  out.grads.assign(l.pp, 0);
+  out.low.assign(l.pp, 0);
+  out.saved_per_microbatch.assign(l.pp, 0);
+  const auto specs = model::partition(cfg.model, l.chunks());
+  const auto epoch = std::chrono::steady_clock::now();
+
+  // Build every worker's stage (chunks as build_stage_chunks makes them, without the host-side
+  // initialisation: the values do not matter here) and its shard.
+  std::map<std::pair<int, int>, worker_parts> w;
+  for (int d = 0; d < l.dp; ++d)
+    for (int p = 0; p < l.pp; ++p) {
+      worker_parts& wp = w[{d, p}];
+      wp.stage_be = std::make_unique<kernels::meta_backend>(mo);
+      wp.stage_be->set_device(claimed);
+      std::vector<model::chunk> chunks;
+      {
+        kernels::meta_backend::scope s(*wp.stage_be, "parameters and gradients");
+        for (int i = 0; i < l.v; ++i) {
+          model::chunk c(cfg.model, specs[p + i * l.pp], *wp.stage_be, cfg.precision.compute);
+          c.set_recompute(cfg.recompute.mode);
+          if (d == 0) {
+            out.params[p] += wp.stage_be->rounded(c.flat_params().bytes());
+            out.grads[p] += wp.stage_be->rounded(c.flat_grads().bytes());
+            if (c.flat_low().defined()) out.low[p] += wp.stage_be->rounded(c.flat_low().bytes());
+          }
+          chunks.push_back(std::move(c));
+        }
+      }
+      wp.stage_be->set_classifier(classify(cfg.model, rows));
+      wp.stage = std::make_unique<actors::stage_engine>(cfg, l, d, p, sched.value().ranks.at(p),
+                                                        *wp.stage_be, std::move(chunks), epoch);
+    }
+  for (int k = 0; k < l.dp; ++k)
+    for (int p = 0; p < l.pp; ++p) {
+      worker_parts& wp = w[{k, p}];
+      wp.shard_be = std::make_unique<kernels::meta_backend>(mo);
+      wp.shard_be->set_device(claimed);
+      std::vector<actors::shard_chunk> sc;
+      auto& chunks = wp.stage->chunks();
+      for (int i = 0; i < l.v; ++i)
+        sc.push_back(actors::shard_chunk{p + i * l.pp, chunks[i].params(), chunks[i].flat_params()});
+      kernels::meta_backend::scope s(*wp.shard_be, "optimizer state");
+      wp.shard = std::make_unique<actors::shard_engine>(cfg, l, p, k, *wp.shard_be, std::move(sc));
+    }
+  for (auto& [k, wp] : w) wp.shard_be->set_classifier(classify(cfg.model, rows));
+
+  // One micro-batch's saved activations, per pipeline rank: a forward on a chunk of its own.
+  for (int p = 0; p < l.pp; ++p) {
+    kernels::meta_backend probe(mo);
+    probe.set_device(claimed);
+    for (int i = 0; i < l.v; ++i) {
+      const model::chunk_spec& spec = specs[p + i * l.pp];
+      model::chunk c(cfg.model, spec, probe, cfg.precision.compute);
+      c.set_recompute(cfg.recompute.mode);
+      core::tensor in = spec.has_embedding
+                            ? probe.empty({rows}, core::dtype::i32)
+                            : probe.empty({rows, cfg.model.hidden_size},
+                                          c.flat_low().defined() ? c.flat_low().type() : core::dtype::f32);
+      core::tensor tgt = spec.has_head ? probe.empty({rows}, core::dtype::i32) : core::tensor{};
+      c.forward(0, in, tgt, 1.0f);
+      out.saved_per_microbatch[p] += c.saved_activation_bytes();
+    }
+  }
+
+  const int last = l.chunks() - 1;
+  for (int step = 0; step < steps; ++step) {
+    for (auto& [k, wp] : w) wp.stage->begin_step(step);
+    // The loaders' host tensors: tokens to the first stage, targets to the last.
+    for (int d = 0; d < l.dp; ++d)
+      for (int mb = 0; mb < l.microbatches; ++mb) {
+        w[{d, 0}].stage->deliver(
+            transport::tag{step, static_cast<std::uint32_t>(tensor_kind::tokens), 0, mb, 0},
+            core::tensor::zeros({rows}, core::dtype::i32));
+        w[{d, l.rank_of_chunk(last)}].stage->deliver(
+            transport::tag{step, static_cast<std::uint32_t>(tensor_kind::targets), last, mb, 0},
+            core::tensor::zeros({rows}, core::dtype::i32));
+      }
+    std::map<std::pair<int, int>, bool> done, applied;
+    std::deque<std::pair<address, actors::outgoing>> queue;  // (from, message)
+    auto route = [&](const address& from, std::vector<actors::outgoing> msgs) {
+      for (auto& m : msgs) queue.emplace_back(from, std::move(m));
+    };
+    auto deliver_all = [&] {
+      bool moved = !queue.empty();
+      while (!queue.empty()) {
+        auto [from, m] = std::move(queue.front());
+        queue.pop_front();
+        if (m.to.who == role::stage) {
+          w.at({m.to.a, m.to.b}).stage->deliver(m.tag, std::move(m.t));
+        } else if (m.to.who == role::shard) {
+          auto& wp = w.at({m.to.b, m.to.a});  // shard (pp, part) lives on worker (part, pp)
+          wp.shard->deliver(from.a, m.tag, std::move(m.t));
+          if (!applied[{m.to.a, m.to.b}] && wp.shard->reduce(step)) {
+            wp.shard->take_norm_parts();
+            wp.shard->apply(step, 1.0f, cfg.optimizer.lr);
+            applied[{m.to.a, m.to.b}] = true;
+            route(address{role::shard, m.to.a, m.to.b}, wp.shard->take_outgoing());
+          }
+        }
+      }
+      return moved;
+    };
+    for (;;) {
+      bool progress = false, all = true;
+      for (auto& [k, wp] : w) {
+        if (done[k]) continue;
+        const std::string before = wp.stage->current_instruction();
+        done[k] = wp.stage->run();
+        route(address{role::stage, k.first, k.second}, wp.stage->take_outgoing());
+        progress |= done[k] || before != wp.stage->current_instruction();
+        all &= done[k];
+      }
+      progress |= deliver_all();
+      if (all) break;
+      if (!progress) {
+        std::string who;
+        for (auto& [k, wp] : w)
+          if (!done[k])
+            who += " stage(dp=" + std::to_string(k.first) + ", pp=" + std::to_string(k.second) +
+                   ") at " + wp.stage->current_instruction() + " waiting for " +
+                   wp.stage->waiting_for() + ";";
+        return core::error::make("the plan's dry run of the schedule cannot progress:" + who,
+                                 "check the schedule with `troupe schedule check`");
+      }
+    }
+  }
+  for (auto& [k, wp] : w) {
+    out.stages[k] = peak_of(*wp.stage_be);
+    out.shards[{k.second, k.first}] = peak_of(*wp.shard_be);
+  }
+  return out;
+}
+
+}  // namespace troupe::plan

@@ -1,0 +1,44 @@
+// The memory side of `troupe plan`: a dry run of one training step of a job on meta backends
+// (kernels/meta_backend.hpp). Every worker's real stage_engine, with its real model::chunk objects,
+// and every real shard_engine execute the lowered schedule; tensors move between them as handles,
+// as the in-process transport moves them; the meta backends count what each allocates and when it
+// is released. So the planned bytes are the runtime's own allocations by construction: nothing is
+// a formula that could drift from the code (tests/plan/memory_test.cpp compares them with a real
+// CPU run, bench/plan_check.sh with a GPU run).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+
+namespace troupe::plan {
+
+/// Which backend's allocation pattern the dry run reproduces.
+enum class device_model { cpu, cuda };
+
+/// Peak bytes of one backend (a stage's or a shard's), split by what held them at that peak.
+struct backend_peak {
+  std::uint64_t peak = 0;
+  std::map<std::string, std::uint64_t> split;  // label -> bytes at the peak
+};
+
+/// What a dry run measured for each worker (dp, pp).
+struct dry_run_result {
+  std::map<std::pair<int, int>, backend_peak> stages;  // (dp, pp)
+  std::map<std::pair<int, int>, backend_peak> shards;  // (pp, part); shard (pp, k) is on worker (k, pp)
+  /// Static bytes of a stage (per pipeline rank): fp32 parameters, fp32 gradients, the
+  /// low-precision working copy (0 in fp32), as the chunks allocate them.
+  std::vector<std::uint64_t> params, grads, low;
+  /// Saved activations of one micro-batch per pipeline rank (all its chunks), after the forward.
+  std::vector<std::uint64_t> saved_per_microbatch;
+};
+
+/// Runs `steps` training steps of `cfg` (its layout, schedule, recompute, precision, ZeRO) on meta
+/// backends. Errors: a schedule that does not build, or a job that cannot progress.
+core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, int steps = 2);
+
+}  // namespace troupe::plan

@@ -1,0 +1,332 @@
+#include "plan/plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "runtime/build.hpp"
+#include "schedules/registry.hpp"
+#include "schedules/simulate.hpp"
+
+namespace troupe::plan {
+
+namespace {
+
+constexpr std::uint64_t mib = std::uint64_t{1} << 20;
+constexpr std::uint64_t gib = std::uint64_t{1} << 30;
+// What the CUDA backend allocates for itself on every backend (cuBLASLt's workspace,
+// kernels/cuda/cuda_context.cpp), inside the allocator's count.
+constexpr std::uint64_t cuda_workspace = 32 * mib;
+// Outside the allocator: the CUDA context of a process (kernels, cuBLAS handles).
+constexpr std::uint64_t cuda_context = 512 * mib;
+// The caching allocator's slack: blocks cached but not in use at the peak, as a share of it.
+constexpr double cuda_slack = 0.05;
+
+const char* recompute_name(core::recompute_mode m) {
+  return m == core::recompute_mode::none ? "none" : m == core::recompute_mode::full ? "full" : "selective";
+}
+const char* precision_name(core::precision_kind p) {
+  return p == core::precision_kind::fp32 ? "fp32" : p == core::precision_kind::bf16 ? "bf16" : "fp16";
+}
+bool on_cuda(const core::config& cfg) { return cfg.runtime.device.rfind("cuda", 0) == 0; }
+
+void add_term(std::vector<memory_term>& terms, const std::string& name, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  for (auto& t : terms)
+    if (t.name == name) {
+      t.bytes += bytes;
+      return;
+    }
+  terms.push_back({name, bytes});
+}
+
+std::string describe(const job_plan& p) {
+  std::ostringstream s;
+  s << "dp " << p.dp << " × pp " << p.pp;
+  if (p.v > 1) s << " (virtual " << p.v << ")";
+  s << ", " << p.schedule << ", " << p.microbatches << " micro-batches of " << p.micro_batch_size
+    << ", recompute " << p.recompute << ", ZeRO-" << p.zero_stage << ", " << p.precision;
+  return s.str();
+}
+
+}  // namespace
+
+std::string format_bytes(std::uint64_t b) {
+  char buf[64];
+  if (b >= gib) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / gib);
+  else if (b >= mib) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / mib);
+  else std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / 1024);
+  return buf;
+}
+
+core::result<std::uint64_t> parse_bytes(const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), ::tolower);
+  const std::map<std::string, double> units{{"", 1},        {"b", 1},        {"kb", 1e3},
+                                            {"mb", 1e6},    {"gb", 1e9},     {"tb", 1e12},
+                                            {"kib", 1024.0}, {"mib", 1048576.0},
+                                            {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+                                            {"k", 1024.0},  {"m", 1048576.0}, {"g", 1073741824.0}};
+  auto it = units.find(unit);
+  if (used == 0 || it == units.end() || !(v > 0) || !std::isfinite(v))
+    return core::error::make("'" + text + "' is not a memory size",
+                             "write a number with a unit, e.g. 80GiB, 141GB or 512MiB");
+  return static_cast<std::uint64_t>(v * it->second);
+}
+
+core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o) {
+  const bool cuda = on_cuda(cfg);
+  auto dry = dry_run(cfg, cuda ? device_model::cuda : device_model::cpu);
+  if (!dry.ok()) return dry.err();
+  const dry_run_result& d = dry.value();
+  const actors::job_layout l = actors::layout_of(cfg);
+  auto sched = actors::build_schedule(cfg, l.microbatches);
+  if (!sched.ok()) return sched.err();
+  const std::vector<int> in_flight = schedules::peak_activations(sched.value());
+
+  job_plan p;
+  p.device = cuda ? "cuda" : "cpu";
+  p.dp = l.dp, p.pp = l.pp, p.v = l.v, p.microbatches = l.microbatches;
+  p.micro_batch_size = cfg.parallel.micro_batch_size;
+  p.zero_stage = l.zero_stage;
+  p.schedule = sched.value().name;
+  p.recompute = recompute_name(cfg.recompute.mode);
+  p.precision = precision_name(cfg.precision.compute);
+  p.one_device = o.one_device;
+  p.device_memory = o.device_memory;
+  p.name = describe(p);
+  p.calibration = o.cal.source;
+
+  for (int dp = 0; dp < l.dp; ++dp)
+    for (int pp = 0; pp < l.pp; ++pp) {
+      rank_plan r;
+      r.dp = dp, r.pp = pp;
+      const backend_peak& st = d.stages.at({dp, pp});
+      const backend_peak& sh = d.shards.at({pp, dp});
+      r.stage_peak = st.peak + (cuda ? cuda_workspace : 0);
+      r.shard_peak = sh.peak + (cuda ? cuda_workspace : 0);
+      for (const auto& [label, bytes] : st.split) {
+        if (label == "parameters and gradients") {
+          add_term(r.terms, "fp32 parameters", d.params[pp]);
+          add_term(r.terms, "fp32 gradients", d.grads[pp]);
+          add_term(r.terms, "low-precision weights", d.low[pp]);
+        } else if (label == "logits") {
+          add_term(r.terms, "logits and cross-entropy", bytes);
+        } else if (label == "communication") {
+          add_term(r.terms, "communication buffers", bytes);
+        } else {
+          add_term(r.terms, "activations and scratch", bytes);
+        }
+      }
+      for (const auto& [label, bytes] : sh.split) {
+        if (label == "optimizer state") {
+          // master slice, summed-gradient slice, two moments: four equal fp32 buffers
+          add_term(r.terms, "fp32 master weights", bytes / 4);
+          add_term(r.terms, "AdamW moments", bytes / 2);
+          add_term(r.terms, "reduced gradient slice", bytes / 4);
+        } else if (label == "communication") {
+          add_term(r.terms, "communication buffers", bytes);
+        } else {
+          add_term(r.terms, "optimizer scratch", bytes);
+        }
+      }
+      if (cuda) {
+        add_term(r.terms, "GEMM workspace", 2 * cuda_workspace);
+        r.reserve = static_cast<std::uint64_t>(cuda_slack * static_cast<double>(r.stage_peak + r.shard_peak));
+        if (!o.one_device) r.reserve += cuda_context;
+        add_term(r.terms, "allocator reserve and context", r.reserve);
+      }
+      std::sort(r.terms.begin(), r.terms.end(),
+                [](const memory_term& a, const memory_term& b) { return a.bytes > b.bytes; });
+      r.saved_per_microbatch = d.saved_per_microbatch[pp];
+      r.peak_in_flight = in_flight.at(pp);
+      p.ranks.push_back(std::move(r));
+    }
+
+  // Devices: all workers on one, or one each.
+  std::vector<memory_term> fullest;
+  if (o.one_device) {
+    for (const auto& r : p.ranks) {
+      p.need += r.total();
+      for (const auto& t : r.terms) add_term(fullest, t.name, t.bytes);
+    }
+    if (cuda) {
+      p.need += cuda_context;
+      add_term(fullest, "allocator reserve and context", cuda_context);
+    }
+  } else {
+    for (const auto& r : p.ranks)
+      if (r.total() > p.need) p.need = r.total(), fullest = r.terms;
+  }
+  std::sort(fullest.begin(), fullest.end(),
+            [](const memory_term& a, const memory_term& b) { return a.bytes > b.bytes; });
+  if (!fullest.empty()) p.largest_term = fullest.front().name;
+  p.fits = o.device_memory == 0 || p.need <= o.device_memory;
+
+  // Time: the slowest chunk's costs through the simulator, then the optimizer's tail.
+  const schedules::cost_model costs = chunk_costs(cfg, o.cal);
+  auto sim = schedules::simulate(sched.value(), costs);
+  if (!sim.ok()) return sim.err();
+  p.pipeline_s = sim.value().makespan;
+  p.bubble = sim.value().bubble;
+  if (o.one_device && l.workers() > 1) {
+    // One device runs every worker's work: no faster than all of it back to back.
+    double total = 0;
+    for (const auto& r : sim.value().ranks) total += r.compute;
+    p.pipeline_s = std::max(p.pipeline_s, total * l.dp);
+  }
+  std::int64_t stage_elems = 0, shard_elems = 0;
+  for (int pp = 0; pp < l.pp; ++pp) {
+    stage_elems = std::max<std::int64_t>(stage_elems, d.params[pp] / 4);
+    const auto& split = d.shards.at({pp, 0}).split;
+    auto it = split.find("optimizer state");
+    if (it != split.end()) shard_elems = std::max<std::int64_t>(shard_elems, it->second / 16);
+  }
+  p.optimizer_s = optimizer_seconds(cfg, o.cal, stage_elems, shard_elems);
+  if (o.one_device) p.optimizer_s *= l.workers();
+  p.step_s = p.pipeline_s + p.optimizer_s;
+  p.tokens_per_step = core::derive(cfg).tokens_per_step;
+  p.tokens_per_s = p.step_s > 0 ? static_cast<double>(p.tokens_per_step) / p.step_s : 0;
+
+  if (!p.fits && o.suggest) {
+    std::vector<std::pair<std::string, core::config>> tries;
+    auto variant = [&](const std::string& change, auto edit) {
+      core::config c = cfg;
+      edit(c);
+      tries.emplace_back(change, c);
+    };
+    if (cfg.recompute.mode == core::recompute_mode::none)
+      variant("--set recompute.mode=selective", [](core::config& c) { c.recompute.mode = core::recompute_mode::selective; });
+    if (cfg.recompute.mode != core::recompute_mode::full)
+      variant("--set recompute.mode=full", [](core::config& c) { c.recompute.mode = core::recompute_mode::full; });
+    if (l.dp > 1)
+      for (int z = cfg.optimizer.zero_stage + 1; z <= 2; ++z)
+        variant("--set optimizer.zero_stage=" + std::to_string(z), [z](core::config& c) { c.optimizer.zero_stage = z; });
+    if (cfg.parallel.micro_batch_size > 1)
+      variant("--set parallel.micro_batch_size=" + std::to_string(cfg.parallel.micro_batch_size / 2) +
+                  " --set parallel.micro_batch_num=" + std::to_string(cfg.parallel.micro_batch_num * 2) +
+                  " (same global batch)",
+              [](core::config& c) {
+                c.parallel.micro_batch_size /= 2;
+                c.parallel.micro_batch_num *= 2;
+              });
+    const int pp2 = cfg.parallel.pipeline_stage * 2;
+    if (!o.one_device && cfg.model.num_layers % (pp2 * cfg.parallel.virtual_pipeline) == 0 &&
+        cfg.parallel.micro_batch_num * cfg.train.gradient_accumulation_steps >= pp2)
+      variant("--set parallel.pipeline_stage=" + std::to_string(pp2) + " (twice the devices)",
+              [pp2](core::config& c) { c.parallel.pipeline_stage = pp2; });
+    for (auto& [change, c] : tries) {
+      if (c.parallel.micro_batch_size * 2 == cfg.parallel.micro_batch_size &&
+          cfg.parallel.micro_batch_size % 2 != 0)
+        continue;
+      plan_options q = o;
+      q.suggest = false;
+      auto alt = make_plan(c, q);
+      if (alt.ok() && alt.value().fits) p.suggestions.push_back({change, alt.value().need});
+    }
+  }
+  return p;
+}
+
+std::string render_text(const job_plan& p) {
+  std::ostringstream s;
+  char line[512];
+  s << "plan: " << p.name << " on " << p.device
+    << (p.one_device ? " (every worker in one process on one device)" : " (one device per worker)")
+    << "\n";
+  std::snprintf(line, sizeof line, "%-8s %12s %12s %12s %12s  %s\n", "rank", "stage", "optimizer",
+                "reserve", "total", "largest terms");
+  s << line;
+  for (const auto& r : p.ranks) {
+    std::string top;
+    for (std::size_t i = 0; i < r.terms.size() && i < 3; ++i)
+      top += (i ? ", " : "") + r.terms[i].name + " " + format_bytes(r.terms[i].bytes);
+    std::snprintf(line, sizeof line, "dp%d/pp%-3d %12s %12s %12s %12s  %s\n", r.dp, r.pp,
+                  format_bytes(r.stage_peak).c_str(), format_bytes(r.shard_peak).c_str(),
+                  format_bytes(r.reserve).c_str(), format_bytes(r.total()).c_str(), top.c_str());
+    s << line;
+  }
+  for (const auto& r : p.ranks) {
+    if (r.dp != 0) continue;
+    s << "  pp" << r.pp << ": saved activations " << format_bytes(r.saved_per_microbatch)
+      << " per micro-batch × at most " << r.peak_in_flight << " in flight (simulator); terms:";
+    for (const auto& t : r.terms) s << " " << t.name << " " << format_bytes(t.bytes) << ";";
+    s << "\n";
+  }
+  char tbuf[256];
+  std::snprintf(tbuf, sizeof tbuf,
+                "time: step %.4g s (pipeline %.4g s, bubble %.1f %%, optimizer %.4g s), %.4g tokens/s "
+                "[calibration: %s]\n",
+                p.step_s, p.pipeline_s, 100 * p.bubble, p.optimizer_s, p.tokens_per_s,
+                p.calibration.c_str());
+  s << tbuf;
+  s << "memory: " << format_bytes(p.need) << " on the fullest device";
+  if (p.device_memory) s << " of " << format_bytes(p.device_memory);
+  s << "; largest term: " << p.largest_term << "\n";
+  if (p.device_memory) s << (p.fits ? "fits\n" : "DOES NOT FIT\n");
+  if (!p.fits) {
+    if (p.suggestions.empty())
+      s << "no single change of recompute, ZeRO stage, micro-batch size or pipeline stages fits; "
+           "optimizer.offload is not implemented\n";
+    for (const auto& g : p.suggestions)
+      s << "  would fit: " << g.change << " -> " << format_bytes(g.need) << "\n";
+  }
+  return s.str();
+}
+
+std::string render_json(const job_plan& p) {
+  nlohmann::ordered_json j;
+  j["layout"] = p.name;
+  j["device"] = p.device;
+  j["data_parallel"] = p.dp;
+  j["pipeline_stage"] = p.pp;
+  j["virtual_pipeline"] = p.v;
+  j["microbatches"] = p.microbatches;
+  j["micro_batch_size"] = p.micro_batch_size;
+  j["schedule"] = p.schedule;
+  j["recompute"] = p.recompute;
+  j["zero_stage"] = p.zero_stage;
+  j["precision"] = p.precision;
+  j["one_device"] = p.one_device;
+  j["ranks"] = nlohmann::ordered_json::array();
+  for (const auto& r : p.ranks) {
+    nlohmann::ordered_json jr;
+    jr["dp"] = r.dp;
+    jr["pp"] = r.pp;
+    jr["stage_peak_bytes"] = r.stage_peak;
+    jr["optimizer_peak_bytes"] = r.shard_peak;
+    jr["reserve_bytes"] = r.reserve;
+    jr["total_bytes"] = r.total();
+    jr["saved_activation_bytes_per_microbatch"] = r.saved_per_microbatch;
+    jr["peak_in_flight"] = r.peak_in_flight;
+    jr["terms"] = nlohmann::ordered_json::object();
+    for (const auto& t : r.terms) jr["terms"][t.name] = t.bytes;
+    j["ranks"].push_back(jr);
+  }
+  j["need_bytes"] = p.need;
+  j["device_memory_bytes"] = p.device_memory;
+  j["fits"] = p.fits;
+  j["largest_term"] = p.largest_term;
+  j["step_s"] = p.step_s;
+  j["pipeline_s"] = p.pipeline_s;
+  j["optimizer_s"] = p.optimizer_s;
+  j["bubble"] = p.bubble;
+  j["tokens_per_step"] = p.tokens_per_step;
+  j["tokens_per_s"] = p.tokens_per_s;
+  j["calibration"] = p.calibration;
+  j["suggestions"] = nlohmann::ordered_json::array();
+  for (const auto& g : p.suggestions) j["suggestions"].push_back({{"change", g.change}, {"need_bytes", g.need}});
+  return j.dump(2);
+}
+
+}  // namespace troupe::plan

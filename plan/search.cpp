@@ -1,0 +1,144 @@
+// The layout search of `troupe plan --search`: every data_parallel × pipeline_stage split of the
+// devices, micro-batch size (and so count, at the config's global batch), schedule, virtual
+// stages, recompute mode and ZeRO stage; each candidate is planned (dry run + simulator) and the
+// fastest that fit are kept.
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "model/chunk.hpp"
+#include "model/params.hpp"
+#include "plan/plan.hpp"
+
+namespace troupe::plan {
+
+namespace {
+
+/// A lower bound of one worker's bytes without a dry run: its chunks' fp32 parameters and
+/// gradients, low-precision copy, and its shard's optimizer state.
+std::uint64_t static_bound(const core::config& c) {
+  const int pp = c.parallel.pipeline_stage, v = c.parallel.virtual_pipeline;
+  const auto specs = model::partition(c.model, pp * v);
+  std::uint64_t worst = 0;
+  const std::uint64_t low = c.precision.compute == core::precision_kind::fp32 ? 0 : 2;
+  for (int p = 0; p < pp; ++p) {
+    std::uint64_t n = 0;
+    for (int i = 0; i < v; ++i) n += model::flat_numel(model::define_params(c.model, specs[p + i * pp]));
+    const std::uint64_t shard = c.optimizer.zero_stage == 0 ? n : n / c.parallel.data_parallel;
+    worst = std::max(worst, n * (8 + low) + shard * 16);
+  }
+  return worst;
+}
+
+}  // namespace
+
+core::result<search_result> search(const core::config& base, const search_options& o) {
+  search_result r;
+  std::map<std::string, int> why;
+  const std::int64_t global = core::derive(base).global_batch;
+  std::vector<job_plan> fit;
+  struct sched_choice {
+    std::string name;
+    int v;
+  };
+  for (int pp = 1; pp <= o.gpus; ++pp) {
+    if (o.gpus % pp != 0) continue;
+    const int dp = o.gpus / pp;
+    if (base.model.num_layers % pp != 0) {
+      why["pipeline stages do not divide the layers"] += 1;
+      continue;
+    }
+    if (global % dp != 0) {
+      why["data_parallel does not divide the global batch"] += 1;
+      continue;
+    }
+    const std::int64_t per_replica = global / dp;
+    std::vector<sched_choice> scheds{{"1f1b", 1}};
+    if (pp > 1) {
+      scheds.push_back({"zb_h1", 1});
+      scheds.push_back({"interleaved_1f1b", 2});
+    }
+    for (int mbs : o.micro_batch_sizes) {
+      if (per_replica % mbs != 0) continue;
+      const int m = static_cast<int>(per_replica / mbs);
+      for (const auto& s : scheds) {
+        if (base.model.num_layers % (pp * s.v) != 0) {
+          why["virtual stages do not divide the layers"] += 3 * (dp > 1 ? 3 : 1);
+          continue;
+        }
+        for (auto rc : {core::recompute_mode::none, core::recompute_mode::selective,
+                        core::recompute_mode::full}) {
+          for (int z = 0; z <= (dp > 1 ? 2 : 0); ++z) {
+            ++r.considered;
+            core::config c = base;
+            c.parallel.data_parallel = dp;
+            c.parallel.pipeline_stage = pp;
+            c.parallel.virtual_pipeline = s.v;
+            c.parallel.micro_batch_size = mbs;
+            c.parallel.micro_batch_num = m;
+            c.train.gradient_accumulation_steps = 1;
+            c.schedule.name = s.name;
+            c.schedule.file.clear();
+            c.recompute.mode = rc;
+            c.optimizer.zero_stage = z;
+            c.runtime.device = "cuda";
+            if (o.device_memory && static_bound(c) > o.device_memory) {
+              why["parameters, gradients and optimizer state alone do not fit"] += 1;
+              continue;
+            }
+            plan_options po;
+            po.device_memory = o.device_memory;
+            po.one_device = false;
+            po.cal = o.cal;
+            po.suggest = false;
+            auto p = make_plan(c, po);
+            if (!p.ok()) {
+              why["schedule does not apply (" + s.name + ")"] += 1;
+              continue;
+            }
+            if (!p.value().fits) {
+              why["does not fit (largest term: " + p.value().largest_term + ")"] += 1;
+              continue;
+            }
+            fit.push_back(std::move(p.value()));
+          }
+        }
+      }
+    }
+  }
+  std::sort(fit.begin(), fit.end(), [](const job_plan& a, const job_plan& b) {
+    if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
+    return a.need < b.need;
+  });
+  const int fitting = static_cast<int>(fit.size());
+  if (fitting > o.top) {
+    why["fits, but slower than the " + std::to_string(o.top) + " shown"] += fitting - o.top;
+    fit.resize(o.top);
+  }
+  r.best = std::move(fit);
+  why["optimizer.offload = true: not implemented (rejected by the config)"] += 0;
+  for (auto& [k, n] : why)
+    if (n > 0) r.rejected.emplace_back(k, n);
+  return r;
+}
+
+std::string render_search(const search_result& r, const search_options& o) {
+  std::ostringstream s;
+  s << "search: " << o.gpus << " device(s) of " << format_bytes(o.device_memory) << ", "
+    << r.considered << " layouts considered (tensor parallel: not implemented; offload: not "
+    << "implemented)\n";
+  int i = 0;
+  char line[512];
+  for (const auto& p : r.best) {
+    std::snprintf(line, sizeof line, "%d. %-90s %10.4g tokens/s  step %.4g s  %s per device (%s)\n",
+                  ++i, p.name.c_str(), p.tokens_per_s, p.step_s, format_bytes(p.need).c_str(),
+                  p.largest_term.c_str());
+    s << line;
+  }
+  if (r.best.empty()) s << "no layout fits\n";
+  s << "rejected:\n";
+  for (const auto& [why, n] : r.rejected) s << "  " << n << " × " << why << "\n";
+  return s.str();
+}
+
+}  // namespace troupe::plan

@@ -1,0 +1,155 @@
+// `troupe plan` and the plan check of `troupe train` / `troupe launch`, run as the built binary on
+// a tiny GPT-2: the plan as JSON, the fit verdict and its exit code, the refusal before anything is
+// allocated (no run directory output), the suggestion that fits, the override, the search, and
+// bad sizes.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "tests/model/trainer_fixture.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using troupe::model::testing::scratch_dir;
+
+const std::string troupe_binary = TROUPE_BINARY_DIR "/troupe";
+
+struct run_result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+run_result troupe(const scratch_dir& dir, const std::string& args) {
+  REQUIRE_MESSAGE(fs::exists(troupe_binary), ("build the troupe target first: " + troupe_binary));
+  const auto out = dir.path / "stdout.txt", err = dir.path / "stderr.txt";
+  const std::string cmd = "cd '" + dir.path.string() + "' && '" + troupe_binary + "' " + args +
+                          " >'" + out.string() + "' 2>'" + err.string() + "'";
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+/// A 4-layer tiny GPT-2, pipeline 2 × data 2, written as a config file with its data.
+std::string write_config(const scratch_dir& dir) {
+  troupe::core::config c = troupe::model::testing::tiny_run(dir);
+  c.model.num_layers = 4;
+  c.parallel.pipeline_stage = 2;
+  c.parallel.data_parallel = 2;
+  c.parallel.micro_batch_num = 4;
+  c.train.steps = 1;
+  c.train.eval_interval = 0;
+  c.data.val.clear();
+  c.runtime.record = false;
+  std::ofstream(dir / "job.toml") << troupe::core::to_toml(c);
+  return dir / "job.toml";
+}
+
+nlohmann::json plan_json(const scratch_dir& dir, const std::string& cfg, const std::string& sets = "") {
+  run_result r = troupe(dir, "plan '" + cfg + "' --json " + sets);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  return nlohmann::json::parse(r.out);
+}
+
+}  // namespace
+
+TEST_CASE("troupe plan prints every rank's peaks and terms and exits 0 when the memory is unknown") {
+  scratch_dir dir("plan_cli_json");
+  const std::string cfg = write_config(dir);
+  const nlohmann::json p = plan_json(dir, cfg);
+  CHECK(p["data_parallel"] == 2);
+  CHECK(p["pipeline_stage"] == 2);
+  REQUIRE(p["ranks"].size() == 4);
+  for (const auto& r : p["ranks"]) {
+    CHECK(r["stage_peak_bytes"].get<std::uint64_t>() > 0);
+    CHECK(r["optimizer_peak_bytes"].get<std::uint64_t>() > 0);
+    CHECK(r["terms"].contains("fp32 parameters"));
+    CHECK(r["peak_in_flight"].get<int>() >= 1);
+  }
+  // troupe train puts every worker on one device: the need is the sum of the ranks.
+  std::uint64_t sum = 0;
+  for (const auto& r : p["ranks"]) sum += r["total_bytes"].get<std::uint64_t>();
+  CHECK(p["need_bytes"].get<std::uint64_t>() == sum);
+  CHECK(p["fits"] == true);
+  CHECK(p["step_s"].get<double>() > 0);
+  CHECK_FALSE(p["largest_term"].get<std::string>().empty());
+}
+
+TEST_CASE("a layout that cannot fit is refused before allocation, with the plan and a change that fits") {
+  scratch_dir dir("plan_cli_refuse");
+  const std::string cfg = write_config(dir);
+  const std::uint64_t none = plan_json(dir, cfg)["need_bytes"];
+  const std::uint64_t full = plan_json(dir, cfg, "--set recompute.mode=full")["need_bytes"];
+  REQUIRE(full < none);
+  const std::string between = std::to_string((none + full) / 2);
+
+  run_result p = troupe(dir, "plan '" + cfg + "' --device-memory " + between);
+  CHECK(p.code == 3);
+  CHECK(contains(p.out, "DOES NOT FIT"));
+  CHECK(contains(p.out, "would fit: --set recompute.mode=full"));
+
+  run_result t = troupe(dir, "train '" + cfg + "' --device-memory " + between);
+  CHECK(t.code == 3);
+  CHECK(contains(t.err, "nothing was allocated"));
+  CHECK(contains(t.err, "hint:"));
+  CHECK(contains(t.err, "--no-plan-check"));
+  CHECK(contains(t.err, "plan: dp 2 × pp 2"));
+  CHECK_FALSE(fs::exists(dir / "run/metrics.jsonl"));
+
+  run_result l = troupe(dir, "launch --worker_num 4 --local_worker_num 4 '" + cfg +
+                                 "' --device-memory 1KiB");
+  CHECK(l.code == 3);
+  CHECK(contains(l.err, "nothing was allocated"));
+
+  // Following the suggestion, or overriding the check, trains.
+  run_result ok = troupe(dir, "train '" + cfg + "' --device-memory " + between +
+                                  " --set recompute.mode=full");
+  CHECK_MESSAGE(ok.code == 0, ok.err);
+  CHECK(fs::exists(dir / "run/metrics.jsonl"));
+  fs::remove_all(dir.path / "run");
+  run_result forced = troupe(dir, "train '" + cfg + "' --device-memory 1KiB --no-plan-check");
+  CHECK_MESSAGE(forced.code == 0, forced.err);
+}
+
+TEST_CASE("troupe plan --search lists layouts that fit, fastest first, and counts the rejected") {
+  scratch_dir dir("plan_cli_search");
+  const std::string cfg = write_config(dir);
+  run_result r = troupe(dir, "plan '" + cfg + "' --search --gpus 4 --device-memory 2GiB");
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.out, "1. dp "));
+  CHECK(contains(r.out, "rejected:"));
+  run_result none = troupe(dir, "plan '" + cfg + "' --search --gpus 4 --device-memory 1KiB");
+  CHECK(none.code == 3);
+  CHECK(contains(none.out, "no layout fits"));
+}
+
+TEST_CASE("bad memory sizes and a missing --gpus are errors that say what to write") {
+  scratch_dir dir("plan_cli_bad");
+  const std::string cfg = write_config(dir);
+  run_result r = troupe(dir, "plan '" + cfg + "' --device-memory lots");
+  CHECK(r.code == 2);
+  CHECK(contains(r.err, "'lots' is not a memory size"));
+  CHECK(contains(r.err, "80GiB"));
+  run_result t = troupe(dir, "train '" + cfg + "' --device-memory 12XB");
+  CHECK(t.code == 1);
+  CHECK(contains(t.err, "not a memory size"));
+  run_result s = troupe(dir, "plan '" + cfg + "' --search --device-memory 80GiB");
+  CHECK(s.code == 2);
+  CHECK(contains(s.err, "--gpus"));
+}

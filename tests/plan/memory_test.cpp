@@ -1,0 +1,110 @@
+// `troupe plan`'s memory against reality: the planned peak bytes of every stage and optimizer
+// shard (a dry run of the job on meta backends) next to what the CPU backend counted in a real
+// run of the same config (metrics.jsonl: peak_device_bytes, optimizer_peak_device_bytes), for a
+// tiny GPT-2 and a tiny LLaMA over pipeline stages, recompute modes and ZeRO stages.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "plan/plan.hpp"
+#include "runtime/runtime.hpp"
+#include "tests/model/trainer_fixture.hpp"
+
+namespace {
+
+using namespace troupe;
+using model::testing::scratch_dir;
+using model::testing::tiny_run;
+
+struct measured {
+  std::map<std::pair<int, int>, std::uint64_t> stage, shard;  // (dp, pp)
+};
+
+/// Peaks of the last step's metrics line.
+measured run_and_measure(const core::config& cfg) {
+  actors::run_options opt;
+  opt.log = nullptr;
+  auto r = actors::run_actor_job(cfg, opt);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
+  std::ifstream f(cfg.runtime.run_dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(f, line))
+    if (!line.empty()) last = line;
+  REQUIRE(!last.empty());
+  auto j = nlohmann::json::parse(last);
+  measured m;
+  for (const auto& s : j.at("stages")) {
+    const std::pair<int, int> k{s.at("dp").get<int>(), s.at("pp").get<int>()};
+    m.stage[k] = s.at("peak_device_bytes").get<std::uint64_t>();
+    m.shard[k] = s.at("optimizer_peak_device_bytes").get<std::uint64_t>();
+  }
+  return m;
+}
+
+core::config layout(const scratch_dir& tmp, core::arch_kind arch, int pp, int dp,
+                    core::recompute_mode rc, int zero) {
+  core::config c = tiny_run(tmp, arch);
+  c.model.num_layers = 4;
+  c.parallel.pipeline_stage = pp;
+  c.parallel.data_parallel = dp;
+  c.parallel.micro_batch_num = 4;
+  c.recompute.mode = rc;
+  c.optimizer.zero_stage = zero;
+  c.train.steps = 2;
+  c.train.eval_interval = 0;
+  c.data.val.clear();
+  c.runtime.record = false;
+  return c;
+}
+
+double rel(std::uint64_t planned, std::uint64_t real) {
+  return std::fabs(static_cast<double>(planned) - static_cast<double>(real)) /
+         static_cast<double>(real);
+}
+
+void compare(const core::config& cfg) {
+  plan::plan_options po;
+  auto p = plan::make_plan(cfg, po);
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.err().to_string()));
+  const measured m = run_and_measure(cfg);
+  REQUIRE(p->ranks.size() == m.stage.size());
+  for (const auto& r : p->ranks) {
+    const std::pair<int, int> k{r.dp, r.pp};
+    INFO("stage (dp ", r.dp, ", pp ", r.pp, "): planned ", r.stage_peak, " measured ",
+         m.stage.at(k), "; shard planned ", r.shard_peak, " measured ", m.shard.at(k));
+    REQUIRE(m.stage.at(k) > 0);
+    CHECK(rel(r.stage_peak, m.stage.at(k)) <= 0.10);
+    CHECK(rel(r.shard_peak, m.shard.at(k)) <= 0.10);
+  }
+}
+
+const char* name(core::recompute_mode m) {
+  return m == core::recompute_mode::none ? "none" : m == core::recompute_mode::full ? "full" : "selective";
+}
+
+}  // namespace
+
+TEST_CASE("planned peak bytes per stage match a CPU run within 10 %: pp 1/2/4 x recompute") {
+  for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama})
+    for (int pp : {1, 2, 4})
+      for (auto rc : {core::recompute_mode::none, core::recompute_mode::selective,
+                      core::recompute_mode::full}) {
+        CAPTURE(pp);
+        INFO((arch == core::arch_kind::gpt2 ? "gpt2" : "llama"), " recompute ", name(rc));
+        scratch_dir tmp("plan_mem");
+        compare(layout(tmp, arch, pp, 1, rc, 0));
+      }
+}
+
+TEST_CASE("planned peak bytes per stage and shard match a CPU run within 10 %: ZeRO 0/1/2") {
+  for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama})
+    for (int zero : {0, 1, 2}) {
+      CAPTURE(zero);
+      INFO((arch == core::arch_kind::gpt2 ? "gpt2" : "llama"));
+      scratch_dir tmp("plan_zero");
+      compare(layout(tmp, arch, 2, 2, core::recompute_mode::none, zero));
+    }
+}
