@@ -86,13 +86,21 @@ core::result<std::uint64_t> parse_bytes(const std::string& text) {
 
 core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o) {
   const bool cuda = on_cuda(cfg);
-  auto dry = dry_run(cfg, cuda ? device_model::cuda : device_model::cpu);
-  if (!dry.ok()) return dry.err();
-  const dry_run_result& d = dry.value();
   const actors::job_layout l = actors::layout_of(cfg);
   auto sched = actors::build_schedule(cfg, l.microbatches);
   if (!sched.ok()) return sched.err();
   const std::vector<int> in_flight = schedules::peak_activations(sched.value());
+  core::config dry_cfg = cfg;
+  if (o.dry_run_microbatches > 0 && o.dry_run_microbatches < l.microbatches) {
+    core::config fewer = cfg;
+    fewer.parallel.micro_batch_num = o.dry_run_microbatches;
+    fewer.train.gradient_accumulation_steps = 1;
+    auto s = actors::build_schedule(fewer, o.dry_run_microbatches);
+    if (s.ok() && schedules::peak_activations(s.value()) == in_flight) dry_cfg = fewer;
+  }
+  auto dry = dry_run(dry_cfg, cuda ? device_model::cuda : device_model::cpu, o.dry_run_steps);
+  if (!dry.ok()) return dry.err();
+  const dry_run_result& d = dry.value();
 
   job_plan p;
   p.device = cuda ? "cuda" : "cpu";

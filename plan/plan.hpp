@@ -24,6 +24,12 @@ struct plan_options {
   calibration cal;
   /// Try the usual remedies when the layout does not fit (each is another dry run).
   bool suggest = true;
+  /// Steps of the dry run (the second sees what one step leaves for the next).
+  int dry_run_steps = 2;
+  /// When > 0 and smaller than the config's micro-batches per step: dry-run that many instead,
+  /// if the schedule then keeps the same peak number in flight on every rank (the warm-up is
+  /// over before it; the steady state repeats). The step time still uses every micro-batch.
+  int dry_run_microbatches = 0;
 };
 
 /// One named amount of memory.

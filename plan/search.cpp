@@ -63,7 +63,9 @@ core::result<search_result> search(const core::config& base, const search_option
       const int m = static_cast<int>(per_replica / mbs);
       for (const auto& s : scheds) {
         if (base.model.num_layers % (pp * s.v) != 0) {
-          why["virtual stages do not divide the layers"] += 3 * (dp > 1 ? 3 : 1);
+          const int n = 3 * (dp > 1 ? 3 : 1);  // the recompute × ZeRO candidates skipped
+          why["virtual stages do not divide the layers"] += n;
+          r.considered += n;
           continue;
         }
         for (auto rc : {core::recompute_mode::none, core::recompute_mode::selective,
@@ -91,6 +93,8 @@ core::result<search_result> search(const core::config& base, const search_option
             po.one_device = false;
             po.cal = o.cal;
             po.suggest = false;
+            po.dry_run_steps = 1;
+            po.dry_run_microbatches = std::max(8, 4 * pp * s.v);
             auto p = make_plan(c, po);
             if (!p.ok()) {
               why["schedule does not apply (" + s.name + ")"] += 1;

@@ -7,9 +7,12 @@
 #
 #   bash bench/device/pack.sh                 # here: stage the CUDA build into build-dev/
 #   cp bench/device/plan_check.sh build-dev/
-#   # device: bash build-dev/plan_check.sh [124m|1.5b|llama|all] [--calibrate]   carry = ["build-dev"]
+#   # device: bash build-dev/plan_check.sh [124m|1.5b|llama|all|oom] [--calibrate]   carry = ["build-dev"]
 #
 # --calibrate first measures the GPU (`troupe plan --calibrate`) and plans with those rates.
+# `oom` instead checks the two refusals: `troupe train` of GPT-2 1.5B at micro-batch size 64
+# refused by the plan check before allocation (exit 3), and the same with --no-plan-check running
+# out of device memory and stopping with rank, stage, step, instruction and the plan (exit 1).
 source "$(dirname "${BASH_SOURCE[0]}")/unpack.sh"
 which=${1:-124m}
 cal_flag=""
@@ -92,6 +95,14 @@ print(json.dumps({"model": model, "run": tag, "ranks": rows, "step_planned_s": p
 PY
 }
 
+if [ "$which" = oom ]; then
+  big="--set parallel.micro_batch_size=64 --set runtime.run_dir=\"$O/runs/oom\""
+  $B/troupe train $O/cfg/1.5b.toml $big > $O/oom_refused.log 2>&1; echo "plan check: exit $? (want 3)"
+  head -20 $O/oom_refused.log
+  timeout 500 $B/troupe train $O/cfg/1.5b.toml $big --no-plan-check > $O/oom_run.log 2>&1; echo "no plan check: exit $? (want 1)"
+  grep -m3 -E "out of device memory|error" $O/oom_run.log; grep -A12 "the plan of this layout" $O/oom_run.log
+  exit 0
+fi
 models=$which; [ "$which" = all ] && models="124m llama 1.5b"
 for m in $models; do
   for pp in 1 2 4; do

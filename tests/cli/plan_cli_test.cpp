@@ -35,7 +35,7 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-run_result troupe(const scratch_dir& dir, const std::string& args) {
+run_result run_troupe(const scratch_dir& dir, const std::string& args) {
   REQUIRE_MESSAGE(fs::exists(troupe_binary), ("build the troupe target first: " + troupe_binary));
   const auto out = dir.path / "stdout.txt", err = dir.path / "stderr.txt";
   const std::string cmd = "cd '" + dir.path.string() + "' && '" + troupe_binary + "' " + args +
@@ -62,7 +62,7 @@ std::string write_config(const scratch_dir& dir) {
 }
 
 nlohmann::json plan_json(const scratch_dir& dir, const std::string& cfg, const std::string& sets = "") {
-  run_result r = troupe(dir, "plan '" + cfg + "' --json " + sets);
+  run_result r = run_troupe(dir, "plan '" + cfg + "' --json " + sets);
   REQUIRE_MESSAGE(r.code == 0, r.err);
   return nlohmann::json::parse(r.out);
 }
@@ -99,12 +99,12 @@ TEST_CASE("a layout that cannot fit is refused before allocation, with the plan 
   REQUIRE(full < none);
   const std::string between = std::to_string((none + full) / 2);
 
-  run_result p = troupe(dir, "plan '" + cfg + "' --device-memory " + between);
+  run_result p = run_troupe(dir, "plan '" + cfg + "' --device-memory " + between);
   CHECK(p.code == 3);
   CHECK(contains(p.out, "DOES NOT FIT"));
   CHECK(contains(p.out, "would fit: --set recompute.mode=full"));
 
-  run_result t = troupe(dir, "train '" + cfg + "' --device-memory " + between);
+  run_result t = run_troupe(dir, "train '" + cfg + "' --device-memory " + between);
   CHECK(t.code == 3);
   CHECK(contains(t.err, "nothing was allocated"));
   CHECK(contains(t.err, "hint:"));
@@ -112,29 +112,29 @@ TEST_CASE("a layout that cannot fit is refused before allocation, with the plan 
   CHECK(contains(t.err, "plan: dp 2 × pp 2"));
   CHECK_FALSE(fs::exists(dir / "run/metrics.jsonl"));
 
-  run_result l = troupe(dir, "launch --worker_num 4 --local_worker_num 4 '" + cfg +
+  run_result l = run_troupe(dir, "launch --worker_num 4 --local_worker_num 4 '" + cfg +
                                  "' --device-memory 1KiB");
   CHECK(l.code == 3);
   CHECK(contains(l.err, "nothing was allocated"));
 
   // Following the suggestion, or overriding the check, trains.
-  run_result ok = troupe(dir, "train '" + cfg + "' --device-memory " + between +
+  run_result ok = run_troupe(dir, "train '" + cfg + "' --device-memory " + between +
                                   " --set recompute.mode=full");
   CHECK_MESSAGE(ok.code == 0, ok.err);
   CHECK(fs::exists(dir / "run/metrics.jsonl"));
   fs::remove_all(dir.path / "run");
-  run_result forced = troupe(dir, "train '" + cfg + "' --device-memory 1KiB --no-plan-check");
+  run_result forced = run_troupe(dir, "train '" + cfg + "' --device-memory 1KiB --no-plan-check");
   CHECK_MESSAGE(forced.code == 0, forced.err);
 }
 
 TEST_CASE("troupe plan --search lists layouts that fit, fastest first, and counts the rejected") {
   scratch_dir dir("plan_cli_search");
   const std::string cfg = write_config(dir);
-  run_result r = troupe(dir, "plan '" + cfg + "' --search --gpus 4 --device-memory 2GiB");
+  run_result r = run_troupe(dir, "plan '" + cfg + "' --search --gpus 4 --device-memory 2GiB");
   CHECK_MESSAGE(r.code == 0, r.err);
   CHECK(contains(r.out, "1. dp "));
   CHECK(contains(r.out, "rejected:"));
-  run_result none = troupe(dir, "plan '" + cfg + "' --search --gpus 4 --device-memory 1KiB");
+  run_result none = run_troupe(dir, "plan '" + cfg + "' --search --gpus 4 --device-memory 1KiB");
   CHECK(none.code == 3);
   CHECK(contains(none.out, "no layout fits"));
 }
@@ -142,14 +142,14 @@ TEST_CASE("troupe plan --search lists layouts that fit, fastest first, and count
 TEST_CASE("bad memory sizes and a missing --gpus are errors that say what to write") {
   scratch_dir dir("plan_cli_bad");
   const std::string cfg = write_config(dir);
-  run_result r = troupe(dir, "plan '" + cfg + "' --device-memory lots");
+  run_result r = run_troupe(dir, "plan '" + cfg + "' --device-memory lots");
   CHECK(r.code == 2);
   CHECK(contains(r.err, "'lots' is not a memory size"));
   CHECK(contains(r.err, "80GiB"));
-  run_result t = troupe(dir, "train '" + cfg + "' --device-memory 12XB");
+  run_result t = run_troupe(dir, "train '" + cfg + "' --device-memory 12XB");
   CHECK(t.code == 1);
   CHECK(contains(t.err, "not a memory size"));
-  run_result s = troupe(dir, "plan '" + cfg + "' --search --device-memory 80GiB");
+  run_result s = run_troupe(dir, "plan '" + cfg + "' --search --device-memory 80GiB");
   CHECK(s.code == 2);
   CHECK(contains(s.err, "--gpus"));
 }
