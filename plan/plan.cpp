@@ -220,7 +220,7 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
     if (l.dp > 1)
       for (int z = cfg.optimizer.zero_stage + 1; z <= 2; ++z)
         variant("--set optimizer.zero_stage=" + std::to_string(z), [z](core::config& c) { c.optimizer.zero_stage = z; });
-    if (cfg.parallel.micro_batch_size > 1)
+    if (cfg.parallel.micro_batch_size % 2 == 0)  // halved at twice the count: same global batch
       variant("--set parallel.micro_batch_size=" + std::to_string(cfg.parallel.micro_batch_size / 2) +
                   " --set parallel.micro_batch_num=" + std::to_string(cfg.parallel.micro_batch_num * 2) +
                   " (same global batch)",
@@ -234,9 +234,6 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
       variant("--set parallel.pipeline_stage=" + std::to_string(pp2) + " (twice the devices)",
               [pp2](core::config& c) { c.parallel.pipeline_stage = pp2; });
     for (auto& [change, c] : tries) {
-      if (c.parallel.micro_batch_size * 2 == cfg.parallel.micro_batch_size &&
-          cfg.parallel.micro_batch_size % 2 != 0)
-        continue;
       plan_options q = o;
       q.suggest = false;
       auto alt = make_plan(c, q);

@@ -120,7 +120,6 @@ core::result<search_result> search(const core::config& base, const search_option
     fit.resize(o.top);
   }
   r.best = std::move(fit);
-  why["optimizer.offload = true: not implemented (rejected by the config)"] += 0;
   for (auto& [k, n] : why)
     if (n > 0) r.rejected.emplace_back(k, n);
   return r;
