@@ -15,7 +15,8 @@
 //
 // Usage: gpu_gpt2_bench [--layers 12] [--embd 768] [--heads 12] [--seq 1024] [--batch 16]
 //                       [--vocab 50304] [--steps 10] [--warmup 3] [--fp32] [--profile]
-//                       [--phases] [--gemm-tune FILE] [--no-clip] [--no-graph] [--tag NAME]
+//                       [--phases] [--gemm-tune FILE] [--gemm-log] [--no-gelu-epilogue]
+//                       [--no-clip] [--no-graph] [--tag NAME]
 // --no-clip does the work of the PyTorch baseline, which does not clip (torch_gpt2.py: forward,
 // backward, fused AdamW): no global norm. The default step is the one troupe trains with (the clip
 // at 1.0).
@@ -24,9 +25,12 @@
 // from the host, not from the graph). --phases adds one step with CUDA events between its
 // phases (forward, backward, tie, norm + clip + AdamW, the reads) and prints, per phase, the host's time to
 // queue it next to the GPU's time from its start event to its end event: a phase whose GPU time
-// exceeds its kernels' sum is waiting for the host. --gemm-tune FILE sets TROUPE_GEMM_TUNE_FILE:
+// exceeds its kernels' sum is waiting for the host. --gemm-tune FILE is runtime.gemm_tune_file:
 // each GEMM's algorithm is the fastest of cuBLASLt's top candidates, measured during the warm-up
 // steps (or read from FILE when an earlier run measured it; kernels/cuda/gemm_tuning.hpp).
+// --gemm-log prints every GEMM plan as it is made (shape, dtypes, alignments, the algorithm's
+// configuration). --no-gelu-epilogue runs the MLP's GELU as separate kernels instead of on the GEMM
+// epilogue, to measure one against the other (kernels/cuda/linear.cu).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -61,6 +65,8 @@ struct options {
   bool phases = false;
   bool no_clip = false;
   bool no_graph = false;
+  bool gemm_log = false;
+  bool no_gelu_epilogue = false;
   std::string tag, gemm_tune;
 };
 
@@ -87,6 +93,8 @@ options parse(int argc, char** argv) {
     else if (a == "--profile") o.profile = true;
     else if (a == "--phases") o.phases = true;
     else if (a == "--gemm-tune") o.gemm_tune = next();
+    else if (a == "--gemm-log") o.gemm_log = true;
+    else if (a == "--no-gelu-epilogue") o.no_gelu_epilogue = true;
     else if (a == "--no-clip") o.no_clip = true;
     else if (a == "--no-graph") o.no_graph = true;
     else if (a == "--tag") o.tag = next();
@@ -94,7 +102,7 @@ options parse(int argc, char** argv) {
       std::fprintf(stderr,
                    "gpu_gpt2_bench: unknown option %s (options: --layers --embd --heads --seq "
                    "--batch --vocab --steps --warmup --fp32 --profile --phases --gemm-tune "
-                   "--no-clip --no-graph --tag)\n",
+                   "--gemm-log --no-gelu-epilogue --no-clip --no-graph --tag)\n",
                    a.c_str());
       std::exit(2);
     }
@@ -283,8 +291,10 @@ class profiling_backend final : public kernels::backend {
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
-  if (!o.gemm_tune.empty()) setenv("TROUPE_GEMM_TUNE_FILE", o.gemm_tune.c_str(), 1);
   try {
+    kernels::set_gemm_tune_file(o.gemm_tune);
+    kernels::cuda::set_gemm_log(o.gemm_log);
+    kernels::cuda::set_gelu_epilogue(!o.no_gelu_epilogue);
     auto be_owner = kernels::make_backend("cuda");
     auto* cuda_be = dynamic_cast<kernels::cuda::cuda_backend*>(be_owner.get());
     profiling_backend prof(*be_owner);

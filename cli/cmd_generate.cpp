@@ -75,6 +75,7 @@ int run_generate(const generate_args& a) {
   if (!tok) return fail(tok.err());
 
   kernels::set_cpu_threads(cfg->runtime.threads);
+  kernels::set_gemm_tune_file(cfg->runtime.gemm_tune_file);
   auto be = kernels::make_backend(cfg->runtime.device);
   model::chunk net(m, model::partition(m, 1)[0], *be);
   if (auto st = model::checkpoint::restore(ck.value(), *be, m, net, nullptr); !st)

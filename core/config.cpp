@@ -382,6 +382,11 @@ status resolve_and_check(config& c) {
   if (c.runtime.run_dir.empty())
     return config_error(c, "runtime.run_dir", "run_dir is empty",
                         "name the folder for metrics and checkpoints, e.g. \"runs/latest\"");
+  if (!c.runtime.gemm_tune_file.empty() && c.runtime.device == "cpu")
+    return config_error(c, "runtime.gemm_tune_file",
+                        "a GEMM tuning file needs runtime.device = \"cuda\" (the CPU backend has "
+                        "no cuBLASLt algorithms to choose)",
+                        "remove runtime.gemm_tune_file, or set runtime.device = \"cuda\"");
   if (!c.runtime.fault_inject.empty()) {
     const std::string& f = c.runtime.fault_inject;
     const auto a = f.find(':'), b = a == std::string::npos ? a : f.find(':', a + 1);

@@ -130,6 +130,7 @@ struct runtime_config {
   bool record_tensors = false;  // also the bytes of every tensor a worker receives from another
   int watchdog_s = 60;          // no progress this long: report who waits on whom and stop
   bool cuda_graph = true;       // single-rank CUDA training replays its step as a CUDA graph
+  std::string gemm_tune_file;   // measured cuBLASLt algorithms, shared by runs ("" = heuristic)
 
   bool operator==(const runtime_config&) const = default;
 };

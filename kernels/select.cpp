@@ -1,4 +1,4 @@
-// Backend selection by device name and the CPU thread setting (kernels/select.hpp).
+// Backend selection by device name and the process-wide kernel settings (kernels/select.hpp).
 #include "kernels/select.hpp"
 
 #include <charconv>
@@ -68,5 +68,16 @@ std::uint64_t device_memory_bytes(const std::string& device) {
 }
 
 void set_cpu_threads(int n) { cpu::set_threads(n); }
+
+void set_gemm_tune_file(const std::string& path) {
+#ifdef TROUPE_HAVE_CUDA
+  cuda::set_gemm_tune_file(path);
+#else
+  if (!path.empty())
+    throw core::failure("runtime.gemm_tune_file \"" + path +
+                        "\": this build has no CUDA backend (hint: remove the key, or configure "
+                        "with -DTROUPE_CUDA=ON on a machine with nvcc)");
+#endif
+}
 
 }  // namespace troupe::kernels

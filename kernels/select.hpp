@@ -22,4 +22,9 @@ std::uint64_t device_memory_bytes(const std::string& device);
 /// not depend on it (docs/kernels.md, "Determinism").
 void set_cpu_threads(int n);
 
+/// Names the file of measured GEMM algorithms of this process (runtime.gemm_tune_file; the CUDA
+/// backend's, kernels/cuda/gemm_tuning.hpp); empty (the default) uses cuBLASLt's first choice.
+/// Throws core::failure for a non-empty path in a build without the CUDA backend.
+void set_gemm_tune_file(const std::string& path);
+
 }  // namespace troupe::kernels

@@ -308,6 +308,7 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
                   " as the same global batch on one rank (the actor runtime runs the layout)");
 
   kernels::set_cpu_threads(cfg.runtime.threads);
+  kernels::set_gemm_tune_file(cfg.runtime.gemm_tune_file);
   std::unique_ptr<kernels::backend> be = kernels::make_backend(cfg.runtime.device);
   auto made = trainer::create(cfg, *be);
   if (!made) return made.err();

@@ -81,6 +81,7 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   kernels::set_cpu_threads(cfg.runtime.threads > 0 ? cfg.runtime.threads : cores);
+  kernels::set_gemm_tune_file(cfg.runtime.gemm_tune_file);
   auto be = kernels::make_backend(cfg.runtime.device);
   auto chunks = build_stage_chunks(cfg, l, p, *be, ck ? &*ck : nullptr);
   if (!chunks) return chunks.err();

@@ -65,6 +65,7 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   h.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : cores;
   kernels::set_cpu_threads(opt.kernel_threads > 0 ? opt.kernel_threads : h.threads);
+  kernels::set_gemm_tune_file(cfg.runtime.gemm_tune_file);
 
   h.j = std::make_shared<job>();
   job& j = *h.j;

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
 #include "kernels/cpu/parallel.hpp"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
 #include "kernels/cpu/parallel.hpp"
@@ -57,6 +57,19 @@ struct attn_view {
   std::int64_t w = 0, ow = 0;  // row widths of qkv and out
   float scale = 0;
 };
+
+/// The view's dimensions for `d` (the tensors are the caller's to set).
+attn_view view_of(const attention_dims& d) {
+  attn_view a;
+  a.T = d.seq;
+  a.D = d.head_dim;
+  a.H = d.heads;
+  a.Hkv = d.kv_heads;
+  a.w = qkv_width(d);
+  a.ow = static_cast<std::int64_t>(d.heads) * d.head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+  return a;
+}
 
 // Forward of query head h of sequence b: out and lse of its T queries.
 TROUPE_SIMD_CLONES void forward_head(const attn_view& a, int b, int h) {
@@ -151,17 +164,10 @@ void cpu_backend::attention_forward(const tensor& qkv, const attention_dims& d, 
   c.matrix(out, "out", rows, ow, "[B*T, H*D], " + dims_note(d));
   c.numel(lse, "lse", static_cast<std::int64_t>(d.batch) * d.heads * d.seq, "[B, H, T]");
 
-  attn_view a;
+  attn_view a = view_of(d);
   a.qkv = qkv.data<float>();
   a.out_w = out.data<float>();
   a.lse_w = lse.data<float>();
-  a.T = d.seq;
-  a.D = d.head_dim;
-  a.H = d.heads;
-  a.Hkv = d.kv_heads;
-  a.w = w;
-  a.ow = ow;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
   parallel_tasks(static_cast<std::int64_t>(d.batch) * d.heads, [&](std::int64_t task) {
     forward_head(a, static_cast<int>(task / d.heads), static_cast<int>(task % d.heads));
   });
@@ -185,19 +191,12 @@ void cpu_backend::attention_backward(const tensor& dout, const tensor& qkv, cons
   c.matrix(dout, "dout", rows, ow, "the shape of out");
   c.numel(lse, "lse", static_cast<std::int64_t>(d.batch) * d.heads * d.seq, "[B, H, T]");
 
-  attn_view a;
+  attn_view a = view_of(d);
   a.qkv = qkv.data<float>();
   a.out = out.data<float>();
   a.dout = dout.data<float>();
   a.lse = lse.data<float>();
   a.dqkv = dqkv.data<float>();
-  a.T = d.seq;
-  a.D = d.head_dim;
-  a.H = d.heads;
-  a.Hkv = d.kv_heads;
-  a.w = w;
-  a.ow = ow;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
   parallel_tasks(static_cast<std::int64_t>(d.batch) * d.kv_heads, [&](std::int64_t task) {
     backward_group(a, static_cast<int>(task / d.kv_heads), static_cast<int>(task % d.kv_heads));
   });

@@ -1,5 +1,5 @@
 // Element-wise arithmetic on fp32 tensors of equal size: add (residual), accumulate, scale.
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/parallel.hpp"
 
@@ -12,11 +12,7 @@ constexpr std::int64_t grain = 1 << 16;
 
 void cpu_backend::add(const tensor& a, const tensor& b, tensor& y) {
   op_check c("add", {{"a", &a}, {"b", &b}, {"y", &y}});
-  c.host(a, "a", core::dtype::f32);
-  c.host(b, "b", core::dtype::f32);
-  c.host(y, "y", core::dtype::f32);
-  c.numel(b, "b", a.numel(), "as many elements as a");
-  c.numel(y, "y", a.numel(), "as many elements as a");
+  c.elementwise(a, "a");
   const float* ap = a.data<float>();
   const float* bp = b.data<float>();
   float* yp = y.data<float>();
@@ -27,9 +23,7 @@ void cpu_backend::add(const tensor& a, const tensor& b, tensor& y) {
 
 void cpu_backend::accumulate(const tensor& x, tensor& y) {
   op_check c("accumulate", {{"x", &x}, {"y", &y}});
-  c.host(x, "x", core::dtype::f32);
-  c.host(y, "y", core::dtype::f32);
-  c.numel(y, "y", x.numel(), "as many elements as x");
+  c.elementwise(x, "x");
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   parallel_for(x.numel(), grain, [&](std::int64_t i0, std::int64_t i1) {
@@ -39,7 +33,7 @@ void cpu_backend::accumulate(const tensor& x, tensor& y) {
 
 void cpu_backend::scale(tensor& x, float s) {
   op_check c("scale", {{"x", &x}});
-  c.host(x, "x", core::dtype::f32);
+  c.elementwise(x, "x");
   float* xp = x.data<float>();
   parallel_for(x.numel(), grain, [&](std::int64_t i0, std::int64_t i1) {
     for (std::int64_t i = i0; i < i1; ++i) xp[i] *= s;

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <string>
 
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/parallel.hpp"
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "kernels/clip.hpp"
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 
 namespace troupe::kernels::cpu {

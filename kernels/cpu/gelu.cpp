@@ -6,7 +6,7 @@
 //   y = x s,   dy/dx = s + 2 x s (e s) u',   u' = sqrt(2/π) (1 + 3·0.044715 x²)
 // The exponent is capped at 80 so that e·s stays finite for very negative x (where y is below
 // 1e-33 anyway). fast_exp keeps the loops vectorised (fast_math.hpp).
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
 #include "kernels/cpu/parallel.hpp"
@@ -49,9 +49,7 @@ TROUPE_SIMD_CLONES void gelu_backward_range(const float* dy, const float* x, flo
 
 void cpu_backend::gelu_forward(const tensor& x, tensor& y) {
   op_check c("gelu_forward", {{"x", &x}, {"y", &y}});
-  c.host(x, "x", core::dtype::f32);
-  c.host(y, "y", core::dtype::f32);
-  c.numel(y, "y", x.numel(), "as many elements as x");
+  c.elementwise(x, "x");
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   parallel_for(x.numel(), grain,
@@ -60,11 +58,7 @@ void cpu_backend::gelu_forward(const tensor& x, tensor& y) {
 
 void cpu_backend::gelu_backward(const tensor& dy, const tensor& x, tensor& dx) {
   op_check c("gelu_backward", {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
-  c.host(dy, "dy", core::dtype::f32);
-  c.host(x, "x", core::dtype::f32);
-  c.host(dx, "dx", core::dtype::f32);
-  c.numel(dy, "dy", x.numel(), "as many elements as x");
-  c.numel(dx, "dx", x.numel(), "as many elements as x");
+  c.elementwise(x, "x");
   const float* dyp = dy.data<float>();
   const float* xp = x.data<float>();
   float* dxp = dx.data<float>();

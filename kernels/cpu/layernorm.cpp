@@ -1,18 +1,14 @@
 // LayerNorm over the last dimension: y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps),
 // with the population variance computed in a second pass over (x - mean) for accuracy. mean and
 // rstd are saved for the backward.
-//
-// Backward, with xhat = (x - mean) * rstd and g = dy * w:
-//   dx += rstd * (g - mean(g) - xhat * mean(g * xhat))
-//   dw += Σ_rows dy * xhat,  db += Σ_rows dy
-// dx is per row (threads take rows); dw and db are column sums, so a second pass lets threads take
-// column ranges and adds the rows in row order.
+// The backward is norm_backward.hpp's, shared with RMSNorm.
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
+#include "kernels/cpu/norm_backward.hpp"
 #include "kernels/cpu/parallel.hpp"
 
 namespace troupe::kernels::cpu {
@@ -84,42 +80,9 @@ void cpu_backend::layernorm_backward(const tensor& dy, const tensor& x, const te
   if (db.defined()) c.shape(db, "db", {ch}, "C = last dim of x");
   c.numel(mean, "mean", n, "one per row of x");
   c.numel(rstd, "rstd", n, "one per row of x");
-  const float* dyp = dy.data<float>();
-  const float* xp = x.data<float>();
-  const float* wp = w.data<float>();
-  const float* mp = mean.data<float>();
-  const float* rp = rstd.data<float>();
-  float* dxp = dx.data<float>();
-  const float inv_c = 1.0f / static_cast<float>(ch);
-  parallel_for(n, std::max<std::int64_t>(1, (1 << 14) / ch), [&](std::int64_t r0, std::int64_t r1) {
-    std::vector<float> g(static_cast<std::size_t>(ch)), xhat(static_cast<std::size_t>(ch));
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const float* dyr = dyp + r * ch;
-      const float* xr = xp + r * ch;
-      float* dxr = dxp + r * ch;
-      const float m = mp[r], s = rp[r];
-      for (std::int64_t j = 0; j < ch; ++j) {
-        g[j] = dyr[j] * wp[j];
-        xhat[j] = (xr[j] - m) * s;
-      }
-      const float g_mean = sum(g.data(), ch) * inv_c;
-      const float gx_mean = dot(g.data(), xhat.data(), ch) * inv_c;
-      for (std::int64_t j = 0; j < ch; ++j) dxr[j] += s * ((g[j] - g_mean) - xhat[j] * gx_mean);
-    }
-  });
-  float* dwp = dw.data<float>();
-  float* dbp = db.defined() ? db.data<float>() : nullptr;
-  parallel_for(ch, std::max<std::int64_t>(16, (1 << 15) / std::max<std::int64_t>(n, 1)),
-               [&](std::int64_t c0, std::int64_t c1) {
-                 for (std::int64_t r = 0; r < n; ++r) {
-                   const float* dyr = dyp + r * ch;
-                   const float* xr = xp + r * ch;
-                   const float m = mp[r], s = rp[r];
-                   for (std::int64_t j = c0; j < c1; ++j) dwp[j] += dyr[j] * ((xr[j] - m) * s);
-                   if (dbp)
-                     for (std::int64_t j = c0; j < c1; ++j) dbp[j] += dyr[j];
-                 }
-               });
+  norm_backward(dy.data<float>(), x.data<float>(), w.data<float>(), mean.data<float>(),
+                rstd.data<float>(), dx.data<float>(), dw.data<float>(),
+                db.defined() ? db.data<float>() : nullptr, n, ch);
 }
 
 }  // namespace troupe::kernels::cpu

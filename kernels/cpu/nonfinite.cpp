@@ -4,7 +4,7 @@
 #include <atomic>
 #include <cstring>
 
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/parallel.hpp"
 

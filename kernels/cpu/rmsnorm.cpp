@@ -1,15 +1,13 @@
 // RMSNorm over the last dimension (LLaMA): y = x * rstd * w, rstd = 1/sqrt(mean(x²) + eps);
 // rstd is saved for the backward.
-//
-// Backward, with xhat = x * rstd and g = dy * w:
-//   dx += rstd * (g - xhat * mean(g * xhat)),  dw += Σ_rows dy * xhat
-// dx per row (threads take rows); dw as column sums in row order (threads take column ranges).
+// The backward is norm_backward.hpp's, shared with LayerNorm.
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
+#include "kernels/cpu/norm_backward.hpp"
 #include "kernels/cpu/parallel.hpp"
 
 namespace troupe::kernels::cpu {
@@ -59,37 +57,8 @@ void cpu_backend::rmsnorm_backward(const tensor& dy, const tensor& x, const tens
   c.shape(w, "w", {ch}, "C = last dim of x");
   c.shape(dw, "dw", {ch}, "C = last dim of x");
   c.numel(rstd, "rstd", n, "one per row of x");
-  const float* dyp = dy.data<float>();
-  const float* xp = x.data<float>();
-  const float* wp = w.data<float>();
-  const float* rp = rstd.data<float>();
-  float* dxp = dx.data<float>();
-  const float inv_c = 1.0f / static_cast<float>(ch);
-  parallel_for(n, std::max<std::int64_t>(1, (1 << 14) / ch), [&](std::int64_t r0, std::int64_t r1) {
-    std::vector<float> g(static_cast<std::size_t>(ch)), xhat(static_cast<std::size_t>(ch));
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const float* dyr = dyp + r * ch;
-      const float* xr = xp + r * ch;
-      float* dxr = dxp + r * ch;
-      const float s = rp[r];
-      for (std::int64_t j = 0; j < ch; ++j) {
-        g[j] = dyr[j] * wp[j];
-        xhat[j] = xr[j] * s;
-      }
-      const float gx_mean = dot(g.data(), xhat.data(), ch) * inv_c;
-      for (std::int64_t j = 0; j < ch; ++j) dxr[j] += s * (g[j] - xhat[j] * gx_mean);
-    }
-  });
-  float* dwp = dw.data<float>();
-  parallel_for(ch, std::max<std::int64_t>(16, (1 << 15) / std::max<std::int64_t>(n, 1)),
-               [&](std::int64_t c0, std::int64_t c1) {
-                 for (std::int64_t r = 0; r < n; ++r) {
-                   const float* dyr = dyp + r * ch;
-                   const float* xr = xp + r * ch;
-                   const float s = rp[r];
-                   for (std::int64_t j = c0; j < c1; ++j) dwp[j] += dyr[j] * (xr[j] * s);
-                 }
-               });
+  norm_backward(dy.data<float>(), x.data<float>(), w.data<float>(), nullptr, rstd.data<float>(),
+                dx.data<float>(), dw.data<float>(), nullptr, n, ch);
 }
 
 }  // namespace troupe::kernels::cpu

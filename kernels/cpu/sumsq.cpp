@@ -5,7 +5,7 @@
 // on its own elements, so any partition of a buffer on block boundaries gives the same sums.
 #include <algorithm>
 
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
 #include "kernels/cpu/parallel.hpp"

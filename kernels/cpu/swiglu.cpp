@@ -1,6 +1,6 @@
 // SwiGLU (LLaMA MLP): y = silu(gate) * up, silu(g) = g * sigmoid(g).
 //   dgate += dy * up * s (1 + g (1 - s)),  dup += dy * g * s,  s = sigmoid(g)
-#include "kernels/cpu/check.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
 #include "kernels/cpu/parallel.hpp"
@@ -33,11 +33,7 @@ TROUPE_SIMD_CLONES void swiglu_backward_range(const float* dy, const float* gate
 
 void cpu_backend::swiglu_forward(const tensor& gate, const tensor& up, tensor& y) {
   op_check c("swiglu_forward", {{"gate", &gate}, {"up", &up}, {"y", &y}});
-  c.host(gate, "gate", core::dtype::f32);
-  c.host(up, "up", core::dtype::f32);
-  c.host(y, "y", core::dtype::f32);
-  c.numel(up, "up", gate.numel(), "as many elements as gate");
-  c.numel(y, "y", gate.numel(), "as many elements as gate");
+  c.elementwise(gate, "gate");
   const float* gp = gate.data<float>();
   const float* up_p = up.data<float>();
   float* yp = y.data<float>();
@@ -50,16 +46,8 @@ void cpu_backend::swiglu_backward(const tensor& dy, const tensor& gate, const te
                                   tensor& dgate, tensor& dup) {
   op_check c("swiglu_backward",
              {{"dy", &dy}, {"gate", &gate}, {"up", &up}, {"dgate", &dgate}, {"dup", &dup}});
-  c.host(dy, "dy", core::dtype::f32);
-  c.host(gate, "gate", core::dtype::f32);
-  c.host(up, "up", core::dtype::f32);
-  c.host(dgate, "dgate", core::dtype::f32);
-  c.host(dup, "dup", core::dtype::f32);
+  c.elementwise(gate, "gate");
   const std::int64_t n = gate.numel();
-  c.numel(dy, "dy", n, "as many elements as gate");
-  c.numel(up, "up", n, "as many elements as gate");
-  c.numel(dgate, "dgate", n, "as many elements as gate");
-  c.numel(dup, "dup", n, "as many elements as gate");
   const float* dyp = dy.data<float>();
   const float* gp = gate.data<float>();
   const float* up_p = up.data<float>();

@@ -16,7 +16,8 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(256)
 }
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
 namespace {
 
@@ -212,9 +213,11 @@ void check_buffers(const char* op, const tensor& param, const tensor& grad, cons
 
 }  // namespace
 
-void launch_adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const adamw_params& p,
-                  tensor& low, cudaStream_t s) {
-  check_buffers("adamw", param, grad, m, v, p, low);
+void cuda_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                         const adamw_params& p, tensor& low) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  check_buffers("cuda adamw", param, grad, m, v, p, low);
   const std::int64_t n = param.numel();
   if (n == 0) return;
   const adamw_consts k = consts_of(p);
@@ -238,10 +241,12 @@ void launch_adamw(tensor& param, const tensor& grad, tensor& m, tensor& v, const
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
-                       const std::vector<adamw_run>& runs, const adamw_params& p, tensor& low,
-                       cudaStream_t s) {
-  const char* op = "adamw_runs";
+void cuda_backend::adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                              const std::vector<adamw_run>& runs, const adamw_params& p,
+                              tensor& low) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda adamw_runs";
   check_buffers(op, param, grad, m, v, p, low);
   const std::int64_t n = param.numel();
   std::vector<adamw_run> sorted;

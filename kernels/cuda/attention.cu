@@ -29,7 +29,8 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -867,7 +868,7 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dkdv_mma(
 }
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
 namespace {
 
@@ -948,9 +949,11 @@ void launch_delta(context& ctx, const tensor& dout, const tensor& out, const att
 
 }  // namespace
 
-void launch_attention_forward(context& ctx, const tensor& qkv, const attention_dims& d,
-                              tensor& out, tensor& lse) {
-  const char* op = "attention_forward";
+void cuda_backend::attention_forward(const tensor& qkv, const attention_dims& d, tensor& out,
+                                     tensor& lse) {
+  activate();
+  context& ctx = *ctx_;
+  const char* op = "cuda attention_forward";
   const attn_shape s = check_attention(qkv, d, op);
   require_type(out, qkv.type(), op, "out");
   require_numel(out, static_cast<std::int64_t>(d.batch) * d.seq * d.heads * d.head_dim, op,
@@ -990,10 +993,13 @@ void launch_attention_forward(context& ctx, const tensor& qkv, const attention_d
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_attention_backward(context& ctx, const tensor& dout, const tensor& qkv,
-                               const tensor& out, const tensor& lse, const attention_dims& d,
-                               tensor& dqkv, bool accumulate) {
-  const char* op = "attention_backward";
+namespace {
+
+/// Adds the gradient to dqkv, or writes it (`accumulate` false: dqkv's old contents are ignored).
+void attention_backward_on(context& ctx, const tensor& dout, const tensor& qkv, const tensor& out,
+                           const tensor& lse, const attention_dims& d, tensor& dqkv,
+                           bool accumulate) {
+  const char* op = "cuda attention_backward";
   const attn_shape s = check_attention(qkv, d, op);
   const std::int64_t rows = static_cast<std::int64_t>(d.batch) * d.seq;
   require_type(dout, qkv.type(), op, "dout");
@@ -1054,6 +1060,21 @@ void launch_attention_backward(context& ctx, const tensor& dout, const tensor& q
       TROUPE_CUDA_CHECK_LAUNCH();
     });
   });
+}
+
+}  // namespace
+
+void cuda_backend::attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
+                                      const tensor& lse, const attention_dims& d, tensor& dqkv) {
+  activate();
+  attention_backward_on(*ctx_, dout, qkv, out, lse, d, dqkv, true);
+}
+
+void cuda_backend::attention_backward_write(const tensor& dout, const tensor& qkv,
+                                            const tensor& out, const tensor& lse,
+                                            const attention_dims& d, tensor& dqkv) {
+  activate();
+  attention_backward_on(*ctx_, dout, qkv, out, lse, d, dqkv, false);
 }
 
 }  // namespace troupe::kernels::cuda

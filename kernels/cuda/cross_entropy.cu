@@ -19,7 +19,8 @@
 // reference rejects with an error, gives a NaN loss here (a kernel cannot throw), which the NaN
 // check reports.
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -214,11 +215,13 @@ __global__ void __launch_bounds__(ce_threads, 2)
 }
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
-void launch_cross_entropy(tensor& logits, const tensor& targets, tensor& losses, float grad_scale,
-                          cudaStream_t s) {
-  const char* op = "cross_entropy";
+void cuda_backend::cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
+                                 float grad_scale) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda cross_entropy";
   require_float(logits, op, "logits");
   require(logits.rank() >= 1 && logits.dim(-1) > 0, op, "logits must be [N, V] with V > 0");
   const std::int64_t vocab = logits.dim(-1), n = logits.numel() / vocab;

@@ -1,3 +1,5 @@
+// The CUDA backend's memory primitives (empty, zero, copy), graphs and stream hand-offs; each op
+// is a member defined in its own file (kernels/cuda/<op>.cu).
 #include "kernels/cuda/cuda_backend.hpp"
 
 #include <cuda_runtime.h>
@@ -6,7 +8,6 @@
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_context.hpp"
-#include "kernels/cuda/cuda_ops.hpp"
 
 namespace troupe::kernels {
 
@@ -139,15 +140,6 @@ void cuda_backend::copy(const tensor& src, tensor& dst) {
   if (src_host || dst_host) TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
 }
 
-void cuda_backend::convert(const tensor& src, tensor& dst) {
-  activate();
-  if (src.type() == dst.type() && src.shape() == dst.shape()) {
-    copy(src, dst);
-    return;
-  }
-  launch_convert(src, dst, ctx_->stream);
-}
-
 void cuda_backend::synchronize() {
   activate();
   if (ctx_->capturing)
@@ -179,7 +171,7 @@ void cuda_backend::graph_end() {
     ctx_->alloc->graph_release();
     throw core::failure(std::string("cuda graph_end: the recording failed (") +
                         cudaGetErrorString(e) +
-                        "); hint: set train.cuda_graph = false to launch every op from the host");
+                        "); hint: set runtime.cuda_graph = false to launch every op from the host");
   }
   const cudaError_t ie = cudaGraphInstantiate(&ctx_->graph, g, 0);
   cudaGraphDestroy(g);
@@ -222,204 +214,6 @@ void cuda_backend::graph_reset() {
   }
   ctx_->graph_id = 0;
   ctx_->alloc->graph_release();
-}
-
-void cuda_backend::linear_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y) {
-  activate();
-  launch_linear_forward(*ctx_, x, w, b, y);
-}
-
-void cuda_backend::linear_backward_input(const tensor& dy, const tensor& w, tensor& dx) {
-  activate();
-  launch_linear_backward_input(*ctx_, dy, w, dx);
-}
-
-void cuda_backend::linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw,
-                                          tensor& db) {
-  activate();
-  launch_linear_backward_weight(*ctx_, dy, x, dw, db);
-}
-
-void cuda_backend::linear_forward_residual(const tensor& x, const tensor& w, const tensor& b,
-                                           const tensor& r, tensor& y) {
-  activate();
-  launch_linear_forward_residual(*ctx_, x, w, b, r, y);
-}
-
-void cuda_backend::linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b,
-                                       tensor& pre, tensor& y) {
-  activate();
-  launch_linear_gelu_forward(*ctx_, x, w, b, pre, y);
-}
-
-void cuda_backend::linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) {
-  activate();
-  launch_linear_backward_input_write(*ctx_, dy, w, dx);
-}
-
-void cuda_backend::linear_backward_input_gelu(const tensor& dy, const tensor& w,
-                                              const tensor& pre, tensor& dx) {
-  activate();
-  launch_linear_backward_input_gelu(*ctx_, dy, w, pre, dx);
-}
-
-void cuda_backend::embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe,
-                                     int seq, tensor& out) {
-  activate();
-  launch_embedding_forward(tokens, wte, wpe, seq, out, ctx_->stream);
-}
-
-void cuda_backend::embedding_backward(const tensor& dout, const tensor& tokens, int seq,
-                                      tensor& dwte, tensor& dwpe) {
-  activate();
-  launch_embedding_backward(*ctx_, dout, tokens, seq, dwte, dwpe);
-}
-
-void cuda_backend::layernorm_forward(const tensor& x, const tensor& w, const tensor& b, float eps,
-                                     tensor& y, tensor& mean, tensor& rstd) {
-  activate();
-  launch_layernorm_forward(x, w, b, eps, y, mean, rstd, ctx_->stream);
-}
-
-void cuda_backend::layernorm_backward(const tensor& dy, const tensor& x, const tensor& w,
-                                      const tensor& mean, const tensor& rstd, tensor& dx,
-                                      tensor& dw, tensor& db) {
-  activate();
-  launch_layernorm_backward(*ctx_, dy, x, w, mean, rstd, dx, dw, db);
-}
-
-void cuda_backend::rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y,
-                                   tensor& rstd) {
-  activate();
-  launch_rmsnorm_forward(x, w, eps, y, rstd, ctx_->stream);
-}
-
-void cuda_backend::rmsnorm_backward(const tensor& dy, const tensor& x, const tensor& w,
-                                    const tensor& rstd, tensor& dx, tensor& dw) {
-  activate();
-  launch_rmsnorm_backward(*ctx_, dy, x, w, rstd, dx, dw);
-}
-
-void cuda_backend::gelu_forward(const tensor& x, tensor& y) {
-  activate();
-  launch_gelu_forward(x, y, ctx_->stream);
-}
-
-void cuda_backend::gelu_backward(const tensor& dy, const tensor& x, tensor& dx) {
-  activate();
-  launch_gelu_backward(dy, x, dx, ctx_->stream);
-}
-
-void cuda_backend::swiglu_forward(const tensor& gate, const tensor& up, tensor& y) {
-  activate();
-  launch_swiglu_forward(gate, up, y, ctx_->stream);
-}
-
-void cuda_backend::swiglu_backward(const tensor& dy, const tensor& gate, const tensor& up,
-                                   tensor& dgate, tensor& dup) {
-  activate();
-  launch_swiglu_backward(dy, gate, up, dgate, dup, ctx_->stream);
-}
-
-void cuda_backend::add(const tensor& a, const tensor& b, tensor& y) {
-  activate();
-  launch_add(a, b, y, ctx_->stream);
-}
-
-void cuda_backend::accumulate(const tensor& x, tensor& y) {
-  activate();
-  launch_accumulate(x, y, ctx_->stream);
-}
-
-void cuda_backend::scale(tensor& x, float s) {
-  activate();
-  launch_scale(x, s, ctx_->stream);
-}
-
-void cuda_backend::rope_forward(const tensor& x, int seq, int heads_total, int rot_heads,
-                                int head_dim, float theta, tensor& y) {
-  activate();
-  launch_rope_forward(x, seq, heads_total, rot_heads, head_dim, theta, y, ctx_->stream);
-}
-
-void cuda_backend::rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
-                                 int head_dim, float theta, tensor& dx) {
-  activate();
-  launch_rope_backward(dy, seq, heads_total, rot_heads, head_dim, theta, dx, ctx_->stream);
-}
-
-void cuda_backend::attention_forward(const tensor& qkv, const attention_dims& d, tensor& out,
-                                     tensor& lse) {
-  activate();
-  launch_attention_forward(*ctx_, qkv, d, out, lse);
-}
-
-void cuda_backend::attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
-                                      const tensor& lse, const attention_dims& d, tensor& dqkv) {
-  activate();
-  launch_attention_backward(*ctx_, dout, qkv, out, lse, d, dqkv);
-}
-
-void cuda_backend::layernorm_backward_residual(const tensor& dy, const tensor& x,
-                                               const tensor& w, const tensor& mean,
-                                               const tensor& rstd, const tensor& residual,
-                                               tensor& dx, tensor& dw, tensor& db) {
-  activate();
-  launch_layernorm_backward(*ctx_, dy, x, w, mean, rstd, dx, dw, db, &residual);
-}
-
-void cuda_backend::attention_backward_write(const tensor& dout, const tensor& qkv,
-                                            const tensor& out, const tensor& lse,
-                                            const attention_dims& d, tensor& dqkv) {
-  activate();
-  launch_attention_backward(*ctx_, dout, qkv, out, lse, d, dqkv, false);
-}
-
-void cuda_backend::cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
-                                 float grad_scale) {
-  activate();
-  launch_cross_entropy(logits, targets, losses, grad_scale, ctx_->stream);
-}
-
-void cuda_backend::sumsq_blocks(const tensor& x, tensor& out) {
-  activate();
-  launch_sumsq_blocks(x, out, ctx_->stream);
-}
-
-void cuda_backend::sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) {
-  activate();
-  launch_sumsq_blocks_list(xs, out, ctx_->stream);
-}
-
-void cuda_backend::exact_sum_add(const tensor& values, tensor& acc) {
-  activate();
-  launch_exact_sum_add(values, acc, ctx_->stream);
-}
-
-void cuda_backend::clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip,
-                               tensor& out) {
-  activate();
-  launch_clip_factor(sumsq, guard, grad_clip, out, ctx_->stream);
-}
-
-void cuda_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
-                         const adamw_params& p, tensor& low) {
-  activate();
-  launch_adamw(param, grad, m, v, p, low, ctx_->stream);
-}
-
-void cuda_backend::adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
-                              const std::vector<adamw_run>& runs, const adamw_params& p,
-                              tensor& low) {
-  activate();
-  launch_adamw_runs(param, grad, m, v, runs, p, low, ctx_->stream);
-}
-
-bool cuda_backend::has_nonfinite(const tensor& x) {
-  activate();
-  if (ctx_->capturing)
-    throw core::failure("cuda has_nonfinite: cannot read a result back while recording a graph");
-  return launch_has_nonfinite(*ctx_, x);
 }
 
 void cuda_backend::record_ready(const tensor& t) {

@@ -1,6 +1,7 @@
-// The CUDA backend: kernels/backend.hpp on one GPU. Each instance owns one stream, one cuBLASLt
-// handle and one caching allocator, so several backends may share a GPU (that is how pipeline stages
-// on one GPU run side by side). All ops are queued on the stream; only copies to the host,
+// The CUDA backend: kernels/backend.hpp on one GPU. Each op is a member defined in its own file
+// (kernels/cuda/<op>.cu: its kernels, their launch and the method together). Each instance owns
+// one stream, one cuBLASLt handle and one caching allocator, so several backends may share a GPU
+// (that is how pipeline stages on one GPU run side by side). All ops are queued on the stream; only copies to the host,
 // has_nonfinite and synchronize wait for it. This header has no CUDA types, so host-only code
 // (kernels/backend.cpp, tests, benchmarks) can include it.
 #pragma once
@@ -25,6 +26,14 @@ std::uint64_t cuda_device_memory(int device_index);
 namespace cuda {
 
 struct context;
+
+/// The file of measured GEMM algorithms (kernels/select.hpp, gemm_tuning.hpp); "" = heuristic.
+void set_gemm_tune_file(const std::string& path);
+/// Benchmark switches, process-wide: print every new GEMM plan to stderr (shape, dtypes,
+/// alignments, the algorithm's configuration; default off), and let GELU ride on the GEMM
+/// epilogue for 16-bit activations (linear.cu; default on; off runs the unfused kernels).
+void set_gemm_log(bool on);
+void set_gelu_epilogue(bool on);
 
 class cuda_backend final : public backend {
  public:

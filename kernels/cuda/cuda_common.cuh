@@ -1,7 +1,7 @@
 // Device helpers shared by the op files: element conversions (all arithmetic in fp32), run-time
 // dtype access for small or mixed-type operands (norm weights, fp32 gradients of bf16 weights),
-// fixed-order reductions (deterministic: the same inputs give the same bits), dtype dispatch and
-// shape checks for launchers.
+// fixed-order reductions (deterministic: the same inputs give the same bits) and dtype dispatch.
+// Argument checks are kernels/check.hpp's, shared with the CPU ops (op names here start "cuda ").
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,6 +16,7 @@
 
 #include "core/error.hpp"
 #include "core/tensor.hpp"
+#include "kernels/check.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 
 namespace troupe::kernels::cuda {
@@ -102,31 +103,7 @@ __device__ __forceinline__ F block_sum(F v, F* shared) {
 
 // ---- host helpers ----------------------------------------------------------------------------------
 
-inline bool is_float(dtype t) { return t == dtype::f32 || t == dtype::bf16 || t == dtype::f16; }
 inline int code_of(dtype t) { return static_cast<int>(t); }
-
-/// Throws core::failure "cuda <op>: <msg>" when `cond` is false.
-inline void require(bool cond, const char* op, const std::string& msg) {
-  if (!cond) throw core::failure(std::string("cuda ") + op + ": " + msg);
-}
-
-inline void require_float(const tensor& t, const char* op, const char* name) {
-  require(t.defined() && is_float(t.type()), op,
-          std::string(name) + " must be a defined fp32/bf16/fp16 tensor, got " +
-              (t.defined() ? core::dtype_name(t.type()) : "undefined"));
-}
-
-inline void require_type(const tensor& t, dtype want, const char* op, const char* name) {
-  require(t.defined() && t.type() == want, op,
-          std::string(name) + " must be " + core::dtype_name(want) + ", got " +
-              (t.defined() ? core::dtype_name(t.type()) : "undefined"));
-}
-
-inline void require_numel(const tensor& t, std::int64_t n, const char* op, const char* name) {
-  require(t.numel() == n, op,
-          std::string(name) + " has shape " + core::shape_string(t.shape()) + ", expected " +
-              std::to_string(n) + " elements");
-}
 
 /// Calls f(T{}) with T = float, bf16 or f16 for `t`.
 template <class F>
@@ -137,7 +114,7 @@ void dispatch_float(dtype t, const char* op, F&& f) {
     case dtype::f16: f(f16{}); return;
     default: break;
   }
-  throw core::failure(std::string("cuda ") + op + ": unsupported dtype " + core::dtype_name(t));
+  throw core::failure(std::string(op) + ": unsupported dtype " + core::dtype_name(t));
 }
 
 /// Blocks for a grid-stride loop over n items: enough to fill the GPU, capped to a legal grid.

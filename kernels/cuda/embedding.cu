@@ -15,7 +15,8 @@
 #include <limits>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -75,7 +76,7 @@ __global__ void embedding_position_kernel(const void* dout, int dout_code, void*
 }
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
 namespace {
 
@@ -100,9 +101,11 @@ void check_embedding(const tensor& tokens, const tensor& wte, const tensor& wpe,
 
 }  // namespace
 
-void launch_embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe, int seq,
-                              tensor& out, cudaStream_t s) {
-  check_embedding(tokens, wte, wpe, seq, out, "embedding_forward", "out");
+void cuda_backend::embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe,
+                                     int seq, tensor& out) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  check_embedding(tokens, wte, wpe, seq, out, "cuda embedding_forward", "out");
   const std::int64_t N = tokens.numel();
   if (N == 0) return;
   const int C = static_cast<int>(wte.dim(1));
@@ -113,9 +116,11 @@ void launch_embedding_forward(const tensor& tokens, const tensor& wte, const ten
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_embedding_backward(context& ctx, const tensor& dout, const tensor& tokens, int seq,
-                               tensor& dwte, tensor& dwpe) {
-  const char* op = "embedding_backward";
+void cuda_backend::embedding_backward(const tensor& dout, const tensor& tokens, int seq,
+                                      tensor& dwte, tensor& dwpe) {
+  activate();
+  context& ctx = *ctx_;
+  const char* op = "cuda embedding_backward";
   check_embedding(tokens, dwte, dwpe, seq, dout, op, "dout");
   const std::int64_t N = tokens.numel();
   if (N == 0) return;

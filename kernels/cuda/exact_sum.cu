@@ -16,7 +16,8 @@
 #include "core/exact_sum.hpp"
 #include "kernels/clip.hpp"
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -58,10 +59,12 @@ __global__ void clip_factor_kernel(const std::int64_t* sumsq, const std::int64_t
 }
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
-void launch_exact_sum_add(const tensor& values, tensor& acc, cudaStream_t s) {
-  const char* op = "exact_sum_add";
+void cuda_backend::exact_sum_add(const tensor& values, tensor& acc) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda exact_sum_add";
   require_type(values, dtype::f64, op, "values");
   require_type(acc, dtype::i64, op, "acc");
   require_numel(acc, core::exact_sum_words, op, "acc (core::exact_sum_words)");
@@ -75,9 +78,11 @@ void launch_exact_sum_add(const tensor& values, tensor& acc, cudaStream_t s) {
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip, tensor& out,
-                        cudaStream_t s) {
-  const char* op = "clip_factor";
+void cuda_backend::clip_factor(const tensor& sumsq, const tensor& guard, double grad_clip,
+                               tensor& out) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda clip_factor";
   require_type(sumsq, dtype::i64, op, "sumsq");
   require_numel(sumsq, core::exact_sum_words, op, "sumsq (core::exact_sum_words)");
   if (guard.defined()) {

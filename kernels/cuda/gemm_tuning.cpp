@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
 
 namespace troupe::kernels::cuda::gemm_tuning {
 
@@ -77,7 +78,7 @@ void load(const std::string& path, std::map<std::string, cublasLtMatmulAlgo_t>& 
     if (!(fields >> key >> hex >> ms) || !from_hex(hex, algo))
       throw core::failure("GEMM tuning file " + path + ":" + std::to_string(number) +
                           ": malformed line (want: key, 128 hex digits, milliseconds; hint: delete "
-                          "the line or the file named by TROUPE_GEMM_TUNE_FILE, it is rebuilt by "
+                          "the line or the file named by runtime.gemm_tune_file, it is rebuilt by "
                           "measuring again)");
     entries[key] = algo;
   }
@@ -91,7 +92,7 @@ class file_lock {
     if (fd_ < 0)
       throw core::failure("GEMM tuning: cannot open lock file " + lock_path_ + ": " +
                           std::strerror(errno) +
-                          " (hint: check that the folder of TROUPE_GEMM_TUNE_FILE exists and is "
+                          " (hint: check that the folder of runtime.gemm_tune_file exists and is "
                           "writable)");
     while (::flock(fd_, LOCK_EX) != 0) {
       if (errno == EINTR) continue;
@@ -146,9 +147,19 @@ std::string describe(const cublasLtMatmulAlgo_t& a) {
   return buf;
 }
 
+namespace {
+std::mutex path_mutex;
+std::string path_value;  // runtime.gemm_tune_file (set_file_path)
+}  // namespace
+
+void set_file_path(const std::string& path) {
+  std::lock_guard<std::mutex> lock(path_mutex);
+  path_value = path;
+}
+
 std::string file_path() {
-  const char* v = std::getenv("TROUPE_GEMM_TUNE_FILE");
-  return v ? std::string(v) : std::string();
+  std::lock_guard<std::mutex> lock(path_mutex);
+  return path_value;
 }
 
 std::optional<cublasLtMatmulAlgo_t> lookup_or_tune(
@@ -173,7 +184,7 @@ std::optional<cublasLtMatmulAlgo_t> lookup_or_tune(
   std::FILE* f = std::fopen(path.c_str(), "a");
   if (!f)
     throw core::failure("GEMM tuning: cannot append to " + path + ": " + std::strerror(errno) +
-                        " (hint: check that TROUPE_GEMM_TUNE_FILE names a writable file)");
+                        " (hint: check that runtime.gemm_tune_file names a writable file)");
   const std::string line = key + " " + to_hex(best->algo) + " " + std::to_string(best->ms) + "\n";
   const bool ok = std::fwrite(line.data(), 1, line.size(), f) == line.size() && std::fflush(f) == 0 &&
                   ::fsync(::fileno(f)) == 0;
@@ -184,3 +195,9 @@ std::optional<cublasLtMatmulAlgo_t> lookup_or_tune(
 }
 
 }  // namespace troupe::kernels::cuda::gemm_tuning
+
+namespace troupe::kernels::cuda {
+
+void set_gemm_tune_file(const std::string& path) { gemm_tuning::set_file_path(path); }
+
+}  // namespace troupe::kernels::cuda

@@ -1,4 +1,4 @@
-// Measured GEMM algorithm choices, kept in a file across runs (TROUPE_GEMM_TUNE_FILE=path).
+// Measured GEMM algorithm choices, kept in a file across runs (runtime.gemm_tune_file).
 //
 // cuBLASLt's heuristic picks a good algorithm, not the fastest: at GPT-2's shapes on the H200 the
 // fastest of its top eight candidates was up to 22% faster than its first (bench/
@@ -20,8 +20,10 @@
 
 namespace troupe::kernels::cuda::gemm_tuning {
 
-/// The tuning file named by TROUPE_GEMM_TUNE_FILE (read at each call: plans are made rarely);
-/// empty when tuning is off (the default).
+/// Names the tuning file of this process (runtime.gemm_tune_file, set before the first GEMM
+/// plan; kernels::set_gemm_tune_file); empty turns tuning off (the default).
+void set_file_path(const std::string& path);
+/// The tuning file (read at each plan: plans are made rarely); empty when tuning is off.
 std::string file_path();
 
 /// A measured candidate: the algorithm and its time.

@@ -9,7 +9,8 @@
 // bf16 weights).
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -294,7 +295,7 @@ struct layernorm_param_terms {
 };
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
 namespace {
 constexpr int rows_per_block = 8;  // 8 warps of 32 lanes, one row each
@@ -325,9 +326,11 @@ bool with_row_iters(int C, F&& f) {
 
 }  // namespace
 
-void launch_layernorm_forward(const tensor& x, const tensor& w, const tensor& b, float eps,
-                              tensor& y, tensor& mean, tensor& rstd, cudaStream_t s) {
-  const char* op = "layernorm_forward";
+void cuda_backend::layernorm_forward(const tensor& x, const tensor& w, const tensor& b, float eps,
+                                     tensor& y, tensor& mean, tensor& rstd) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda layernorm_forward";
   require_float(x, op, "x");
   require(x.rank() >= 1, op, "x must have a channel dimension");
   const int C = static_cast<int>(x.dim(-1));
@@ -367,10 +370,13 @@ void launch_layernorm_forward(const tensor& x, const tensor& w, const tensor& b,
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, const tensor& w,
-                               const tensor& mean, const tensor& rstd, tensor& dx, tensor& dw,
-                               tensor& db, const tensor* residual) {
-  const char* op = residual ? "layernorm_backward_residual" : "layernorm_backward";
+namespace {
+
+/// dx += LayerNorm's input gradient, or, with a residual, dx = *residual + that gradient (written).
+void layernorm_backward_on(context& ctx, const tensor& dy, const tensor& x, const tensor& w,
+                           const tensor& mean, const tensor& rstd, tensor& dx, tensor& dw,
+                           tensor& db, const tensor* residual) {
+  const char* op = residual ? "cuda layernorm_backward_residual" : "cuda layernorm_backward";
   require_float(x, op, "x");
   require(x.rank() >= 1, op, "x must have a channel dimension");
   const int C = static_cast<int>(x.dim(-1));
@@ -445,6 +451,23 @@ void launch_layernorm_backward(context& ctx, const tensor& dy, const tensor& x, 
     const int codes[2] = {code_of(dw.type()), db.defined() ? code_of(db.type()) : 0};
     column_sums<2>(ctx, f, rows, C, outs, codes);
   });
+}
+
+}  // namespace
+
+void cuda_backend::layernorm_backward(const tensor& dy, const tensor& x, const tensor& w,
+                                      const tensor& mean, const tensor& rstd, tensor& dx,
+                                      tensor& dw, tensor& db) {
+  activate();
+  layernorm_backward_on(*ctx_, dy, x, w, mean, rstd, dx, dw, db, nullptr);
+}
+
+void cuda_backend::layernorm_backward_residual(const tensor& dy, const tensor& x,
+                                               const tensor& w, const tensor& mean,
+                                               const tensor& rstd, const tensor& residual,
+                                               tensor& dx, tensor& dw, tensor& db) {
+  activate();
+  layernorm_backward_on(*ctx_, dy, x, w, mean, rstd, dx, dw, db, &residual);
 }
 
 }  // namespace troupe::kernels::cuda

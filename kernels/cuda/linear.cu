@@ -15,13 +15,13 @@
 // for gelu(approximate='tanh'), pytorch/pytorch#104061); its aux leading dimension must be a
 // multiple of 8. fp32 keeps the exact kernels of gelu.cu instead (the epilogue's tanh is not
 // within the 1e-5 agreement with the CPU reference that fp32 promises), and so does any case
-// the heuristic has no fused algorithm for, and every case when TROUPE_GELU_EPILOGUE=0.
+// the heuristic has no fused algorithm for, and every case after set_gelu_epilogue(false).
 //
 // A plan (descriptors + the heuristic's algorithm) is cached per shape, layout, dtype and pointer
 // alignment: a training step repeats a dozen shapes, and the heuristic costs microseconds. Without
 // atomics in any chosen algorithm (cuBLASLt uses none unless asked), results are run-to-run identical.
+#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -30,7 +30,9 @@
 
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
+#include "kernels/cuda/gelu.cuh"
 #include "kernels/cuda/gemm_tuning.hpp"
 
 namespace troupe::kernels::cuda {
@@ -94,7 +96,7 @@ __global__ void bias_partial_vec_kernel(const T* dy, std::int64_t rows, int cols
 }
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
 namespace {
 
@@ -103,7 +105,7 @@ namespace {
 /// (the same chunks, the same order, the same bits).
 void bias_gradient(context& ctx, const tensor& dy, std::int64_t rows, int cols, tensor& db) {
   bool done = false;
-  dispatch_float(dy.type(), "linear_backward_weight", [&](auto tag) {
+  dispatch_float(dy.type(), "cuda linear_backward_weight", [&](auto tag) {
     using T = decltype(tag);
     with_row_vector<T>({&dy}, cols, [&](auto v) {
       constexpr int V = decltype(v)::value;
@@ -175,15 +177,9 @@ std::int64_t plan_flags(const gemm_call& g) {
          (g.aux ? alignment_of(g.aux) : 0) << 8 | (g.c_in ? alignment_of(g.c_in) : 0) << 20;
 }
 
-/// True when the environment sets TROUPE_GEMM_LOG=1: every new plan is printed to stderr (shape,
-/// dtypes, alignments, the chosen algorithm's configuration), to see what the heuristic picked.
-bool gemm_log_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("TROUPE_GEMM_LOG");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
-}
+// Process-wide switches of the benchmarks (cuda_backend.hpp): plan logging and the GELU epilogues.
+std::atomic<bool> gemm_log{false};
+std::atomic<bool> gelu_epilogue{true};
 
 void log_plan(const gemm_call& g, const cublasLtMatmulAlgo_t& a) {
   std::fprintf(stderr,
@@ -228,7 +224,7 @@ std::string tuning_key(const context& ctx, const gemm_key& key) {
 
 /// Times each heuristic candidate of plan p on g's own operands (an in-place accumulation runs on
 /// a scratch copy of D, so g.c keeps its value) and returns the fastest; runs once per GEMM, when
-/// TROUPE_GEMM_TUNE_FILE has no entry for it (gemm_tuning.hpp).
+/// the tuning file has no entry for it (gemm_tuning.hpp).
 std::optional<gemm_tuning::choice> measure_candidates(context& ctx, const gemm_call& g,
                                                       const gemm_plan& p,
                                                       const cublasLtMatmulHeuristicResult_t* cands,
@@ -386,7 +382,7 @@ gemm_plan* plan_for(context& ctx, const gemm_call& g, bool optional) {
                                          &check) == CUBLAS_STATUS_SUCCESS)
       p.algo = *tuned;
   }
-  if (gemm_log_enabled()) log_plan(g, p.algo);
+  if (gemm_log.load()) log_plan(g, p.algo);
   return &ctx.gemm_plans.emplace(key, p).first->second;
 }
 
@@ -409,17 +405,34 @@ bool gemm(context& ctx, const gemm_call& g, bool optional = false) {
   return true;
 }
 
-/// Rows N and the inner width of a [.., W] activation.
-std::int64_t rows_of(const tensor& t, std::int64_t width) { return width ? t.numel() / width : 0; }
+/// The GEMM of a row-major product, seen column-major (file comment): D (m×n) = op(A)·op(B) +
+/// beta·C over dense operands, so the leading dimensions follow from the shape (A is m×k, or k×m
+/// stored when transposed; likewise B; C and D have m rows).
+gemm_call dense_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                     const tensor& a, const tensor& b, const tensor& c, float beta) {
+  gemm_call g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a.raw();
+  g.a_type = a.type();
+  g.lda = trans_a ? k : m;
+  g.b = b.raw();
+  g.b_type = b.type();
+  g.ldb = trans_b ? n : k;
+  g.c = c.raw();
+  g.c_type = c.type();
+  g.ldc = m;
+  g.beta = beta;
+  return g;
+}
 
 void check_matrix(const tensor& w, const char* op) {
   require_float(w, op, "w");
   require(w.rank() == 2, op, "w must be [out, in], got " + core::shape_string(w.shape()));
 }
-
-}  // namespace
-
-namespace {
 
 /// Checks y = x·wᵀ (+ b) and returns its GEMM (bias fused when it has y's dtype); N in `rows`.
 gemm_call forward_call(const char* op, const tensor& x, const tensor& w, const tensor& b,
@@ -431,7 +444,7 @@ gemm_call forward_call(const char* op, const tensor& x, const tensor& w, const t
   require(x.dim(-1) == IC, op,
           "x " + core::shape_string(x.shape()) + " does not match w " +
               core::shape_string(w.shape()));
-  const std::int64_t N = rows_of(x, IC);
+  const std::int64_t N = rows_of(x);
   require_float(y, op, "y");
   require_numel(y, N * OC, op, "y");
   if (b.defined()) {
@@ -439,21 +452,7 @@ gemm_call forward_call(const char* op, const tensor& x, const tensor& w, const t
     require_numel(b, OC, op, "b");
   }
   rows = N;
-  gemm_call g;
-  g.trans_a = true;
-  g.m = OC;
-  g.n = N;
-  g.k = IC;
-  g.a = w.raw();
-  g.a_type = w.type();
-  g.lda = IC;
-  g.b = x.raw();
-  g.b_type = x.type();
-  g.ldb = IC;
-  g.c = y.raw();
-  g.c_type = y.type();
-  g.ldc = OC;
-  g.beta = 0;
+  gemm_call g = dense_gemm(true, false, OC, N, IC, w, x, y, 0);
   g.bias = b.defined() && b.type() == y.type() ? b.raw() : nullptr;
   return g;
 }
@@ -475,39 +474,15 @@ gemm_call backward_input_call(const char* op, const tensor& dy, const tensor& w,
   require(dy.dim(-1) == OC, op,
           "dy " + core::shape_string(dy.shape()) + " does not match w " +
               core::shape_string(w.shape()));
-  const std::int64_t N = rows_of(dy, OC);
+  const std::int64_t N = rows_of(dy);
   require_float(dx, op, "dx");
   require_numel(dx, N * IC, op, "dx");
-  gemm_call g;
-  g.m = IC;
-  g.n = N;
-  g.k = OC;
-  g.a = w.raw();
-  g.a_type = w.type();
-  g.lda = IC;
-  g.b = dy.raw();
-  g.b_type = dy.type();
-  g.ldb = OC;
-  g.c = dx.raw();
-  g.c_type = dx.type();
-  g.ldc = IC;
-  g.beta = beta;
-  return g;
-}
-
-/// False when the environment sets TROUPE_GELU_EPILOGUE=0: the GELU epilogues are then never
-/// used and the unfused kernels run, the switch to measure one against the other.
-bool gelu_epilogue_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("TROUPE_GELU_EPILOGUE");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
+  return dense_gemm(false, false, IC, N, OC, w, dy, dx, beta);
 }
 
 /// True when GELU may ride on the epilogue of a GEMM writing d with aux `aux` (file comment).
 bool gelu_epilogue_ok(const gemm_call& g, const tensor& d, const tensor& aux) {
-  return gelu_epilogue_enabled() && d.type() != dtype::f32 && aux.type() == d.type() &&
+  return gelu_epilogue.load() && d.type() != dtype::f32 && aux.type() == d.type() &&
          g.ldc % 8 == 0 && aligned16(aux.raw()) && aligned16(d.raw());
 }
 
@@ -519,18 +494,21 @@ void require_distinct(const tensor& out, const tensor& in, const char* op, const
 
 }  // namespace
 
-void launch_linear_forward(context& ctx, const tensor& x, const tensor& w, const tensor& b,
-                           tensor& y) {
+void cuda_backend::linear_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y) {
+  activate();
+  context& ctx = *ctx_;
   std::int64_t n = 0;
-  gemm_call g = forward_call("linear_forward", x, w, b, y, n);
+  gemm_call g = forward_call("cuda linear_forward", x, w, b, y, n);
   if (n == 0) return;
   gemm(ctx, g);
   add_unfused_bias(ctx, g, b, y);
 }
 
-void launch_linear_forward_residual(context& ctx, const tensor& x, const tensor& w,
-                                    const tensor& b, const tensor& r, tensor& y) {
-  const char* op = "linear_forward_residual";
+void cuda_backend::linear_forward_residual(const tensor& x, const tensor& w, const tensor& b,
+                                           const tensor& r, tensor& y) {
+  activate();
+  context& ctx = *ctx_;
+  const char* op = "cuda linear_forward_residual";
   std::int64_t n = 0;
   gemm_call g = forward_call(op, x, w, b, y, n);
   require_type(r, y.type(), op, "r (must match y)");
@@ -544,9 +522,11 @@ void launch_linear_forward_residual(context& ctx, const tensor& x, const tensor&
   add_unfused_bias(ctx, g, b, y);
 }
 
-void launch_linear_gelu_forward(context& ctx, const tensor& x, const tensor& w, const tensor& b,
-                                tensor& pre, tensor& y) {
-  const char* op = "linear_gelu_forward";
+void cuda_backend::linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b,
+                                       tensor& pre, tensor& y) {
+  activate();
+  context& ctx = *ctx_;
+  const char* op = "cuda linear_gelu_forward";
   std::int64_t n = 0;
   gemm_call g = forward_call(op, x, w, b, pre, n);
   require_type(y, pre.type(), op, "y (must match pre)");
@@ -564,23 +544,28 @@ void launch_linear_gelu_forward(context& ctx, const tensor& x, const tensor& w, 
   }
   gemm(ctx, g);
   add_unfused_bias(ctx, g, b, pre);
-  launch_gelu_forward(pre, y, ctx.stream);
+  gelu_forward(pre, y);
 }
 
-void launch_linear_backward_input(context& ctx, const tensor& dy, const tensor& w, tensor& dx) {
-  gemm_call g = backward_input_call("linear_backward_input", dy, w, dx, 1);
+void cuda_backend::linear_backward_input(const tensor& dy, const tensor& w, tensor& dx) {
+  activate();
+  context& ctx = *ctx_;
+  gemm_call g = backward_input_call("cuda linear_backward_input", dy, w, dx, 1);
   gemm(ctx, g);
 }
 
-void launch_linear_backward_input_write(context& ctx, const tensor& dy, const tensor& w,
-                                        tensor& dx) {
-  gemm_call g = backward_input_call("linear_backward_input_write", dy, w, dx, 0);
+void cuda_backend::linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) {
+  activate();
+  context& ctx = *ctx_;
+  gemm_call g = backward_input_call("cuda linear_backward_input_write", dy, w, dx, 0);
   gemm(ctx, g);
 }
 
-void launch_linear_backward_input_gelu(context& ctx, const tensor& dy, const tensor& w,
-                                       const tensor& pre, tensor& dx) {
-  const char* op = "linear_backward_input_gelu";
+void cuda_backend::linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
+                                              tensor& dx) {
+  activate();
+  context& ctx = *ctx_;
+  const char* op = "cuda linear_backward_input_gelu";
   gemm_call g = backward_input_call(op, dy, w, dx, 0);
   require_type(pre, dx.type(), op, "pre (must match dx)");
   require_numel(pre, dx.numel(), op, "pre");
@@ -594,12 +579,18 @@ void launch_linear_backward_input_gelu(context& ctx, const tensor& dy, const ten
   }
   // Unfused: dx = dy·w, then dx = dx ⊙ gelu'(pre) in place.
   gemm(ctx, g);
-  launch_gelu_backward_scale(pre, dx, ctx.stream);
+  dispatch_float(dx.type(), op, [&](auto tag) {
+    using T = decltype(tag);
+    launch_elementwise<T>(dx.numel(), {pre.data<T>(), dx.data<T>()}, {dx.data<T>()},
+                          gelu_backward_scale_op{}, ctx.stream);
+  });
 }
 
-void launch_linear_backward_weight(context& ctx, const tensor& dy, const tensor& x, tensor& dw,
-                                   tensor& db) {
-  const char* op = "linear_backward_weight";
+void cuda_backend::linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw,
+                                          tensor& db) {
+  activate();
+  context& ctx = *ctx_;
+  const char* op = "cuda linear_backward_weight";
   require_float(dw, op, "dw");
   require(dw.rank() == 2, op, "dw must be [out, in], got " + core::shape_string(dw.shape()));
   const std::int64_t OC = dw.dim(0), IC = dw.dim(1);
@@ -608,30 +599,19 @@ void launch_linear_backward_weight(context& ctx, const tensor& dy, const tensor&
   require(dy.dim(-1) == OC && x.dim(-1) == IC, op,
           "dy " + core::shape_string(dy.shape()) + " and x " + core::shape_string(x.shape()) +
               " do not match dw " + core::shape_string(dw.shape()));
-  const std::int64_t N = rows_of(dy, OC);
-  require(rows_of(x, IC) == N, op, "dy and x have different row counts");
+  const std::int64_t N = rows_of(dy);
+  require(rows_of(x) == N, op, "dy and x have different row counts");
   if (db.defined()) {
     require_float(db, op, "db");
     require_numel(db, OC, op, "db");
   }
   if (N == 0) return;
-  gemm_call g;
-  g.trans_b = true;
-  g.m = IC;
-  g.n = OC;
-  g.k = N;
-  g.a = x.raw();
-  g.a_type = x.type();
-  g.lda = IC;
-  g.b = dy.raw();
-  g.b_type = dy.type();
-  g.ldb = OC;
-  g.c = dw.raw();
-  g.c_type = dw.type();
-  g.ldc = IC;
-  g.beta = 1;
-  gemm(ctx, g);
+  gemm(ctx, dense_gemm(false, true, IC, OC, N, x, dy, dw, 1));
   if (db.defined()) bias_gradient(ctx, dy, N, static_cast<int>(OC), db);
 }
+
+void set_gemm_log(bool on) { gemm_log.store(on); }
+
+void set_gelu_epilogue(bool on) { gelu_epilogue.store(on); }
 
 }  // namespace troupe::kernels::cuda

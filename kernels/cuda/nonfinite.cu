@@ -3,7 +3,8 @@
 // stores of the same value need no atomics and leave the same result. The flag comes back with
 // one small device-to-host copy, the only synchronisation this op needs.
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -21,17 +22,21 @@ __global__ void nonfinite_kernel(const T* x, std::int64_t n, int* flag) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
-bool launch_has_nonfinite(context& ctx, const tensor& x) {
-  require_float(x, "has_nonfinite", "x");
+bool cuda_backend::has_nonfinite(const tensor& x) {
+  activate();
+  if (ctx_->capturing)
+    throw core::failure("cuda has_nonfinite: cannot read a result back while recording a graph");
+  context& ctx = *ctx_;
+  require_float(x, "cuda has_nonfinite", "x");
   const std::int64_t n = x.numel();
   if (n == 0) return false;
   scratch flag(ctx, sizeof(int));
   TROUPE_CUDA_CHECK(cudaMemsetAsync(flag.as<int>(), 0, sizeof(int), ctx.stream));
   // Enough blocks to fill the GPU; each thread strides over the rest.
   const unsigned grid = std::min<unsigned>(grid_for(n, 256), static_cast<unsigned>(ctx.sm_count) * 8);
-  dispatch_float(x.type(), "has_nonfinite", [&](auto tag) {
+  dispatch_float(x.type(), "cuda has_nonfinite", [&](auto tag) {
     using T = decltype(tag);
     nonfinite_kernel<T><<<grid, 256, 0, ctx.stream>>>(x.data<T>(), n, flag.as<int>());
   });

@@ -3,7 +3,8 @@
 // one warp per row with 16-byte accesses, and the weight gradient as a deterministic column sum.
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -80,16 +81,18 @@ struct rmsnorm_weight_terms {
 };
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
 namespace {
 constexpr int rows_per_block = 8;
 
 }  // namespace
 
-void launch_rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y, tensor& rstd,
-                            cudaStream_t s) {
-  const char* op = "rmsnorm_forward";
+void cuda_backend::rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y,
+                                   tensor& rstd) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda rmsnorm_forward";
   require_float(x, op, "x");
   require(x.rank() >= 1, op, "x must have a channel dimension");
   const int C = static_cast<int>(x.dim(-1));
@@ -112,9 +115,11 @@ void launch_rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor&
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_rmsnorm_backward(context& ctx, const tensor& dy, const tensor& x, const tensor& w,
-                             const tensor& rstd, tensor& dx, tensor& dw) {
-  const char* op = "rmsnorm_backward";
+void cuda_backend::rmsnorm_backward(const tensor& dy, const tensor& x, const tensor& w,
+                                    const tensor& rstd, tensor& dx, tensor& dw) {
+  activate();
+  context& ctx = *ctx_;
+  const char* op = "cuda rmsnorm_backward";
   require_float(x, op, "x");
   require(x.rank() >= 1, op, "x must have a channel dimension");
   const int C = static_cast<int>(x.dim(-1));

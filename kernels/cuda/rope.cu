@@ -8,7 +8,8 @@
 // t ~ 1000, which would break the 1e-5 agreement. One thread per (row, head, pair); the fp64 math is
 // a small cost next to the memory traffic on Hopper's full-rate fp64 units.
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -76,7 +77,7 @@ __global__ void rope_backward_kernel(const void* dy, void* dx, int code, int seq
 }
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
 namespace {
 
@@ -102,10 +103,12 @@ std::int64_t check_rope(const tensor& x, const char* xn, const tensor& y, const 
 
 }  // namespace
 
-void launch_rope_forward(const tensor& x, int seq, int heads_total, int rot_heads, int head_dim,
-                         float theta, tensor& y, cudaStream_t s) {
+void cuda_backend::rope_forward(const tensor& x, int seq, int heads_total, int rot_heads,
+                                int head_dim, float theta, tensor& y) {
+  activate();
+  cudaStream_t s = ctx_->stream;
   const std::int64_t rows =
-      check_rope(x, "x", y, "y", seq, heads_total, rot_heads, head_dim, "rope_forward");
+      check_rope(x, "x", y, "y", seq, heads_total, rot_heads, head_dim, "cuda rope_forward");
   const std::int64_t n = rows * heads_total * (head_dim / 2);
   if (n == 0) return;
   rope_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(x.raw(), y.raw(), code_of(x.type()), seq,
@@ -114,10 +117,12 @@ void launch_rope_forward(const tensor& x, int seq, int heads_total, int rot_head
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads, int head_dim,
-                          float theta, tensor& dx, cudaStream_t s) {
+void cuda_backend::rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
+                                 int head_dim, float theta, tensor& dx) {
+  activate();
+  cudaStream_t s = ctx_->stream;
   const std::int64_t rows =
-      check_rope(dy, "dy", dx, "dx", seq, heads_total, rot_heads, head_dim, "rope_backward");
+      check_rope(dy, "dy", dx, "dx", seq, heads_total, rot_heads, head_dim, "cuda rope_backward");
   const std::int64_t n = rows * heads_total * (head_dim / 2);
   if (n == 0) return;
   rope_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dy.raw(), dx.raw(), code_of(dy.type()),

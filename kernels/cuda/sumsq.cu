@@ -8,7 +8,8 @@
 // ordered sum agrees to ~1e-16 relative. sumsq_blocks_list does many tensors per launch with the
 // same per-block code, hence the same bits.
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_context.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -88,10 +89,12 @@ __global__ void sumsq_list_kernel(const __grid_constant__ sumsq_list_table t, do
 }
 
 // ------------------------------------------------------------------------------------------------
-// launchers
+// the backend's methods
 
-void launch_sumsq_blocks(const tensor& x, tensor& out, cudaStream_t s) {
-  const char* op = "sumsq_blocks";
+void cuda_backend::sumsq_blocks(const tensor& x, tensor& out) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda sumsq_blocks";
   require_type(x, dtype::f32, op, "x");
   require_type(out, dtype::f64, op, "out");
   const std::int64_t n = x.numel(), blocks = (n + norm_block - 1) / norm_block;
@@ -104,8 +107,10 @@ void launch_sumsq_blocks(const tensor& x, tensor& out, cudaStream_t s) {
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
-void launch_sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out, cudaStream_t s) {
-  const char* op = "sumsq_blocks_list";
+void cuda_backend::sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda sumsq_blocks_list";
   require_type(out, dtype::f64, op, "out");
   std::int64_t total = 0;
   for (const tensor& x : xs) {

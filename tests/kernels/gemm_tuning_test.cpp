@@ -22,17 +22,17 @@ namespace {
 
 namespace tuning = cuda::gemm_tuning;
 
-/// TROUPE_GEMM_TUNE_FILE set to a fresh file for the scope; the file and its lock removed after.
+/// The tuning file set to a fresh file for the scope; the file and its lock removed after.
 struct tune_file {
   std::filesystem::path path;
   explicit tune_file(const std::string& name)
       : path(std::filesystem::temp_directory_path() /
              ("troupe_" + name + "_" + std::to_string(::getpid()) + ".txt")) {
     std::filesystem::remove(path);
-    setenv("TROUPE_GEMM_TUNE_FILE", path.c_str(), 1);
+    tuning::set_file_path(path.string());
   }
   ~tune_file() {
-    unsetenv("TROUPE_GEMM_TUNE_FILE");
+    tuning::set_file_path("");
     std::filesystem::remove(path);
     std::filesystem::remove(path.string() + ".lock");
   }
@@ -107,8 +107,8 @@ TEST_CASE("gemm tuning: a choice is measured once, written, and read back instea
   CHECK(f.lines() == 2);
 }
 
-TEST_CASE("gemm tuning: off without TROUPE_GEMM_TUNE_FILE, and a malformed file names its line") {
-  unsetenv("TROUPE_GEMM_TUNE_FILE");
+TEST_CASE("gemm tuning: off without a tuning file, and a malformed file names its line") {
+  tuning::set_file_path("");
   int measured = 0;
   auto tune = [&]() -> std::optional<tuning::choice> {
     ++measured;

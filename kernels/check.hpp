@@ -1,8 +1,10 @@
-// Argument checks shared by the CPU ops. A failed check throws core::failure with the op's name,
-// what was expected, and every argument's dtype and shape, e.g.
+// Argument checks of the ops, shared by the CPU and CUDA backends. A failed check throws
+// core::failure naming the op and what was expected. op_check (the CPU ops) adds every argument's
+// dtype and shape, e.g.
 //   "layernorm_forward: w must be [C] = [8] (C = last dim of x); got x fp32 [4, 8], w fp32 [7],
 //   ..."
-// so that a wrong call is diagnosed from the message alone.
+// so that a wrong call is diagnosed from the message alone; the one-condition checks below it
+// (the CUDA ops, whose op names start with "cuda ") name the operand at fault.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +16,7 @@
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 
-namespace troupe::kernels::cpu {
+namespace troupe::kernels {
 
 class op_check {
  public:
@@ -56,6 +58,15 @@ class op_check {
     if (t.defined()) host(t, name, type);
   }
 
+  /// Every argument is a host fp32 tensor, and each but `ref` has as many elements as `ref` (the
+  /// checks of an elementwise op).
+  void elementwise(const core::tensor& ref, const char* ref_name) const {
+    for (const auto& [name, t] : args_) host(*t, name, core::dtype::f32);
+    for (const auto& [name, t] : args_)
+      if (t != &ref)
+        numel(*t, name, ref.numel(), std::string("as many elements as ") + ref_name);
+  }
+
   /// `t` has exactly `shape`.
   void shape(const core::tensor& t, const char* name, const core::shape_t& shape,
              const std::string& meaning) const {
@@ -89,4 +100,50 @@ inline std::int64_t rows_of(const core::tensor& t) {
   return t.rank() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1);
 }
 
-}  // namespace troupe::kernels::cpu
+// ---- one-condition checks -----------------------------------------------------------------------
+
+inline bool is_float(core::dtype t) {
+  return t == core::dtype::f32 || t == core::dtype::bf16 || t == core::dtype::f16;
+}
+
+/// Throws core::failure "<op>: <msg>" when `cond` is false.
+inline void require(bool cond, const char* op, const std::string& msg) {
+  if (!cond) throw core::failure(std::string(op) + ": " + msg);
+}
+
+/// `t` is a defined fp32, bf16 or fp16 tensor.
+inline void require_float(const core::tensor& t, const char* op, const char* name) {
+  require(t.defined() && is_float(t.type()), op,
+          std::string(name) + " must be a defined fp32/bf16/fp16 tensor, got " +
+              (t.defined() ? core::dtype_name(t.type()) : "undefined"));
+}
+
+/// `t` is a defined tensor of type `want`.
+inline void require_type(const core::tensor& t, core::dtype want, const char* op,
+                         const char* name) {
+  require(t.defined() && t.type() == want, op,
+          std::string(name) + " must be " + core::dtype_name(want) + ", got " +
+              (t.defined() ? core::dtype_name(t.type()) : "undefined"));
+}
+
+/// `t` has `n` elements, whatever its shape.
+inline void require_numel(const core::tensor& t, std::int64_t n, const char* op,
+                          const char* name) {
+  require(t.numel() == n, op,
+          std::string(name) + " has shape " + core::shape_string(t.shape()) + ", expected " +
+              std::to_string(n) + " elements");
+}
+
+/// The checks of an elementwise op on any float dtype: `ref` is a defined fp32/bf16/fp16 tensor
+/// and every operand in `others` has its dtype and its element count.
+inline void require_like(const core::tensor& ref, const char* ref_name,
+                         std::initializer_list<std::pair<const char*, const core::tensor*>> others,
+                         const char* op) {
+  require_float(ref, op, ref_name);
+  for (const auto& [name, t] : others) {
+    require_type(*t, ref.type(), op, name);
+    require_numel(*t, ref.numel(), op, name);
+  }
+}
+
+}  // namespace troupe::kernels
