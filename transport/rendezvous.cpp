@@ -129,34 +129,27 @@ struct rendezvous_server::impl {
     deadline.async_wait([this](boost::system::error_code ec) {
       if (!ec && !closing) timed_out();
     });
-    accept_next();
+    start_accepting();
   }
 
-  void accept_next() {
-    auto s = std::make_shared<session>(io);
-    acceptor->async_accept(s->sock, [this, s](boost::system::error_code ec) {
-      if (closing || ec == asio::error::operation_aborted) return;
-      if (ec) {
-        log("accepting a connection failed: " + ec.message());
-        auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(100));
-        t->async_wait([this, t](boost::system::error_code e) {
-          if (!e && !closing) accept_next();
+  void start_accepting() {
+    detail::accept_connections(
+        *acceptor, closing, log,
+        [this](tcp::socket sock) {
+          auto s = std::make_shared<session>(io);
+          s->sock = std::move(sock);
+          s->name = detail::remote_name(s->sock);
+          boost::system::error_code ignored;
+          s->ip = s->sock.remote_endpoint(ignored).address().to_string();
+          sessions.insert(s);
+          s->hello_timer.expires_after(opt.hello_timeout);
+          s->hello_timer.async_wait([this, s](boost::system::error_code e) {
+            if (!e && !closing && s->rank < 0 && sessions.count(s))
+              refuse(s, "it did not register within " + std::to_string(opt.hello_timeout.count()) +
+                            " ms");
+          });
+          read_frame(s);
         });
-        return;
-      }
-      s->name = detail::remote_name(s->sock);
-      boost::system::error_code ignored;
-      s->ip = s->sock.remote_endpoint(ignored).address().to_string();
-      sessions.insert(s);
-      s->hello_timer.expires_after(opt.hello_timeout);
-      s->hello_timer.async_wait([this, s](boost::system::error_code e) {
-        if (!e && !closing && s->rank < 0 && sessions.count(s))
-          refuse(s,
-                 "it did not register within " + std::to_string(opt.hello_timeout.count()) + " ms");
-      });
-      read_frame(s);
-      accept_next();
-    });
   }
 
   void read_frame(const std::shared_ptr<session>& s) {

@@ -244,32 +244,24 @@ struct tcp_transport::impl {
 
   // --- incoming -------------------------------------------------------------------------------
 
-  void accept_next() {
-    auto c = std::make_shared<incoming>(io);
-    acceptor->async_accept(c->sock, [this, c](boost::system::error_code ec) {
-      if (closing || ec == asio::error::operation_aborted) return;
-      if (ec) {
-        // Out of file descriptors and the like: say so and try again shortly, rather than spin.
-        log("accepting a connection failed: " + ec.message());
-        auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(100));
-        t->async_wait([this, t](boost::system::error_code e) {
-          if (!e && !closing) accept_next();
+  void start_accepting() {
+    detail::accept_connections(
+        *acceptor, closing, log,
+        [this](tcp::socket sock) {
+          auto c = std::make_shared<incoming>(io);
+          c->sock = std::move(sock);
+          boost::system::error_code ignored;
+          c->sock.set_option(tcp::no_delay(true), ignored);
+          c->name = detail::remote_name(c->sock);
+          in.insert(c);
+          c->hello_timer.expires_after(opt.hello_timeout);
+          c->hello_timer.async_wait([this, c](boost::system::error_code e) {
+            if (!e && !closing && c->src < 0 && in.count(c))
+              refuse(c, "it did not introduce itself within " +
+                            std::to_string(opt.hello_timeout.count()) + " ms");
+          });
+          read_header(c);
         });
-        return;
-      }
-      boost::system::error_code ignored;
-      c->sock.set_option(tcp::no_delay(true), ignored);
-      c->name = detail::remote_name(c->sock);
-      in.insert(c);
-      c->hello_timer.expires_after(opt.hello_timeout);
-      c->hello_timer.async_wait([this, c](boost::system::error_code e) {
-        if (!e && !closing && c->src < 0 && in.count(c))
-          refuse(c, "it did not introduce itself within " +
-                        std::to_string(opt.hello_timeout.count()) + " ms");
-      });
-      read_header(c);
-      accept_next();
-    });
   }
 
   void read_header(const std::shared_ptr<incoming>& c) {
@@ -491,7 +483,7 @@ void tcp_transport::start(int rank, std::vector<endpoint> peers) {
       m.out[p].deadline = deadline;
       m.connect(p);
     }
-    m.accept_next();
+    m.start_accepting();
   });
 }
 

@@ -1,6 +1,8 @@
 #include "transport/tcp_asio.hpp"
 
+#include <chrono>
 #include <iostream>
+#include <memory>
 #include <mutex>
 
 namespace troupe::transport::detail {
@@ -46,6 +48,27 @@ std::function<void(const std::string&)> logger_or_stderr(
     std::lock_guard<std::mutex> lk(mu);
     std::cerr << "troupe " << who << ": " << line << std::endl;
   };
+}
+
+void accept_connections(tcp::acceptor& acceptor, const bool& closing,
+                        std::function<void(const std::string&)> log,
+                        std::function<void(tcp::socket)> on_accept) {
+  acceptor.async_accept([&acceptor, &closing, log = std::move(log),
+                         on_accept = std::move(on_accept)](boost::system::error_code ec,
+                                                           tcp::socket sock) mutable {
+    if (closing || ec == asio::error::operation_aborted) return;
+    if (ec) {
+      log("accepting a connection failed: " + ec.message());
+      auto t = std::make_shared<asio::steady_timer>(acceptor.get_executor(),
+                                                    std::chrono::milliseconds(100));
+      t->async_wait([&acceptor, &closing, log, on_accept, t](boost::system::error_code e) {
+        if (!e && !closing) accept_connections(acceptor, closing, log, on_accept);
+      });
+      return;
+    }
+    on_accept(std::move(sock));
+    accept_connections(acceptor, closing, std::move(log), std::move(on_accept));
+  });
 }
 
 }  // namespace troupe::transport::detail

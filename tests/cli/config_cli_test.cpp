@@ -2,35 +2,21 @@
 // and derived values (as text and as JSON); bad files, bad overrides and missing data exit 1 with
 // the error on stderr.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
+#include "tests/cli/cli_harness.hpp"
+
 namespace fs = std::filesystem;
+using namespace troupe::cli_test;
 
 namespace {
 
-const std::string troupe_binary = TROUPE_BINARY_DIR "/troupe";
 const std::string tiny = TROUPE_SOURCE_DIR "/configs/tiny.toml";
-
-struct run_result {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A fresh folder to run in, so relative data paths resolve against a known directory.
 struct work_dir {
@@ -49,17 +35,7 @@ struct work_dir {
 
 // Runs `troupe config check ARGS` (already shell-quoted) inside `dir`.
 run_result config_check(const work_dir& dir, const std::string& args) {
-  REQUIRE_MESSAGE(fs::exists(troupe_binary), ("build the troupe target first: " + troupe_binary));
-  const auto out = dir.path / "stdout.txt", err = dir.path / "stderr.txt";
-  const std::string cmd = "cd '" + dir.path.string() + "' && '" + troupe_binary +
-                          "' config check " + args + " >'" + out.string() + "' 2>'" +
-                          err.string() + "'";
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
+  return run_troupe(dir.path, "config check " + args);
 }
 
 }  // namespace

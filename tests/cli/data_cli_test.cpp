@@ -2,49 +2,25 @@
 // document after an <|endoftext|>, in sorted order, split into train/val chunks by the documented
 // rule; bad inputs exit non-zero with a message.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "model/shards.hpp"
 #include "model/tokenizer.hpp"
+#include "tests/cli/cli_harness.hpp"
 
 namespace fs = std::filesystem;
 using namespace troupe::model;
+using namespace troupe::cli_test;
 
 namespace {
 
-const std::string kBinary = TROUPE_BINARY_DIR "/troupe";
 const std::string kVocab = TROUPE_SOURCE_DIR "/data/gpt2";
-
-struct run_result {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs the troupe binary with `args` (already shell-quoted), capturing stdout and stderr.
-run_result run_troupe(const fs::path& dir, const std::string& args) {
-  REQUIRE_MESSAGE(fs::exists(kBinary), ("build the troupe target first: " + kBinary));
-  auto out = dir / "stdout.txt", err = dir / "stderr.txt";
-  std::string cmd = "'" + kBinary + "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-  int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-}
 
 fs::path scratch_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("troupe_datacli_" + name + "_" + std::to_string(::getpid()));
@@ -57,10 +33,6 @@ std::vector<std::uint16_t> shard_tokens(const fs::path& p) {
   auto s = shard::open(p.string());
   REQUIRE_MESSAGE(s.ok(), (s.ok() ? "" : s.err().to_string()));
   return {s->tokens().begin(), s->tokens().end()};
-}
-
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 }  // namespace
@@ -81,8 +53,8 @@ TEST_CASE("data prepare writes every document after <|endoftext|>, split into tr
                            "' --val-fraction 0.25 --chunk-tokens 8 --tokenizer '" + kVocab + "'");
   INFO(r.err);
   REQUIRE(r.code == 0);
-  CHECK(has(r.out, "prepared 3 documents"));
-  CHECK(has(r.err, "prepare: 100%"));  // not a terminal here: plain progress lines
+  CHECK(contains(r.out, "prepared 3 documents"));
+  CHECK(contains(r.err, "prepare: 100%"));  // not a terminal here: plain progress lines
 
   // Folder contents sorted (in/a.txt before in/sub/b.txt), then the file argument; .md ignored.
   auto tok = tokenizer::load(kVocab);
@@ -103,7 +75,7 @@ TEST_CASE("data prepare writes every document after <|endoftext|>, split into tr
   CHECK(shard_tokens(dir / "out" / "train.bin") == train);
   CHECK(shard_tokens(dir / "out" / "val.bin") == val);
   CHECK(val.size() >= 8);
-  CHECK(has(r.out, std::to_string(stream.size()) + " tokens"));
+  CHECK(contains(r.out, std::to_string(stream.size()) + " tokens"));
 
   // Same inputs, same bytes: the output is deterministic.
   auto first = slurp(dir / "out" / "train.bin");
@@ -121,8 +93,8 @@ TEST_CASE("data prepare with the default chunking warns when the input is too sm
   auto r = run_troupe(dir, "data prepare --input '" + (dir / "one.txt").string() + "' --out '" +
                            (dir / "out").string() + "' --tokenizer '" + kVocab + "'");
   REQUIRE(r.code == 0);
-  CHECK(has(r.err, "val.bin is empty"));
-  CHECK(has(r.err, "--chunk-tokens"));
+  CHECK(contains(r.err, "val.bin is empty"));
+  CHECK(contains(r.err, "--chunk-tokens"));
   CHECK(shard_tokens(dir / "out" / "train.bin").size() == 5);  // <|endoftext|> + 4 tokens
   fs::remove_all(dir);
 }
@@ -133,21 +105,21 @@ TEST_CASE("data prepare refuses missing inputs, a missing vocabulary and a bad f
   auto r = run_troupe(dir, "data prepare --input '" + (dir / "nope.txt").string() + "' --out '" +
                            (dir / "out").string() + "' --tokenizer '" + kVocab + "'");
   CHECK(r.code != 0);
-  CHECK(has(r.err, "nope.txt: input not found"));
+  CHECK(contains(r.err, "nope.txt: input not found"));
 
   r = run_troupe(dir, "data prepare --input '" + (dir / "one.txt").string() + "' --out '" +
                       (dir / "out").string() + "' --tokenizer '" + (dir / "novocab").string() + "'");
   CHECK(r.code != 0);
-  CHECK(has(r.err, "encoder.json"));
-  CHECK(has(r.err, "scripts/setup.sh"));
+  CHECK(contains(r.err, "encoder.json"));
+  CHECK(contains(r.err, "scripts/setup.sh"));
 
   r = run_troupe(dir, "data prepare --input '" + (dir / "one.txt").string() + "' --out '" +
                       (dir / "out").string() + "' --val-fraction 1.5 --tokenizer '" + kVocab + "'");
   CHECK(r.code != 0);
-  CHECK(has(r.err, "--val-fraction must be in [0, 1)"));
+  CHECK(contains(r.err, "--val-fraction must be in [0, 1)"));
 
   r = run_troupe(dir, "data prepare --out '" + (dir / "out").string() + "'");
   CHECK(r.code != 0);
-  CHECK(has(r.err, "--input"));
+  CHECK(contains(r.err, "--input"));
   fs::remove_all(dir);
 }

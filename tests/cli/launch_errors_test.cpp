@@ -27,6 +27,7 @@
 
 #include "core/config.hpp"
 #include "model/shards.hpp"
+#include "tests/cli/cli_harness.hpp"
 #include "tests/model/trainer_fixture.hpp"
 #include "transport/rendezvous.hpp"
 
@@ -34,18 +35,12 @@ extern char** environ;
 
 namespace fs = std::filesystem;
 using troupe::model::testing::scratch_dir;
+using troupe::cli_test::contains;
+using troupe::cli_test::slurp;
+using troupe::cli_test::troupe_binary;
 using namespace std::chrono_literals;
 
 namespace {
-
-const std::string troupe_binary = TROUPE_BINARY_DIR "/troupe";
-
-/// The whole file (empty when it does not exist yet).
-std::string slurp(const fs::path& p) { return troupe::model::testing::file_bytes(p.string()); }
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 // A socket listening on 127.0.0.1 at a port the system chose; closed on destruction.
 struct listener {

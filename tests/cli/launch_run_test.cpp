@@ -21,20 +21,18 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cli/cli_harness.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace fs = std::filesystem;
 using troupe::model::testing::scratch_dir;
+using troupe::cli_test::contains;
+using troupe::cli_test::slurp;
+using troupe::cli_test::troupe_binary;
 
 namespace {
 
-const std::string troupe_binary = TROUPE_BINARY_DIR "/troupe";
 const std::string tiny_config = TROUPE_SOURCE_DIR "/configs/tiny.toml";
-
-/// The whole file (empty when it does not exist yet).
-std::string slurp(const fs::path& p) { return troupe::model::testing::file_bytes(p.string()); }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 /// A port nobody listens on right now (the kernel's pick for port 0).
 int free_port() {

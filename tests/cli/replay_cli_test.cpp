@@ -2,49 +2,17 @@
 // train` replays with exit 0 and the verdict line, a corrupted log exits 1 naming the message, and
 // a directory that is not a recorded run exits 2 with the reason.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "core/config.hpp"
+#include "tests/cli/cli_harness.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace fs = std::filesystem;
-
-namespace {
-
-const std::string troupe_binary = TROUPE_BINARY_DIR "/troupe";
-
-struct run_result {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs `troupe ARGS` (already shell-quoted) inside `dir`.
-run_result run_troupe(const fs::path& dir, const std::string& args) {
-  REQUIRE_MESSAGE(fs::exists(troupe_binary), ("build the troupe target first: " + troupe_binary));
-  const auto out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string cmd = "cd '" + dir.string() + "' && '" + troupe_binary + "' " + args + " >'" +
-                          out.string() + "' 2>'" + err.string() + "'";
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-}  // namespace
+using namespace troupe::cli_test;
 
 TEST_CASE("replay --help lists the run directory and every option") {
   troupe::model::testing::scratch_dir tmp("replaycli_help");

@@ -84,10 +84,7 @@ TEST_CASE("adamw gives the same bits with 1 or 2 threads") {
     be->adamw(p, g, m, v, hp, none);
     return std::vector<tensor>{p, m, v};
   };
-  std::vector<tensor> one, two;
-  with_threads(1, [&] { one = run(); });
-  with_threads(2, [&] { two = run(); });
-  for (std::size_t i = 0; i < one.size(); ++i) CHECK(same_bits(one[i], two[i]));
+  check_same_bits_any_threads(run);
 }
 
 TEST_CASE("adamw rejects mismatched sizes and step 0") {

@@ -112,13 +112,7 @@ TEST_CASE("attention gives the same bits with 1 or 2 threads at the tiny demo's 
     be->attention_backward(dout, qkv, out, lse, d, dqkv);
     return std::vector<tensor>{out, lse, dqkv};
   };
-  std::vector<tensor> one, two;
-  with_threads(1, [&] { one = run(); });
-  with_threads(2, [&] { two = run(); });
-  for (std::size_t i = 0; i < one.size(); ++i) {
-    CAPTURE(i);
-    CHECK(same_bits(one[i], two[i]));
-  }
+  check_same_bits_any_threads(run);
 }
 
 TEST_CASE("attention shape errors name the op, the dims and the shapes") {

@@ -123,6 +123,20 @@ void with_threads(int n, Fn&& fn) {
   set_cpu_threads(0);
 }
 
+/// Checks that `run` (an op's calls, returning their outputs) gives the same bits with 1 thread as
+/// with 2.
+template <class Fn>
+void check_same_bits_any_threads(Fn&& run) {
+  std::vector<tensor> one, two;
+  with_threads(1, [&] { one = run(); });
+  with_threads(2, [&] { two = run(); });
+  REQUIRE(one.size() == two.size());
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    CAPTURE(i);
+    CHECK(same_bits(one[i], two[i]));
+  }
+}
+
 /// The message of the core::failure that `fn` throws ("" when it throws none).
 template <class Fn>
 std::string failure_message(Fn&& fn) {

@@ -60,13 +60,7 @@ TEST_CASE("rmsnorm gives the same bits with 1 or 2 threads") {
     be->rmsnorm_backward(dy, x, w, rstd, dx, dw);
     return std::vector<tensor>{y, rstd, dx, dw};
   };
-  std::vector<tensor> one, two;
-  with_threads(1, [&] { one = run(); });
-  with_threads(2, [&] { two = run(); });
-  for (std::size_t i = 0; i < one.size(); ++i) {
-    CAPTURE(i);
-    CHECK(same_bits(one[i], two[i]));
-  }
+  check_same_bits_any_threads(run);
 }
 
 TEST_CASE("rmsnorm shape errors name the op and the shapes") {

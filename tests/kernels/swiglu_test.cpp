@@ -48,10 +48,7 @@ TEST_CASE("swiglu gives the same bits with 1 or 2 threads") {
     be->swiglu_backward(dy, gate, up, dg, du);
     return std::vector<tensor>{y, dg, du};
   };
-  std::vector<tensor> one, two;
-  with_threads(1, [&] { one = run(); });
-  with_threads(2, [&] { two = run(); });
-  for (std::size_t i = 0; i < one.size(); ++i) CHECK(same_bits(one[i], two[i]));
+  check_same_bits_any_threads(run);
 }
 
 TEST_CASE("swiglu size errors name the op and the shapes") {

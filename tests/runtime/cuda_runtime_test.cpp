@@ -15,13 +15,14 @@
 #include "model/checkpoint.hpp"
 #include "model/metrics.hpp"
 #include "tests/model/trainer_fixture.hpp"
+#include "tests/runtime/run_outcome.hpp"
 
 namespace {
 
 using namespace troupe;
-namespace ck = troupe::model::checkpoint;
 using model::testing::scratch_dir;
 using model::testing::tiny_run;
+using namespace troupe::runtime_test;
 
 bool gpu_or_skip() {
   if (kernels::cuda_available()) return true;
@@ -29,53 +30,16 @@ bool gpu_or_skip() {
   return false;
 }
 
-struct outcome {
-  std::vector<double> losses;
-  std::map<std::string, std::uint64_t> hashes;
-  std::vector<bool> skipped;
-};
-
-outcome collect(const core::result<model::train_summary>& r, const core::config& cfg) {
-  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
-  outcome o;
-  o.losses = r.value().losses;
-  auto rd = ck::reader::open(r.value().checkpoint);
-  REQUIRE_MESSAGE(rd.ok(), (rd.ok() ? "" : rd.err().to_string()));
-  for (const auto& [name, rec] : rd->info().tensors) o.hashes[name] = rec.xxh64;
-  std::ifstream in(cfg.runtime.run_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto m = model::parse_json_line(line);
-    REQUIRE(m.ok());
-    o.skipped.push_back(m->skipped);
-  }
-  return o;
-}
-
-outcome actors_run(const core::config& cfg) {
-  actors::run_options opt;
-  opt.log = nullptr;
-  return collect(actors::run_actor_job(cfg, opt), cfg);
-}
-
-outcome oracle_run(const core::config& cfg) {
-  model::train_options opt;
-  opt.log = nullptr;
-  return collect(model::train_single_rank(cfg, opt), cfg);
+/// Whether each step was skipped (dynamic loss scaling), from the metrics lines.
+std::vector<bool> skipped_steps(const outcome& o) {
+  std::vector<bool> s;
+  for (const auto& m : o.metrics) s.push_back(m.skipped);
+  return s;
 }
 
 void check_identical(const outcome& a, const outcome& b) {
-  REQUIRE(a.losses.size() == b.losses.size());
-  for (std::size_t i = 0; i < a.losses.size(); ++i) {
-    INFO("step ", i, ": ", a.losses[i], " vs ", b.losses[i]);
-    CHECK(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)) == 0);
-  }
-  CHECK(a.skipped == b.skipped);
-  REQUIRE(a.hashes.size() == b.hashes.size());
-  for (const auto& [name, h] : a.hashes) {
-    INFO("tensor ", name);
-    REQUIRE(b.hashes.count(name));
-    CHECK(h == b.hashes.at(name));
-  }
+  check_same_losses_and_tensors(a, b);
+  CHECK(skipped_steps(a) == skipped_steps(b));
 }
 
 // A small GPT-2 with head_dim 64 (the tensor-core attention in fp16), 4 layers, 4 micro-batches.
@@ -133,8 +97,8 @@ TEST_CASE("cuda actor runtime: fp16 with dynamic loss scaling skips like the sin
   scratch_dir tmp("cuda_rt_fp16");
   auto oracle = oracle_run(gpu_config(tmp, "single", 1, core::precision_kind::fp16));
   int skipped = 0;
-  for (bool s : oracle.skipped) skipped += s ? 1 : 0;
+  for (bool s : skipped_steps(oracle)) skipped += s ? 1 : 0;
   CHECK(skipped >= 1);
-  CHECK(skipped < static_cast<int>(oracle.skipped.size()));
+  CHECK(skipped < static_cast<int>(oracle.metrics.size()));
   check_identical(actors_run(gpu_config(tmp, "pp2", 2, core::precision_kind::fp16)), oracle);
 }

@@ -11,59 +11,17 @@
 #include "model/metrics.hpp"
 #include "model/optimizer.hpp"
 #include "tests/model/trainer_fixture.hpp"
+#include "tests/runtime/run_outcome.hpp"
 
 namespace {
 
 using namespace troupe;
-namespace ck = troupe::model::checkpoint;
 using model::testing::scratch_dir;
 using model::testing::tiny_run;
-
-struct outcome {
-  std::vector<double> losses;
-  std::map<std::string, std::uint64_t> hashes;  // tensor name -> xxh64 of the final checkpoint
-  std::vector<model::step_metrics> metrics;
-};
-
-outcome collect(const core::result<model::train_summary>& r, const core::config& cfg) {
-  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
-  outcome o;
-  o.losses = r.value().losses;
-  auto rd = ck::reader::open(r.value().checkpoint);
-  REQUIRE_MESSAGE(rd.ok(), (rd.ok() ? "" : rd.err().to_string()));
-  for (const auto& [name, rec] : rd->info().tensors) o.hashes[name] = rec.xxh64;
-  std::ifstream in(cfg.runtime.run_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto m = model::parse_json_line(line);
-    REQUIRE(m.ok());
-    o.metrics.push_back(m.value());
-  }
-  return o;
-}
-
-outcome actors_run(const core::config& cfg, actors::run_options opt = {}) {
-  opt.log = nullptr;
-  return collect(actors::run_actor_job(cfg, opt), cfg);
-}
-
-outcome oracle_run(const core::config& cfg) {
-  model::train_options opt;
-  opt.log = nullptr;
-  return collect(model::train_single_rank(cfg, opt), cfg);
-}
+using namespace troupe::runtime_test;
 
 void check_identical(const outcome& a, const outcome& b) {
-  REQUIRE(a.losses.size() == b.losses.size());
-  for (std::size_t i = 0; i < a.losses.size(); ++i) {
-    INFO("step ", i, ": ", a.losses[i], " vs ", b.losses[i]);
-    CHECK(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)) == 0);
-  }
-  REQUIRE(a.hashes.size() == b.hashes.size());
-  for (const auto& [name, h] : a.hashes) {
-    INFO("tensor ", name);
-    REQUIRE(b.hashes.count(name));
-    CHECK(h == b.hashes.at(name));
-  }
+  check_same_losses_and_tensors(a, b);
   REQUIRE(a.metrics.size() == b.metrics.size());
   for (std::size_t i = 0; i < a.metrics.size(); ++i) {
     INFO("metrics line ", i);

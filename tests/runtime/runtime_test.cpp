@@ -9,56 +9,17 @@
 
 #include "model/checkpoint.hpp"
 #include "tests/model/trainer_fixture.hpp"
+#include "tests/runtime/run_outcome.hpp"
 
 namespace {
 
 using namespace troupe;
-namespace ck = troupe::model::checkpoint;
 using model::testing::scratch_dir;
 using model::testing::tiny_run;
-
-struct outcome {
-  std::vector<double> losses;
-  std::map<std::string, std::uint64_t> hashes;  // tensor name -> xxh64 of the final checkpoint
-  std::optional<double> val;
-  std::string checkpoint;
-};
-
-outcome collect(const core::result<model::train_summary>& r) {
-  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
-  outcome o;
-  o.losses = r.value().losses;
-  o.val = r.value().final_val_loss;
-  o.checkpoint = r.value().checkpoint;
-  auto rd = ck::reader::open(r.value().checkpoint);
-  REQUIRE_MESSAGE(rd.ok(), (rd.ok() ? "" : rd.err().to_string()));
-  for (const auto& [name, rec] : rd->info().tensors) o.hashes[name] = rec.xxh64;
-  return o;
-}
-
-outcome actors_run(core::config cfg, actors::run_options opt = {}) {
-  opt.log = nullptr;
-  return collect(actors::run_actor_job(cfg, opt));
-}
-
-outcome oracle_run(core::config cfg) {
-  model::train_options opt;
-  opt.log = nullptr;
-  return collect(model::train_single_rank(cfg, opt));
-}
+using namespace troupe::runtime_test;
 
 void check_identical(const outcome& a, const outcome& b) {
-  REQUIRE(a.losses.size() == b.losses.size());
-  for (std::size_t i = 0; i < a.losses.size(); ++i) {
-    INFO("step ", i, ": ", a.losses[i], " vs ", b.losses[i]);
-    CHECK(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)) == 0);
-  }
-  REQUIRE(a.hashes.size() == b.hashes.size());
-  for (const auto& [name, h] : a.hashes) {
-    INFO("tensor ", name);
-    REQUIRE(b.hashes.count(name));
-    CHECK(h == b.hashes.at(name));
-  }
+  check_same_losses_and_tensors(a, b);
   REQUIRE(a.val.has_value() == b.val.has_value());
   if (a.val) CHECK(std::memcmp(&*a.val, &*b.val, sizeof(double)) == 0);
 }

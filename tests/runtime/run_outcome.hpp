@@ -1,0 +1,78 @@
+// What the runtime tests compare between runs: the per-step losses, the final validation loss, the
+// xxh64 of every tensor of the final checkpoint (parameters and AdamW moments, by name) and the
+// metrics lines; and the two ways of training one config (the actor runtime, the single-rank loop).
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "model/checkpoint.hpp"
+#include "model/metrics.hpp"
+#include "model/trainer.hpp"
+#include "runtime/runtime.hpp"
+
+namespace troupe::runtime_test {
+
+struct outcome {
+  std::vector<double> losses;
+  std::map<std::string, std::uint64_t> hashes;  // tensor name -> xxh64 of the final checkpoint
+  std::optional<double> val;
+  std::string checkpoint;
+  std::vector<model::step_metrics> metrics;  // <run_dir>/metrics.jsonl, one per line
+};
+
+inline outcome collect(const core::result<model::train_summary>& r, const core::config& cfg) {
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
+  outcome o;
+  o.losses = r.value().losses;
+  o.val = r.value().final_val_loss;
+  o.checkpoint = r.value().checkpoint;
+  auto rd = model::checkpoint::reader::open(r.value().checkpoint);
+  REQUIRE_MESSAGE(rd.ok(), (rd.ok() ? "" : rd.err().to_string()));
+  for (const auto& [name, rec] : rd->info().tensors) o.hashes[name] = rec.xxh64;
+  std::ifstream in(cfg.runtime.run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto m = model::parse_json_line(line);
+    REQUIRE(m.ok());
+    o.metrics.push_back(m.value());
+  }
+  return o;
+}
+
+/// `cfg` trained by the actor runtime.
+inline outcome actors_run(const core::config& cfg, actors::run_options opt = {}) {
+  opt.log = nullptr;
+  return collect(actors::run_actor_job(cfg, opt), cfg);
+}
+
+/// `cfg` trained by the single-rank loop (the oracle).
+inline outcome oracle_run(const core::config& cfg) {
+  model::train_options opt;
+  opt.log = nullptr;
+  return collect(model::train_single_rank(cfg, opt), cfg);
+}
+
+/// The same losses, bit for bit, and the same bytes of every checkpoint tensor.
+inline void check_same_losses_and_tensors(const outcome& a, const outcome& b) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (std::size_t i = 0; i < a.losses.size(); ++i) {
+    INFO("step ", i, ": ", a.losses[i], " vs ", b.losses[i]);
+    CHECK(std::memcmp(&a.losses[i], &b.losses[i], sizeof(double)) == 0);
+  }
+  REQUIRE(a.hashes.size() == b.hashes.size());
+  for (const auto& [name, h] : a.hashes) {
+    INFO("tensor ", name);
+    REQUIRE(b.hashes.count(name));
+    CHECK(h == b.hashes.at(name));
+  }
+}
+
+}  // namespace troupe::runtime_test
