@@ -14,23 +14,17 @@
 #include "runtime/runtime.hpp"
 #include "model/safetensors.hpp"
 #include "tests/model/trainer_fixture.hpp"
+#include "tests/runtime/runtime_fixture.hpp"
 
 namespace {
 
 using namespace troupe;
 namespace fs = std::filesystem;
 using model::testing::scratch_dir;
-using model::testing::tiny_run;
 
-// The 4-layer pp=2 × dp=2 job of runtime_test.cpp, recorded.
+// The runtime tests' 4-layer job, pp=2 × dp=2 unless asked otherwise, recorded.
 core::config recorded_config(const scratch_dir& tmp, int pp = 2, int dp = 2) {
-  auto cfg = tiny_run(tmp);
-  cfg.model.num_layers = 4;
-  cfg.parallel.pipeline_stage = pp;
-  cfg.parallel.data_parallel = dp;
-  cfg.parallel.micro_batch_num = 4;
-  cfg.train.steps = 4;
-  cfg.train.eval_interval = 0;
+  auto cfg = runtime_test::pipeline_config(tmp, pp, dp);
   cfg.runtime.record = true;
   return cfg;
 }

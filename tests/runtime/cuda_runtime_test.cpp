@@ -15,7 +15,7 @@
 #include "model/checkpoint.hpp"
 #include "model/metrics.hpp"
 #include "tests/model/trainer_fixture.hpp"
-#include "tests/runtime/run_outcome.hpp"
+#include "tests/runtime/runtime_fixture.hpp"
 
 namespace {
 

@@ -11,13 +11,12 @@
 #include "model/metrics.hpp"
 #include "model/optimizer.hpp"
 #include "tests/model/trainer_fixture.hpp"
-#include "tests/runtime/run_outcome.hpp"
+#include "tests/runtime/runtime_fixture.hpp"
 
 namespace {
 
 using namespace troupe;
 using model::testing::scratch_dir;
-using model::testing::tiny_run;
 using namespace troupe::runtime_test;
 
 void check_identical(const outcome& a, const outcome& b) {
@@ -36,15 +35,10 @@ void check_identical(const outcome& a, const outcome& b) {
 // sequence per micro-batch: some gradients exceed 1), so the first steps are skipped; grows again
 // after 2 good steps, so a short run sees skips, halvings and doublings.
 core::config scaled_config(const scratch_dir& tmp, int pp, int dp = 1) {
-  auto cfg = tiny_run(tmp);
+  auto cfg = pipeline_config(tmp, pp, dp);
   cfg.model.init_std = 1.0f;
   cfg.parallel.micro_batch_size = 1;
-  cfg.model.num_layers = 4;
-  cfg.parallel.pipeline_stage = pp;
-  cfg.parallel.data_parallel = dp;
-  cfg.parallel.micro_batch_num = 4;
   cfg.train.steps = 14;
-  cfg.train.eval_interval = 0;
   cfg.precision.dynamic_loss_scale = true;
   cfg.precision.loss_scale = 3.4e38;
   cfg.precision.loss_scale_window = 2;

@@ -9,30 +9,18 @@
 
 #include "model/checkpoint.hpp"
 #include "tests/model/trainer_fixture.hpp"
-#include "tests/runtime/run_outcome.hpp"
+#include "tests/runtime/runtime_fixture.hpp"
 
 namespace {
 
 using namespace troupe;
 using model::testing::scratch_dir;
-using model::testing::tiny_run;
 using namespace troupe::runtime_test;
 
 void check_identical(const outcome& a, const outcome& b) {
   check_same_losses_and_tensors(a, b);
   REQUIRE(a.val.has_value() == b.val.has_value());
   if (a.val) CHECK(std::memcmp(&*a.val, &*b.val, sizeof(double)) == 0);
-}
-
-core::config pipeline_config(const scratch_dir& tmp, int pp, int dp = 1) {
-  auto cfg = tiny_run(tmp);
-  cfg.model.num_layers = 4;
-  cfg.parallel.pipeline_stage = pp;
-  cfg.parallel.data_parallel = dp;
-  cfg.parallel.micro_batch_num = 4;
-  cfg.train.steps = 4;
-  cfg.train.eval_interval = 0;
-  return cfg;
 }
 
 }  // namespace

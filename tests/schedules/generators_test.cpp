@@ -8,24 +8,12 @@
 #include "schedules/registry.hpp"
 #include "schedules/simulate.hpp"
 #include "schedules/validate.hpp"
+#include "tests/schedules/schedule_fixture.hpp"
 
 using namespace troupe::schedules;
+using namespace troupe::schedules::testing;
 
 namespace {
-
-schedule made(const std::string& name, int p, int m, int v = 1) {
-  schedule_options o;
-  o.virtual_stages = v;
-  auto s = make_schedule(name, p, m, o);
-  REQUIRE_MESSAGE(s.ok(), (s.ok() ? "" : s.err().to_string()));
-  return *s;
-}
-
-simulation simulated(const schedule& s, const cost_model& c) {
-  auto sim = simulate(s, c);
-  REQUIRE_MESSAGE(sim.ok(), (sim.ok() ? "" : sim.err().to_string()));
-  return *sim;
-}
 
 cost_model f_equals_b() {
   cost_model c;

@@ -8,18 +8,12 @@
 #include "schedules/schedule_file.hpp"
 #include "schedules/simulate.hpp"
 #include "schedules/validate.hpp"
+#include "tests/schedules/schedule_fixture.hpp"
 
 using namespace troupe::schedules;
+using namespace troupe::schedules::testing;
 
 namespace {
-
-schedule made(const std::string& name, int p, int m, int v = 1) {
-  schedule_options o;
-  o.virtual_stages = v;
-  auto s = make_schedule(name, p, m, o);
-  REQUIRE_MESSAGE(s.ok(), (s.ok() ? "" : s.err().to_string()));
-  return *s;
-}
 
 std::vector<instruction> only(const std::vector<instruction>& list, bool (*keep)(op_kind)) {
   std::vector<instruction> out;

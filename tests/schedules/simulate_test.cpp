@@ -7,24 +7,10 @@
 #include "schedules/registry.hpp"
 #include "schedules/schedule_file.hpp"
 #include "schedules/simulate.hpp"
+#include "tests/schedules/schedule_fixture.hpp"
 
 using namespace troupe::schedules;
-
-namespace {
-
-schedule made(const std::string& name, int p, int m) {
-  auto s = make_schedule(name, p, m, {});
-  REQUIRE(s.ok());
-  return *s;
-}
-
-simulation simulated(const schedule& s, const cost_model& c) {
-  auto sim = simulate(s, c);
-  REQUIRE_MESSAGE(sim.ok(), (sim.ok() ? "" : sim.err().to_string()));
-  return *sim;
-}
-
-}  // namespace
+using namespace troupe::schedules::testing;
 
 TEST_CASE("gpipe and 1f1b take (m + p - 1)(F + B) for any F and B when transfers are free") {
   cost_model c;

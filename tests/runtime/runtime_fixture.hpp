@@ -1,6 +1,7 @@
-// What the runtime tests compare between runs: the per-step losses, the final validation loss, the
-// xxh64 of every tensor of the final checkpoint (parameters and AdamW moments, by name) and the
-// metrics lines; and the two ways of training one config (the actor runtime, the single-rank loop).
+// What the runtime and replay tests share: their 4-layer pipeline job, the two ways of training a
+// config (the actor runtime, the single-rank loop), and what they compare between runs: the
+// per-step losses, the final validation loss, the xxh64 of every tensor of the final checkpoint
+// (parameters and AdamW moments, by name) and the metrics lines.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -18,8 +19,22 @@
 #include "model/metrics.hpp"
 #include "model/trainer.hpp"
 #include "runtime/runtime.hpp"
+#include "tests/model/trainer_fixture.hpp"
 
 namespace troupe::runtime_test {
+
+/// tiny_run's model with 4 layers over pp stages × dp replicas, 4 micro-batches, 4 steps, no
+/// evaluation.
+inline core::config pipeline_config(const model::testing::scratch_dir& tmp, int pp, int dp = 1) {
+  auto cfg = model::testing::tiny_run(tmp);
+  cfg.model.num_layers = 4;
+  cfg.parallel.pipeline_stage = pp;
+  cfg.parallel.data_parallel = dp;
+  cfg.parallel.micro_batch_num = 4;
+  cfg.train.steps = 4;
+  cfg.train.eval_interval = 0;
+  return cfg;
+}
 
 struct outcome {
   std::vector<double> losses;
