@@ -351,6 +351,11 @@ TEST_CASE("settings that contradict each other are errors") {
   CHECK(parse_bad("[schedule]\nname = \"\"\n").where.key == "schedule.name");
   CHECK(parse_bad("[runtime]\nfault_inject = \"rank1\"\n").where.key == "runtime.fault_inject");
   CHECK(parse_ok("[runtime]\nfault_inject = \"1:3:1B2\"\n").runtime.fault_inject == "1:3:1B2");
+  const core::error tune = parse_bad("[runtime]\ngemm_tune_file = \"tune.txt\"\n");
+  CHECK(tune.where.key == "runtime.gemm_tune_file");
+  CHECK(contains(tune.message, "runtime.device = \"cuda\""));
+  CHECK(parse_ok("[runtime]\ndevice = \"cuda\"\ngemm_tune_file = \"tune.txt\"\n")
+            .runtime.gemm_tune_file == "tune.txt");
 }
 
 TEST_CASE("a cross-key error about a defaulted key points at the file") {
