@@ -140,8 +140,7 @@ int run_check(const check_options& o) {
   if (auto m = core::check_local_workers(*c, workers, false,
                                          std::to_string(workers) + " workers in one process");
       !m)
-    std::fprintf(stderr, "troupe: warning: `troupe train` on this machine would refuse: %s
-",
+    std::fprintf(stderr, "troupe: warning: `troupe train` on this machine would refuse: %s\n",
                  m.err().to_string().c_str());
   if (o.json)
     print_json(o, *c, d);

@@ -50,10 +50,6 @@ int run_train(const train_args& a) {
     print_error(cfg.err().to_string());
     return 1;
   }
-  if (auto st = actors::preflight(cfg.value()); !st) {
-    print_error(st.err().to_string());
-    return 1;
-  }
   core::raise_open_file_limit();
   const auto& par = cfg->parallel;
   const int workers = a.single_rank ? 1 : par.data_parallel * par.pipeline_stage;
@@ -62,6 +58,10 @@ int run_train(const train_args& a) {
           fmt::format("data_parallel {} x pipeline_stage {} = {} workers in this process",
                       par.data_parallel, par.pipeline_stage, workers));
       !st) {
+    print_error(st.err().to_string());
+    return 1;
+  }
+  if (auto st = actors::preflight(cfg.value()); !st) {
     print_error(st.err().to_string());
     return 1;
   }

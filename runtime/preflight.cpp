@@ -7,17 +7,42 @@
 
 namespace troupe::actors {
 
+using core::derive;
+
+static core::status check_validation(const core::config& cfg);
+
 core::status preflight(const core::config& cfg) {
   if (auto st = core::check_files(cfg); !st) return st;
-  const job_layout layout = layout_of(cfg);
-  if (auto s = build_schedule(cfg, layout.microbatches); !s) return s.err();
   const auto opts = model::loader_options::from(cfg);
-  if (auto train = model::loader::open(cfg.data.train, opts); !train) {
+  auto train = model::loader::open(cfg.data.train, opts);
+  if (!train) {
     core::error e = train.err();
     if (e.where.key.empty()) e.where.key = "data.train";
     return e;
   }
-  if (cfg.data.val.empty()) return {};
+  // A step draws its global batch from the training data's windows; a batch larger than the data
+  // (2^20 micro-batches of a small shard) re-reads the same sequences many times a step and
+  // makes every step take as long as that.
+  const std::uint64_t batch = static_cast<std::uint64_t>(derive(cfg).global_batch);
+  if (batch > train->windows())
+    return core::config_error(
+        cfg, "parallel.micro_batch_num",
+        fmt::format("a step's global batch of {} sequences (micro_batch_size {} x micro_batch_num "
+                    "{} x gradient_accumulation_steps {} x data_parallel {}) is larger than the {} "
+                    "distinct sequences data.train ({} tokens) holds",
+                    batch, cfg.parallel.micro_batch_size, cfg.parallel.micro_batch_num,
+                    cfg.train.gradient_accumulation_steps, cfg.parallel.data_parallel,
+                    train->windows(), train->tokens()),
+        "use more training data or a smaller batch");
+  if (!cfg.data.val.empty())
+    if (auto st = check_validation(cfg); !st) return st;
+  // Last: the schedule's size is proportional to the batch checked above.
+  if (auto s = build_schedule(cfg, layout_of(cfg).microbatches); !s) return s.err();
+  return {};
+}
+
+static core::status check_validation(const core::config& cfg) {
+  const auto opts = model::loader_options::from(cfg);
   auto val = model::loader::open(cfg.data.val, opts);
   if (!val) {
     core::error e = val.err();

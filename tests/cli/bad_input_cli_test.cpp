@@ -105,14 +105,16 @@ TEST_CASE("deeply nested TOML in a config, a --set value and a checkpoint's conf
   CHECK(contains(file.err, "deep.toml:2:"));
   CHECK(contains(file.err, "levels deep"));
 
+  std::ofstream(dir / "plain.toml") << "[train]\nsteps = 2\n";
   auto set = run_troupe(dir.path,
-                        {"config", "check", "deep.toml", "--no-file-check", "--set",
-                         "train.steps=1\n[" + dotted(100000) + "]"},
+                        {"config", "check", "plain.toml", "--no-file-check", "--set",
+                         std::string("train.steps=1\n[") + dotted(50000) + "]"},
                         30s);
   CHECK(set.code == 1);
   CHECK(contains(set.err, "--set train.steps=1"));
+  CHECK(contains(set.err, "levels deep"));
 
-  const std::string ck = write_checkpoint(dir, "", "[" + dotted(100000) + "]\n");
+  const std::string ck = write_checkpoint(dir, "", std::string("[") + dotted(100000) + "]\n");
   auto gen = run_troupe(dir.path, {"generate", ck, "--prompt", "Hi", "--tokens", "1"}, 30s);
   CHECK(gen.code == 1);
   CHECK(contains(gen.err, "manifest.json:1:"));
@@ -159,7 +161,9 @@ TEST_CASE("a FIFO as the training shard fails the run at once instead of hanging
 
 TEST_CASE("data_parallel 65536 is refused by train before any worker starts, naming the limit") {
   scratch_dir dir("cli_workers");
-  const std::string cfg = write_config(dir);
+  // Enough data for a global batch of 65536 x 4 sequences, so that only the workers are too many.
+  troupe::model::testing::write_pattern_shard(dir / "big.bin", 300000, 64, 3);
+  const std::string cfg = write_config(dir, [&](troupe::core::config& c) { c.data.train = dir / "big.bin"; });
   auto r = run_troupe(dir.path, {"train", cfg, "--set", "parallel.data_parallel=65536"}, 30s);
   CHECK(r.code == 1);
   CHECK(contains(r.err, "65536 workers in this process"));
@@ -277,4 +281,13 @@ TEST_CASE("a run stopped by SIGTERM leaves trace.json and metrics.jsonl valid JS
   for (std::string line; std::getline(in, line); ++step)
     CHECK(nlohmann::json::parse(line)["step"] == step);
   CHECK(step >= 3);
+}
+
+TEST_CASE("2^20 micro-batches of a small shard are refused before a step that would never end") {
+  scratch_dir dir("cli_microbatches");
+  const std::string cfg = write_config(dir);
+  auto r = run_troupe(dir.path, {"train", cfg, "--set", "parallel.micro_batch_num=1048576"}, 60s);
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, "parallel.micro_batch_num: a step's global batch of 2097152 sequences"));
+  CHECK(contains(r.err, "hint:"));
 }

@@ -37,7 +37,7 @@ TEST_CASE("a dotted key of 50,000 parts is refused before toml++ recurses on it"
 }
 
 TEST_CASE("a [table] header of 100,000 parts and deeply nested arrays are refused") {
-  auto header = core::parse_config("[" + dotted(100000) + "]\nx = 1\n", "header.toml");
+  auto header = core::parse_config(std::string("[") + dotted(100000) + "]\nx = 1\n", "header.toml");
   REQUIRE_FALSE(header.ok());
   CHECK(header.err().where.line == 1);
   CHECK(contains(header.err().message, "levels deep"));
@@ -57,7 +57,7 @@ TEST_CASE("dots and brackets inside strings and comments do not count as nesting
 }
 
 TEST_CASE("a --set value with a newline and a deep header is refused, naming the override") {
-  auto r = core::parse_config("", "empty.toml", {"train.steps=1\n[" + dotted(60000) + "]"});
+  auto r = core::parse_config("", "empty.toml", {std::string("train.steps=1\n[") + dotted(60000) + "]"});
   REQUIRE_FALSE(r.ok());
   CHECK(contains(r.err().where.file, "--set train.steps=1"));
   CHECK(contains(r.err().message, "levels deep"));

@@ -36,7 +36,7 @@ std::vector<std::vector<int>> reference_ids(const scratch_dir& dir, const std::v
                   "node is needed for the reference encoder (scripts/setup.sh needs it too)");
   REQUIRE_MESSAGE(run("tar xzf '" + kReference + "' -C '" + dir.path.string() +
                       "' package/Encoder.js package/encoder.json package/vocab.bpe") == 0,
-                  "cannot unpack " + kReference + " (run scripts/setup.sh)");
+                  ("cannot unpack " + kReference + " (run scripts/setup.sh)"));
   std::ofstream(dir / "driver.js")
       << "const enc = require(process.argv[2] + '/package/Encoder.js');\n"
          "const fs = require('fs');\n"

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "schedules/costs.hpp"
 #include "schedules/registry.hpp"
 #include "schedules/schedule_file.hpp"
 
@@ -90,4 +91,13 @@ TEST_CASE("a schedule file that is /dev/zero, a folder or a FIFO is refused with
   REQUIRE_FALSE(pipe.ok());
   CHECK(contains(pipe.err().to_string(), "FIFO"));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("costs that are NaN or infinite are refused like negative ones") {
+  for (auto text : {"nan,2", "1,inf", "1e999", "f=nan", "comm=inf"}) {
+    CAPTURE(text);
+    auto c = parse_costs(text);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.err().message.find("is not a number >= 0") != std::string::npos);
+  }
 }
