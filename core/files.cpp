@@ -213,6 +213,10 @@ status write_file_synced(const std::string& path, std::string_view text) {
 status write_file_atomic(const std::string& path,
                          std::span<const std::span<const std::byte>> parts) {
   if (auto st = check_path_text(path, "output"); !st) return st;
+  // rename() cannot replace a folder; say so before writing anything.
+  if (struct stat st {}; ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return error::at_file(path, "cannot create: a folder of that name is in the way",
+                          "remove or rename the folder");
   static std::atomic<unsigned> counter{0};
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
                           std::to_string(counter.fetch_add(1));
@@ -313,7 +317,8 @@ status sealed_file::append(std::string_view bytes) {
   block.append(tail_);
   if (auto st = pwrite_all(fd_, block.data(), block.size(), committed_, path_); !st) return st;
   committed_ += bytes.size();
-  if (::ftruncate(fd_, static_cast<off_t>(committed_ + tail_.size())) != 0)
+  // EINVAL: a device or FIFO (a link to one), which has nothing beyond to drop.
+  if (::ftruncate(fd_, static_cast<off_t>(committed_ + tail_.size())) != 0 && errno != EINVAL)
     return error::at_file(path_, "cannot truncate: " + errno_text(errno));
   return {};
 }

@@ -125,9 +125,12 @@ core::result<metrics_writer> metrics_writer::open(const std::string& run_dir, in
       }
     }
   }
-  if (auto st = core::write_file_atomic(w.path_, keep); !st) return st.err();
-  // Each line goes out in one write, so a stopped run leaves whole lines only.
-  auto f = core::sealed_file::reopen(w.path_, keep.size());
+  // Each line goes out in one write, so a stopped run leaves whole lines only. A fresh run starts
+  // an empty file; a resumed one replaces it atomically by the lines it keeps.
+  if (first_step > 0)
+    if (auto st = core::write_file_atomic(w.path_, keep); !st) return st.err();
+  auto f = first_step > 0 ? core::sealed_file::reopen(w.path_, keep.size())
+                          : core::sealed_file::create(w.path_);
   if (!f) return f.err();
   w.f_ = std::move(f.value());
   return w;
