@@ -72,11 +72,11 @@ void coordinator_engine::start(std::map<int, std::string> hosts) {
   run_.emplace(std::move(run.value()));
   for (auto& h : plan_.step_hooks) run_->add_step_hook(h);
   const std::string trace_path = cfg_.runtime.run_dir + "/trace.json";
-  trace_ = std::fopen(trace_path.c_str(), "w");
-  if (!trace_)
-    return fail(core::error::at_file(trace_path, std::string("cannot create: ") + std::strerror(errno),
-                                     "choose a writable runtime.run_dir"));
-  std::fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", trace_);
+  // Sealed: valid JSON after every step's write, however the run stops (docs/input.md).
+  auto trace = core::sealed_file::create(trace_path, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[",
+                                         "\n]}\n");
+  if (!trace) return fail(trace.err());
+  trace_ = std::move(trace.value());
   if (plan_.first_step >= plan_.end_step) return complete();
   begin_step(plan_.first_step);
 }
@@ -269,12 +269,7 @@ void coordinator_engine::complete() {
   outcome_ = core::result<model::train_summary>(run_->finish());
 }
 
-void coordinator_engine::close_trace() {
-  if (!trace_) return;
-  std::fputs("\n]}\n", trace_);
-  std::fclose(trace_);
-  trace_ = nullptr;
-}
+void coordinator_engine::close_trace() { trace_.close(); }
 
 /// Per-stage busy / communicating / waiting and the bubble fraction of this step, measured like
 /// the simulator: idle time of each stage within the span of the step's instructions. The
@@ -310,17 +305,19 @@ std::string coordinator_engine::stage_fields() {
 }
 
 void coordinator_engine::write_trace() {
-  if (!trace_) return;
+  if (!trace_.is_open()) return;
+  std::string chunk;
   for (auto& r : reports_)
     for (auto& e : r.events) {
       nlohmann::json ev = {{"name", e.name}, {"cat", event_cat_name(e.cat)}, {"ph", "X"},
                            {"ts", e.start_us}, {"dur", e.dur_us}, {"pid", r.dp},
                            {"tid", r.pp}, {"args", {{"step", r.step}}}};
-      std::fputs(trace_first_ ? "\n" : ",\n", trace_);
+      chunk += trace_first_ ? "\n" : ",\n";
       trace_first_ = false;
-      std::fputs(ev.dump().c_str(), trace_);
+      chunk += ev.dump();
     }
-  std::fflush(trace_);
+  // A failed write leaves the file whole as it was; the run goes on without the trace.
+  if (!trace_.append(chunk)) trace_.close();
 }
 
 /// The memory each stage and shard held: what recompute and ZeRO are for.

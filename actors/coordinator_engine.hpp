@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "actors/layout.hpp"
+#include "core/files.hpp"
 #include "actors/wire.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -145,7 +146,7 @@ class coordinator_engine {
   std::vector<coordinator_command> out_;
   std::optional<core::result<model::train_summary>> outcome_;
   std::optional<model::run_log> run_;
-  std::FILE* trace_ = nullptr;
+  core::sealed_file trace_;  // trace.json
   bool trace_first_ = true;
 
   // this step

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/files.hpp"
 #include "model/safetensors.hpp"
 
 namespace troupe::actors {
@@ -109,16 +110,7 @@ core::status truncate_log(const std::string& path, int first_step) {
     kept += '\n';
   }
   in.close();
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << kept;
-    if (!out) return core::error::at_file(tmp, "cannot write", "check free space and permissions");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return core::error::at_file(path, "cannot replace: " + ec.message());
-  return core::status::success();
+  return core::write_file_atomic(path, kept);
 }
 
 /// One frame of a .tensors file: header JSON and where its bytes are.
@@ -184,16 +176,7 @@ core::status truncate_tensors(const std::string& path, int first_step) {
     kept += h;
     kept.append(data, f.offset, f.bytes);
   }
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << kept;
-    if (!out) return core::error::at_file(tmp, "cannot write", "check free space and permissions");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return core::error::at_file(path, "cannot replace: " + ec.message());
-  return core::status::success();
+  return core::write_file_atomic(path, kept);
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 
 #include "cli/command.hpp"
 #include "core/config.hpp"
+#include "core/machine.hpp"
+#include "runtime/preflight.hpp"
 
 namespace troupe::cli {
 
@@ -120,7 +122,8 @@ void print_json(const check_options& o, const core::config& c, const core::deriv
 
 int run_check(const check_options& o) {
   auto c = core::load_config(o.path, o.sets);
-  core::status st = c ? (o.no_file_check ? core::status{} : core::check_files(*c))
+  // The checks `troupe train` makes before it starts (files, schedule, shards, evaluation).
+  core::status st = c ? (o.no_file_check ? core::status{} : actors::preflight(*c))
                       : core::status{c.err()};
   if (!st) {
     if (o.json) {
@@ -131,6 +134,14 @@ int run_check(const check_options& o) {
     return 1;
   }
   const core::derived_values d = core::derive(*c);
+  // Where the workers run is decided at launch: a config too large for this machine as one
+  // process is still valid, and `troupe launch` may spread it over nodes.
+  const int workers = d.workers;
+  if (auto m = core::check_local_workers(*c, workers, false,
+                                         std::to_string(workers) + " workers in one process");
+      !m)
+    std::fprintf(stderr, "troupe: warning: `troupe train` on this machine would refuse: %s\n",
+                 m.err().to_string().c_str());
   if (o.json)
     print_json(o, *c, d);
   else

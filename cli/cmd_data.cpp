@@ -18,6 +18,7 @@
 
 #include "cli/command.hpp"
 #include "core/error.hpp"
+#include "core/files.hpp"
 #include "model/shards.hpp"
 #include "model/tokenizer.hpp"
 
@@ -63,11 +64,12 @@ core::result<std::vector<fs::path>> collect_inputs(const std::vector<std::string
 }
 
 core::result<std::string> read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return core::error::at_file(p.string(), "cannot read input file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  core::input_spec spec;
+  spec.what = "text file";
+  // Tokens are counted in an int32 per shard, and a token takes at least one byte of text.
+  spec.max_bytes = std::uint64_t(1) << 31;
+  spec.hint = "--input takes UTF-8 text files; split a larger corpus into several files";
+  return core::read_input(p.string(), spec);
 }
 
 // A progress bar on stderr: redrawn in place on a terminal, one line per tenth otherwise (logs).
@@ -148,19 +150,46 @@ int run_prepare(const prepare_args& a) {
       print_error(text.err().to_string());
       return 1;
     }
+    if (text->empty()) {
+      bar.finish();
+      print_error(core::error::at_file(f.string(), "the text file is empty: nothing to tokenize",
+                                       "remove it from --input, or give it some text")
+                      .to_string());
+      return 1;
+    }
     std::size_t replaced = 0;
     model::tokenizer::valid_utf8(text.value(), &replaced);
     if (replaced > 0)
       std::fprintf(stderr, "\ntroupe: warning: %s: %zu invalid UTF-8 sequences read as U+FFFD\n",
                    f.string().c_str(), replaced);
     stream.push_back(model::tokenizer::eot_id);
-    auto ids = tok->encode(text.value());
+    std::vector<int> ids;
+    try {
+      ids = tok->encode(text.value());
+    } catch (const core::failure& e) {
+      bar.finish();
+      print_error(core::error::at_file(f.string(), e.what(), "please report this input").to_string());
+      return 1;
+    }
     stream.insert(stream.end(), ids.begin(), ids.end());
     done_bytes += text->size();
     bar.update(done_bytes, stream.size());
   }
   bar.finish();
 
+  // Training predicts each token from those before it: with fewer than two tokens of text
+  // there is nothing to learn, and no config's shard would be usable.
+  const std::size_t text_tokens = stream.size() - files->size();
+  if (text_tokens < 2) {
+    print_error(core::error::at_file(files->size() == 1 ? files->front().string() : "--input",
+                                     "the input holds " + std::to_string(text_tokens) +
+                                      " token" + (text_tokens == 1 ? "" : "s") +
+                                      " of text; a training shard needs at least two (one to "
+                                      "predict the next from), and a config's model.seq_length + 1",
+                                  "give --input more text")
+                    .to_string());
+    return 1;
+  }
   auto all = model::to_u16(stream);
   if (!all) {
     print_error(all.err().to_string());

@@ -4,7 +4,10 @@
 // whole model over the last seq_length tokens, right-padded to seq_length: attention is causal, so
 // the padding never reaches the position that is read, and one fixed shape serves every step.
 // Draws come from a stream keyed by (seed, position), so a seed names a sample.
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -27,7 +30,7 @@ struct generate_args {
   int tokens = 64;
   double temperature = 0.8;
   int top_k = 40;
-  std::uint64_t seed = 0;
+  std::string seed = "0";  // parsed by parse_seed: CLI11 would wrap "-1" to 2^64 - 1
   std::string tokenizer_dir;
 };
 
@@ -59,7 +62,68 @@ int fail(const core::error& e) {
   return 1;
 }
 
+/// Each new token runs the whole model over seq_length positions: a million of them is days of
+/// CPU time already. Larger requests are refused rather than left to run without end.
+constexpr int max_tokens = 1 << 20;
+/// exp(logit / T) stays a number for temperatures up to here; above, sampling is uniform anyway.
+constexpr double max_temperature = 1e6;
+
+core::result<std::uint64_t> parse_seed(const std::string& text) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size())
+    return core::error::make("--seed '" + text + "' is not a whole number in 0.." +
+                                 std::to_string(UINT64_MAX),
+                             "pass a seed such as --seed 7; the same seed gives the same sample");
+  return v;
+}
+
+// Usage errors found after parsing (the numbers CLI11 lets through): exit 2.
+core::status check_args(const generate_args& a) {
+  if (a.tokens > max_tokens)
+    return core::error::make(
+        "--tokens " + std::to_string(a.tokens) + " is above the " + std::to_string(max_tokens) +
+            " one call generates",
+        "each token runs the whole model over seq_length positions; generate in several calls, "
+        "passing the text so far as --prompt");
+  if (!std::isfinite(a.temperature) || a.temperature < 0 || a.temperature > max_temperature)
+    return core::error::make("--temperature " + fmt::format("{}", a.temperature) +
+                                 " is not a number in 0.." + fmt::format("{}", max_temperature),
+                             "0 picks the most likely token; 0.8 is the usual sampling temperature");
+  if (auto s = parse_seed(a.seed); !s) return s.err();
+  return {};
+}
+
+// A checkpoint whose weights are not finite gives garbage (NaN logits sample token 0 forever):
+// refuse it, naming the first tensor and index.
+core::status check_finite(model::chunk& net, kernels::backend& be, const std::string& dir) {
+  for (const auto& p : net.params()) {
+    core::tensor t = net.param(p.name);
+    if (!be.dev().is_cpu()) t = be.to_host(t);
+    const float* v = t.data<float>();
+    const std::int64_t n = t.numel();
+    std::int64_t bad = 0, first = -1;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i]) && bad++ == 0) first = i;
+    if (bad > 0) {
+      core::error e = core::error::at_file(
+          dir, std::to_string(bad) + " of the " + std::to_string(n) +
+                   " weights are NaN or infinite (the first at index " + std::to_string(first) +
+                   "): the model cannot generate text",
+          "the training diverged before this checkpoint was saved; generate from an earlier one");
+      e.where.key = "tensor '" + p.name + "'";
+      return e;
+    }
+  }
+  return {};
+}
+
 int run_generate(const generate_args& a) {
+  if (auto st = check_args(a); !st) {
+    print_error(st.err().to_string());
+    return 2;
+  }
+  const std::uint64_t seed = parse_seed(a.seed).value();
   auto dir = model::checkpoint::resolve(a.checkpoint);
   if (!dir) return fail(dir.err());
   auto ck = model::checkpoint::reader::open(dir.value());
@@ -80,6 +144,7 @@ int run_generate(const generate_args& a) {
   model::chunk net(m, model::partition(m, 1)[0], *be);
   if (auto st = model::checkpoint::restore(ck.value(), *be, m, net, nullptr); !st)
     return fail(st.err());
+  if (auto st = check_finite(net, *be, dir.value()); !st) return fail(st.err());
 
   std::vector<int> ids = tok->encode(a.prompt);
   if (ids.empty()) ids.push_back(model::tokenizer::eot_id);
@@ -103,7 +168,7 @@ int run_generate(const generate_args& a) {
       in[t] = t < static_cast<int>(len) ? window[t] : model::tokenizer::eot_id % m.vocab_size;
     core::tensor logits = be->to_host(net.forward_logits(be->dev().is_cpu() ? input : be->from_host(input)));
     const float* row = logits.data<float>() + (len - 1) * static_cast<std::size_t>(m.vocab_size);
-    core::rng_stream rng(core::stream_key(a.seed, 0x6e4e, ids.size()));
+    core::rng_stream rng(core::stream_key(seed, 0x6e4e, ids.size()));
     int next = sample(row, vocab, a.temperature, a.top_k, rng);
     ids.push_back(next);
     const std::string& bytes = tok->token_bytes(next);
@@ -120,7 +185,7 @@ const command_registrar reg{command{
       app.add_option("checkpoint", a->checkpoint, "checkpoint directory or run directory")
           ->required();
       app.add_option("--prompt", a->prompt, "text to continue")->required();
-      app.add_option("--tokens", a->tokens, "tokens to generate")
+      app.add_option("--tokens", a->tokens, "tokens to generate (at most 1048576)")
           ->check(CLI::NonNegativeNumber)
           ->capture_default_str();
       app.add_option("--temperature", a->temperature, "softmax temperature; 0 = greedy")
@@ -129,7 +194,8 @@ const command_registrar reg{command{
       app.add_option("--top_k", a->top_k, "sample among the K most likely tokens; 0 = all")
           ->check(CLI::NonNegativeNumber)
           ->capture_default_str();
-      app.add_option("--seed", a->seed, "seed of the sampling stream")->capture_default_str();
+      app.add_option("--seed", a->seed, "seed of the sampling stream (0 .. 2^64-1)")
+          ->capture_default_str();
       app.add_option("--tokenizer", a->tokenizer_dir,
                      "folder with encoder.json and vocab.bpe (default: the run's "
                      "data.tokenizer_dir)");

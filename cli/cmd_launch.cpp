@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <fmt/format.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -26,6 +27,8 @@
 #include "cli/launch_workers.hpp"
 #include "cli/plan_check.hpp"
 #include "core/config.hpp"
+#include "core/machine.hpp"
+#include "runtime/preflight.hpp"
 #include "transport/rendezvous.hpp"
 
 namespace troupe::cli {
@@ -247,14 +250,32 @@ std::string rank_range(int first, int count) {
                     : "ranks " + std::to_string(first) + "-" + std::to_string(first + count - 1);
 }
 
+// A duration option in seconds that becomes whole milliseconds: finite, at least 1 ms, and at
+// most what a worker reads back from TROUPE_RDZV_TIMEOUT_MS (2^30 ms, about 12 days).
+core::status check_seconds(const char* option, double s, bool zero_ok) {
+  constexpr double most = double(1 << 30) / 1000;
+  if (std::isfinite(s) && (zero_ok ? s >= 0 : s >= 0.001) && s <= most) return {};
+  return core::error::make(std::string(option) + " " + fmt::format("{}", s) +
+                               " is not a number of seconds in " + (zero_ok ? "0" : "0.001") +
+                               ".." + fmt::format("{}", most),
+                           std::string("pass a finite number of seconds, e.g. ") + option +
+                               (zero_ok ? " 30" : " 300"));
+}
+
 int run_launch(launch_args& a) {
   const auto started = std::chrono::steady_clock::now();
+  for (auto st : {check_seconds("--rdzv_timeout", a.rdzv_timeout, false),
+                  check_seconds("--grace", a.grace, true)})
+    if (!st) {
+      print_error(st.err().to_string());
+      return usage_error;
+    }
   auto cfg = core::load_config(a.config, a.sets);
   if (!cfg) {
     print_error(cfg.err().to_string());
     return usage_error;
   }
-  if (auto st = core::check_files(cfg.value()); !st) {
+  if (auto st = actors::preflight(cfg.value()); !st) {
     print_error(st.err().to_string());
     return usage_error;
   }
@@ -266,6 +287,13 @@ int run_launch(launch_args& a) {
     return usage_error;
   }
   const launch_plan& p = planned.value();
+  if (auto st = core::check_local_workers(
+          cfg.value(), p.local_worker_num, true,
+          std::to_string(p.local_worker_num) + " workers on this node (--local_worker_num)");
+      !st) {
+    print_error(st.err().to_string());
+    return usage_error;
+  }
   const int first_rank = p.node_rank * p.local_worker_num;
 
   // Node 0 serves the rendezvous; bound before any worker exists, so a port in use starts nothing.

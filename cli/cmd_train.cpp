@@ -7,10 +7,14 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "runtime/preflight.hpp"
 #include "runtime/runtime.hpp"
 #include "cli/command.hpp"
 #include "cli/plan_check.hpp"
 #include "core/config.hpp"
+#include "core/machine.hpp"
 #include "model/checkpoint.hpp"
 #include "model/trainer.hpp"
 
@@ -49,7 +53,18 @@ int run_train(const train_args& a) {
     print_error(cfg.err().to_string());
     return 1;
   }
-  if (auto st = core::check_files(cfg.value()); !st) {
+  core::raise_open_file_limit();
+  const auto& par = cfg->parallel;
+  const int workers = a.single_rank ? 1 : par.data_parallel * par.pipeline_stage;
+  if (auto st = core::check_local_workers(
+          cfg.value(), workers, false,
+          fmt::format("data_parallel {} x pipeline_stage {} = {} workers in this process",
+                      par.data_parallel, par.pipeline_stage, workers));
+      !st) {
+    print_error(st.err().to_string());
+    return 1;
+  }
+  if (auto st = actors::preflight(cfg.value()); !st) {
     print_error(st.err().to_string());
     return 1;
   }

@@ -10,6 +10,7 @@
 
 #include "runtime/worker.hpp"
 #include "cli/command.hpp"
+#include "runtime/preflight.hpp"
 #include "core/config.hpp"
 
 namespace troupe::cli {
@@ -89,7 +90,7 @@ int run_worker_command(const worker_args& a) {
     print_error(cfg.err().to_string());
     return 1;
   }
-  if (auto st = core::check_files(cfg.value()); !st) {
+  if (auto st = actors::preflight(cfg.value()); !st) {
     print_error(st.err().to_string());
     return 1;
   }

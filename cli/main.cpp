@@ -33,7 +33,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message; every usage error exits 2, as the subcommands document.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   }
   try {
     return chosen ? chosen() : 1;

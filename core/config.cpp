@@ -16,6 +16,7 @@
 
 #include "core/config.hpp"
 #include "core/config_schema.hpp"
+#include "core/files.hpp"
 
 namespace troupe::core {
 
@@ -152,10 +153,18 @@ status apply(const setting& s, config& c) {
       if (!n.is_boolean()) return type_error(s, "a boolean");
       v = *n.value<bool>();
       break;
-    case value_kind::string:
+    case value_kind::string: {
       if (!n.is_string()) return type_error(s, "a string");
-      v = std::string(*n.value<std::string_view>());
+      std::string text(*n.value<std::string_view>());
+      // Every string key is a path or a name handed to C functions, where a NUL ends the string.
+      if (const auto nul = text.find('\0'); nul != std::string::npos)
+        return located(s.where,
+                       "the string holds a NUL byte (\\u0000) at position " + std::to_string(nul) +
+                           ", which would cut the path or name short",
+                       "remove the \\u0000 from the value");
+      v = std::move(text);
       break;
+    }
     case value_kind::choice: {
       if (!n.is_string()) return type_error(s, "a string");
       const std::string text(*n.value<std::string_view>());
@@ -207,6 +216,11 @@ result<setting> parse_override(const std::string& text, std::deque<toml::table>&
                                          "; see configs/README.md");
   }
   std::optional<toml::table> parsed;
+  if (auto st = detail::check_toml_depth(raw, where.file, detail::max_toml_depth); !st) {
+    error e = st.err();
+    e.where = where;
+    return e;
+  }
   try {
     toml::table t = toml::parse("v = " + raw, "--set"sv);
     if (t.size() == 1 && t.contains("v")) parsed = std::move(t);
@@ -325,6 +339,20 @@ status resolve_and_check(config& c) {
   if (!set("precision.dynamic_loss_scale"))
     c.precision.dynamic_loss_scale = c.precision.compute == precision_kind::fp16;
 
+  // The schedule runs micro_batch_num x gradient_accumulation_steps micro-batches per step; the
+  // product must stay within what a schedule holds (schedules/schedule.hpp: 2^20).
+  constexpr std::int64_t max_microbatches = 1 << 20;
+  const std::int64_t microbatches =
+      std::int64_t(p.micro_batch_num) * c.train.gradient_accumulation_steps;
+  if (microbatches > max_microbatches)
+    return config_error(
+        c, set("train.gradient_accumulation_steps") ? "train.gradient_accumulation_steps"
+                                                     : "parallel.micro_batch_num",
+        fmt::format("micro_batch_num {} x gradient_accumulation_steps {} = {} micro-batches per "
+                    "step, above the {} a schedule holds",
+                    p.micro_batch_num, c.train.gradient_accumulation_steps, microbatches,
+                    max_microbatches),
+        "a larger global batch needs more data_parallel replicas, not more micro-batches");
   const int chunks = p.pipeline_stage * p.virtual_pipeline;
   if (m.num_layers % chunks != 0)
     return config_error(
@@ -404,6 +432,12 @@ status resolve_and_check(config& c) {
 
 result<config> parse_config(const std::string& text, const std::string& name,
                             const std::vector<std::string>& overrides) {
+  if (text.size() > detail::max_config_bytes)
+    return error::at_file(name,
+                          "config text of " + std::to_string(text.size()) + " bytes; a config is at most " +
+                              std::to_string(detail::max_config_bytes) + " bytes",
+                          "a troupe config is a few kilobytes of TOML: is this the right file?");
+  if (auto st = detail::check_toml_depth(text, name, detail::max_toml_depth); !st) return st.err();
   toml::table root;
   try {
     root = toml::parse(text, std::string_view(name));
@@ -441,14 +475,13 @@ result<config> parse_config(const std::string& text, const std::string& name,
 }
 
 result<config> load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return error::at_file(path, "cannot open the config file",
-                          "paths are relative to the current directory (" +
-                              std::filesystem::current_path().string() + ")");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_config(text.str(), path, overrides);
+  input_spec spec;
+  spec.what = "config file";
+  spec.max_bytes = detail::max_config_bytes;
+  spec.hint = "pass a TOML run configuration such as configs/tiny.toml";
+  auto text = read_input(path, spec);
+  if (!text) return text.err();
+  return parse_config(text.value(), path, overrides);
 }
 
 }  // namespace troupe::core

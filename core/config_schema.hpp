@@ -52,6 +52,17 @@ std::string nearest(std::string_view name, const std::vector<std::string>& candi
 /// the right name in the wrong table), or "".
 std::string nearest_key(std::string_view dotted);
 
+/// toml++ 3.3 recurses once per level of nesting (each part of a dotted key or table header, each
+/// array or inline table), so text nested deeply enough overflows the stack inside the parser. This
+/// scan, run before the parser sees any text, counts an upper bound of that depth without
+/// recursing and refuses text nested more than `max_depth` levels, naming `name`, line and column.
+status check_toml_depth(std::string_view text, const std::string& name, int max_depth);
+/// The nesting check_toml_depth allows for config text: a troupe config nests two levels
+/// ([table] and key), so this leaves room for anything legitimate.
+inline constexpr int max_toml_depth = 32;
+/// Longest config text parse_config reads (a config file, a --set value, a manifest's config).
+inline constexpr std::size_t max_config_bytes = std::size_t(1) << 22;
+
 /// The value as TOML writes it (strings quoted and escaped, floats in their shortest round-trip form).
 std::string toml_literal(const config_value& v);
 

@@ -7,10 +7,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "core/files.hpp"
 #include "model/params.hpp"
 
 namespace troupe::model::checkpoint {
@@ -27,36 +27,16 @@ error file_error(const std::string& path, std::string message, std::string hint 
   return error::at_file(path, std::move(message), std::move(hint));
 }
 
-// fsync of a directory makes the renames and creations inside it durable.
-core::status fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return file_error(dir, std::string("cannot open directory: ") + std::strerror(errno));
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return file_error(dir, std::string("fsync failed: ") + std::strerror(errno));
-  return {};
-}
+using core::fsync_dir;
+using core::write_file_synced;
 
-core::status write_file_synced(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return file_error(path, std::string("cannot create: ") + std::strerror(errno));
-  const char* p = text.data();
-  std::size_t n = text.size();
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      std::string why = std::strerror(errno);
-      ::close(fd);
-      return file_error(path, "write failed: " + why, "check free disk space");
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return file_error(path, std::string("fsync failed: ") + std::strerror(errno));
-  return {};
+core::input_spec manifest_spec() {
+  core::input_spec spec;
+  spec.what = "checkpoint manifest";
+  spec.max_bytes = std::uint64_t(1) << 28;  // a manifest lists tensors; even 100k of them fit
+  spec.hint = "pass a checkpoint directory (with manifest.json), a checkpoint root with a "
+              "`latest` file, or a run directory";
+  return spec;
 }
 
 std::optional<int> step_of_dir_name(const std::string& name) {
@@ -97,32 +77,56 @@ std::uint64_t parse_hex64(const std::string& s, bool& ok) {
   return v;
 }
 
+// A field that is not what the manifest format says, thrown out of the parse and reported.
+struct bad_field {
+  std::string key;
+  std::string message;
+};
+
+// The whole number at `j` (named `key`) in [lo, hi]. nlohmann's get<int>() narrows silently: a
+// step of 2^40 would read as 0 and a resumed run would restart from the beginning.
+std::int64_t whole(const nlohmann::json& j, const std::string& key, std::int64_t lo,
+                   std::int64_t hi) {
+  if (j.is_number_unsigned() && j.get<std::uint64_t>() > static_cast<std::uint64_t>(hi))
+    throw bad_field{key, "is " + std::to_string(j.get<std::uint64_t>()) + ", above the largest " +
+                             std::to_string(hi) + " this build reads"};
+  if (!j.is_number_integer()) throw bad_field{key, "is " + j.dump() + ", expected a whole number"};
+  const std::int64_t v = j.get<std::int64_t>();
+  if (v < lo || v > hi)
+    throw bad_field{key, "is " + std::to_string(v) + ", outside " + std::to_string(lo) + ".." +
+                             std::to_string(hi)};
+  return v;
+}
+
+std::uint64_t whole_unsigned(const nlohmann::json& j, const std::string& key) {
+  if (!j.is_number_unsigned() && !(j.is_number_integer() && j.get<std::int64_t>() >= 0))
+    throw bad_field{key, "is " + j.dump() + ", expected a whole number of at least 0"};
+  return j.get<std::uint64_t>();
+}
+
 core::result<manifest> parse_manifest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return file_error(path, "cannot read the checkpoint manifest",
-                      "pass a checkpoint directory (with manifest.json), a checkpoint root with a "
-                      "`latest` file, or a run directory");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  auto text = core::read_input(path, manifest_spec());
+  if (!text) return text.err();
   manifest m;
   try {
-    auto j = nlohmann::json::parse(ss.str());
+    auto j = nlohmann::json::parse(text.value());
     if (j.value("format", "") != "troupe-checkpoint")
       return file_error(path, "not a troupe checkpoint manifest (format is not \"troupe-checkpoint\")");
-    m.version = j.at("version").get<int>();
+    constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+    m.version = static_cast<int>(whole(j.at("version"), "version", 0, int_max));
     if (m.version != format_version)
       return file_error(path, "checkpoint format version " + std::to_string(m.version) +
                                   " is not supported (this build reads version " +
                                   std::to_string(format_version) + ")");
-    m.step = j.at("step").get<int>();
-    m.next_step = j.at("data_position").at("next_step").get<int>();
-    m.seed = j.at("seed").get<std::uint64_t>();
+    m.step = static_cast<int>(whole(j.at("step"), "step", 0, int_max));
+    m.next_step = static_cast<int>(
+        whole(j.at("data_position").at("next_step"), "data_position.next_step", 0, int_max));
+    m.seed = whole_unsigned(j.at("seed"), "seed");
     m.config_toml = j.at("config").get<std::string>();
     bool ok = true;
     for (auto& f : j.at("files")) {
       file_record r{f.at("path").get<std::string>(), f.at("kind").get<std::string>(),
-                    f.at("bytes").get<std::uint64_t>(),
+                    whole_unsigned(f.at("bytes"), "files[].bytes"),
                     parse_hex64(f.at("xxh64").get<std::string>(), ok)};
       if (!ok) return file_error(path, "file '" + r.path + "' has a malformed xxh64");
       if (r.path.empty() || r.path.find('/') != std::string::npos || r.path[0] == '.')
@@ -133,7 +137,10 @@ core::result<manifest> parse_manifest(const std::string& path) {
       tensor_record r;
       r.file = t.at("file").get<std::string>();
       r.dtype = t.at("dtype").get<std::string>();
-      r.shape = t.at("shape").get<core::shape_t>();
+      if (!t.at("shape").is_array()) throw bad_field{"tensors." + name + ".shape", "is not an array"};
+      for (const auto& d : t.at("shape"))
+        r.shape.push_back(whole(d, "tensors." + name + ".shape", 0,
+                                std::numeric_limits<std::int64_t>::max()));
       r.xxh64 = parse_hex64(t.at("xxh64").get<std::string>(), ok);
       if (!ok) return file_error(path, "tensor '" + name + "' has a malformed xxh64");
       m.tensors[name] = std::move(r);
@@ -141,6 +148,11 @@ core::result<manifest> parse_manifest(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     return file_error(path, std::string("malformed checkpoint manifest: ") + e.what(),
                       "the checkpoint is corrupt; resume from an earlier one");
+  } catch (const bad_field& b) {
+    error e = file_error(path, b.message, "the checkpoint is corrupt or was edited; resume from "
+                                          "another one");
+    e.where.key = b.key;
+    return e;
   }
   return m;
 }
@@ -208,11 +220,8 @@ core::result<std::string> save(const std::string& root, const save_request& req,
   if (auto st = fsync_dir(root); !st) return st.err();
   fs::remove_all(old_dir, ec);
 
-  const fs::path latest_tmp = fs::path(root) / ".latest.tmp";
-  if (auto st = write_file_synced(latest_tmp.string(), name + "\n"); !st) return st.err();
-  fs::rename(latest_tmp, fs::path(root) / latest_name, ec);
-  if (ec) return file_error(root, "cannot update `latest`: " + ec.message());
-  if (auto st = fsync_dir(root); !st) return st.err();
+  if (auto st = core::write_file_atomic((fs::path(root) / latest_name).string(), name + "\n"); !st)
+    return st.err();
   if (auto st = prune(root, keep, name); !st) return st.err();
   return final_dir.string();
 }
@@ -223,9 +232,13 @@ core::result<std::string> resolve(const std::string& path) {
   for (fs::path root : {fs::path(path), fs::path(path) / "checkpoints"}) {
     fs::path latest = root / latest_name;
     if (!fs::exists(latest, ec)) continue;
-    std::ifstream in(latest);
-    std::string name;
-    std::getline(in, name);
+    core::input_spec spec;
+    spec.what = "`latest` file";
+    spec.max_bytes = 4096;  // one directory name
+    spec.hint = "`latest` holds the name of the newest step_NNNNNN directory beside it";
+    auto text = core::read_input(latest.string(), spec);
+    if (!text) return text.err();
+    const std::string name = text->substr(0, text->find('\n'));
     if (!step_of_dir_name(name))
       return file_error(latest.string(), "does not name a checkpoint directory (step_NNNNNN)");
     fs::path dir = root / name;

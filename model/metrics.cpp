@@ -1,10 +1,12 @@
 #include "model/metrics.hpp"
 
+#include "core/files.hpp"
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
@@ -108,52 +110,34 @@ core::result<metrics_writer> metrics_writer::open(const std::string& run_dir, in
   metrics_writer w;
   w.path_ = (fs::path(run_dir) / "metrics.jsonl").string();
 
-  // Keep the earlier steps of a resumed run; rewrite through a temporary file and a rename so a
-  // crash here never loses them.
-  std::vector<std::string> keep;
+  // Keep the earlier steps of a resumed run; rewrite them atomically so a crash here never loses
+  // them.
+  std::string keep;
   if (first_step > 0) {
-    std::ifstream in(w.path_);
-    for (std::string line; std::getline(in, line);) {
-      auto m = parse_json_line(line);
-      if (m && m->step < first_step) keep.push_back(line);
+    core::input_spec spec;
+    spec.what = "metrics file";
+    spec.hint = "metrics.jsonl of the run being resumed";
+    if (auto text = core::read_input(w.path_, spec); text) {
+      std::istringstream in(text.value());
+      for (std::string line; std::getline(in, line);) {
+        auto m = parse_json_line(line);
+        if (m && m->step < first_step) keep += line + "\n";
+      }
     }
   }
-  std::string tmp = w.path_ + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) return core::error::at_file(tmp, std::string("cannot create: ") + std::strerror(errno));
-  for (auto& line : keep) std::fprintf(f, "%s\n", line.c_str());
-  std::fclose(f);
-  fs::rename(tmp, w.path_, ec);
-  if (ec) return core::error::at_file(w.path_, "cannot replace: " + ec.message());
-  w.f_ = std::fopen(w.path_.c_str(), "a");
-  if (!w.f_)
-    return core::error::at_file(w.path_, std::string("cannot open: ") + std::strerror(errno));
+  // Each line goes out in one write, so a stopped run leaves whole lines only. A fresh run starts
+  // an empty file; a resumed one replaces it atomically by the lines it keeps.
+  if (first_step > 0)
+    if (auto st = core::write_file_atomic(w.path_, keep); !st) return st.err();
+  auto f = first_step > 0 ? core::sealed_file::reopen(w.path_, keep.size())
+                          : core::sealed_file::create(w.path_);
+  if (!f) return f.err();
+  w.f_ = std::move(f.value());
   return w;
-}
-
-metrics_writer::metrics_writer(metrics_writer&& o) noexcept
-    : path_(std::move(o.path_)), f_(std::exchange(o.f_, nullptr)) {}
-
-metrics_writer& metrics_writer::operator=(metrics_writer&& o) noexcept {
-  if (this != &o) {
-    if (f_) std::fclose(f_);
-    path_ = std::move(o.path_);
-    f_ = std::exchange(o.f_, nullptr);
-  }
-  return *this;
-}
-
-metrics_writer::~metrics_writer() {
-  if (f_) std::fclose(f_);
 }
 
 core::status metrics_writer::write(const step_metrics& m) { return write_line(to_json_line(m)); }
 
-core::status metrics_writer::write_line(const std::string& json) {
-  std::string line = json + "\n";
-  if (std::fputs(line.c_str(), f_) < 0 || std::fflush(f_) != 0)
-    return core::error::at_file(path_, std::string("write failed: ") + std::strerror(errno));
-  return {};
-}
+core::status metrics_writer::write_line(const std::string& json) { return f_.append(json + "\n"); }
 
 }  // namespace troupe::model

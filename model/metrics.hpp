@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/files.hpp"
 
 namespace troupe::model {
 
@@ -48,9 +49,6 @@ class metrics_writer {
   /// (a resumed run rewrites the steps it repeats); earlier ones are kept.
   static core::result<metrics_writer> open(const std::string& run_dir, int first_step);
 
-  metrics_writer(metrics_writer&&) noexcept;
-  metrics_writer& operator=(metrics_writer&&) noexcept;
-  ~metrics_writer();
 
   core::status write(const step_metrics& m);
   /// Writes one line that already holds a JSON object (a step_metrics line with extra fields).
@@ -60,7 +58,7 @@ class metrics_writer {
  private:
   metrics_writer() = default;
   std::string path_;
-  std::FILE* f_ = nullptr;
+  core::sealed_file f_;
 };
 
 }  // namespace troupe::model

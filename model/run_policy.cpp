@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/files.hpp"
+
 namespace troupe::model {
 
 namespace fs = std::filesystem;
@@ -41,14 +43,7 @@ core::status check_resume_config(const core::config& cfg, const checkpoint::read
 }
 
 core::status write_text(const std::string& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f)
-    return core::error::at_file(path, std::string("cannot create: ") + std::strerror(errno),
-                                "choose a writable runtime.run_dir");
-  bool ok = std::fputs(text.c_str(), f) >= 0;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) return core::error::at_file(path, "write failed", "check free disk space");
-  return {};
+  return core::write_file_atomic(path, text);
 }
 
 bool divides(int interval, int done) { return interval > 0 && done % interval == 0; }

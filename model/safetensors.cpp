@@ -12,6 +12,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/files.hpp"
+
 namespace troupe::model::safetensors {
 
 namespace {
@@ -178,15 +180,13 @@ void file::unmap() {
 core::result<file> file::open(const std::string& path) {
   file f;
   f.path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return error::at_file(path, "cannot open: " + errno_text());
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    std::string why = errno_text();
-    ::close(fd);
-    return error::at_file(path, "cannot stat: " + why);
-  }
-  std::size_t size = static_cast<std::size_t>(st.st_size);
+  core::input_spec spec;
+  spec.what = "safetensors file";
+  spec.hint = "pass a checkpoint written by troupe (its manifest.json lists the files)";
+  auto in = core::open_input(path, spec);
+  if (!in) return in.err();
+  const std::size_t size = static_cast<std::size_t>(in->size());
+  const int fd = in->release();
   if (size < 8) {
     ::close(fd);
     return error::at_file(path, "file of " + std::to_string(size) +

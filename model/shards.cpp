@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <limits>
 
+#include "core/files.hpp"
+
 namespace troupe::model {
 
 namespace {
@@ -17,22 +19,6 @@ namespace {
 constexpr const char* kPrepareHint =
     "make token shards with `troupe data prepare --input TEXT... --out DIR`";
 
-std::string errno_text() { return std::strerror(errno); }
-
-core::status write_all(int fd, const void* data, std::size_t bytes, const std::string& path) {
-  auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    ssize_t n = ::write(fd, p, bytes);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return core::error::at_file(path, "write failed: " + errno_text(),
-                                  "check free disk space and permissions");
-    }
-    p += n;
-    bytes -= static_cast<std::size_t>(n);
-  }
-  return core::status::success();
-}
 
 // The files llm.c writes that a user may point us at by mistake, by their magic number.
 const char* llmc_kind(std::int32_t magic) {
@@ -82,39 +68,9 @@ core::status write_shard(const std::string& path, std::span<const std::uint16_t>
   header[1] = shard_version;
   header[2] = static_cast<std::int32_t>(tokens.size());
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return core::error::at_file(tmp, "cannot create: " + errno_text(),
-                                "check that the output folder exists and is writable");
-  auto fail = [&](core::status s) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  };
-  if (auto s = write_all(fd, header, sizeof header, tmp); !s) return fail(s);
-  if (auto s = write_all(fd, tokens.data(), tokens.size_bytes(), tmp); !s) return fail(s);
-  if (::fsync(fd) != 0)
-    return fail(core::error::at_file(tmp, "fsync failed: " + errno_text(),
-                                     "check the file system"));
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return core::error::at_file(tmp, "close failed: " + errno_text(), "check the file system");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    return core::error::at_file(path, "cannot rename " + tmp + " into place: " + why,
-                                "check that the output folder is writable");
-  }
-  // Make the rename itself durable: fsync the folder that holds the new name.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return core::status::success();
+  const std::span<const std::byte> parts[] = {std::as_bytes(std::span(header)),
+                                               std::as_bytes(tokens)};
+  return core::write_file_atomic(path, parts);
 }
 
 core::result<std::vector<std::uint16_t>> to_u16(std::span<const int> ids) {
@@ -130,15 +86,16 @@ core::result<std::vector<std::uint16_t>> to_u16(std::span<const int> ids) {
 }
 
 core::result<shard> shard::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return core::error::at_file(path, "cannot open token shard: " + errno_text(), kPrepareHint);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return core::error::at_file(path, "not a regular file", kPrepareHint);
-  }
-  const auto file_bytes = static_cast<std::size_t>(st.st_size);
+  core::input_spec spec;
+  spec.what = "token shard";
+  // The header counts tokens in an int32, so no shard is larger than this.
+  spec.max_bytes = shard_header_bytes +
+                   static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max()) * 2;
+  spec.hint = kPrepareHint;
+  auto in = core::open_input(path, spec);
+  if (!in) return in.err();
+  const int fd = in->release();
+  const auto file_bytes = static_cast<std::size_t>(in->size());
   if (file_bytes < shard_header_bytes) {
     // Read what is there, to say whether it is a cut-off shard or something else entirely.
     unsigned char head[16] = {};

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include "core/files.hpp"
 #include <sstream>
 #include <unordered_map>
 
@@ -22,8 +23,14 @@ namespace {
 // does, with one exception found by comparing every code point: PCRE2's \s also matches U+180E
 // (MONGOLIAN VOWEL SEPARATOR, a format character since Unicode 6.3), which Python's does not. So
 // here whitespace is spelled [^\S\x{180E}] and U+180E joins the punctuation run.
+//
+// That run is a repeated group, which PCRE2's JIT matches with a stack frame per repetition: a
+// line of ~1,500 dashes or emoji overflowed the default 32 KiB JIT stack (error -46). Nothing
+// follows the group in its alternative, so a possessive repeat (`++`) matches exactly what the
+// greedy one does and keeps no frames; the other repeats are of single character classes, which
+// need none. Should a match still run out of stack, encode retries it without the JIT.
 constexpr const char* kPattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?(?:[^\s\p{L}\p{N}]|\x{180E})+)"
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?(?:[^\s\p{L}\p{N}]|\x{180E})++)"
     R"(|[^\S\x{180E}]+(?![\S\x{180E}])|[^\S\x{180E}]+)";
 
 constexpr const char* kSetupHint =
@@ -140,11 +147,11 @@ std::uint64_t pair_key(int a, int b) {
 }
 
 core::result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return core::error::at_file(path, "cannot open the tokenizer file", kSetupHint);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  core::input_spec spec;
+  spec.what = "tokenizer file";
+  spec.max_bytes = std::uint64_t(1) << 28;  // GPT-2's encoder.json is 1 MB, LLaMA-3's ~10 MB
+  spec.hint = kSetupHint;
+  return core::read_input(path, spec);
 }
 
 // 1-based line and column of byte `pos` in `text`.
@@ -368,8 +375,19 @@ std::vector<int> tokenizer::encode(std::string_view text) const {
     // the loop quadratic).
     int rc = pcre2_match(p_->re, subject, text.size(), offset, PCRE2_NO_UTF_CHECK, md.get(),
                          nullptr);
+    // The interpreter keeps its backtracking frames on the heap: the same match, without a limit
+    // of a few kilobytes of stack.
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+      rc = pcre2_match(p_->re, subject, text.size(), offset, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                       md.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) throw core::failure("PCRE2 match failed with code " + std::to_string(rc));
+    if (rc < 0) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      throw core::failure("cannot split the text into pre-tokens at byte " +
+                          std::to_string(offset) + ": PCRE2 error " + std::to_string(rc) + " (" +
+                          reinterpret_cast<char*>(msg) + ")");
+    }
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     std::string_view piece = text.substr(ov[0], ov[1] - ov[0]);
     offset = ov[1];

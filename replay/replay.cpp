@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "actors/recorder.hpp"
+#include "core/files.hpp"
 #include "replay/replay_parts.hpp"
 #include "runtime/runtime.hpp"
 #include "model/checkpoint.hpp"
@@ -237,10 +238,12 @@ core::result<recorded_run> load_recorded_run(const std::string& run_dir) {
   recorded_run run;
   run.dir = run_dir;
   {
-    std::ifstream in(cfg_path, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    run.config_text = ss.str();
+    core::input_spec spec;
+    spec.what = "run configuration";
+    spec.hint = "pass the runtime.run_dir of a recorded `troupe train`";
+    auto text = core::read_input(cfg_path.string(), spec);
+    if (!text) return text.err();
+    run.config_text = std::move(text.value());
   }
   auto cfg = core::parse_config(run.config_text, cfg_path.string());
   if (!cfg) return cfg.err();

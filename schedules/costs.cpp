@@ -1,5 +1,6 @@
 #include "schedules/costs.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -18,7 +19,8 @@ bool read_number(std::string_view field, double& out) {
   const std::string s(field);
   char* end = nullptr;
   out = std::strtod(s.c_str(), &end);
-  return !s.empty() && end == s.c_str() + s.size() && out >= 0;
+  // strtod reads "nan", "inf" and 1e999 (as inf): a cost must be a finite number.
+  return !s.empty() && end == s.c_str() + s.size() && std::isfinite(out) && out >= 0;
 }
 
 }  // namespace

@@ -149,6 +149,7 @@ core::result<schedule> make_schedule(const std::string& name_or_file, int p, int
   if (gen) {
     schedule_options opts = options;
     if (opts.virtual_stages == 0) opts.virtual_stages = 1;
+    if (auto st = check_size("schedule '" + name + "'", p, opts.virtual_stages, m); !st) return st.err();
     auto made = gen(p, m, opts);
     if (made && made->name.empty()) made->name = name;
     return checked(std::move(made), "schedule '" + name + "'", p, m, opts.virtual_stages, options);
@@ -156,7 +157,9 @@ core::result<schedule> make_schedule(const std::string& name_or_file, int p, int
   if (name != name_or_file) return unknown("plugin " + name_or_file.substr(0, name_or_file.rfind(':')) +
                                                      " defines no schedule '" + name + "'");
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(name_or_file, ec)) {
+  // Anything that exists is read as a file: load_schedule_file says what is wrong with a FIFO,
+  // a device or a folder.
+  if (!std::filesystem::exists(name_or_file, ec)) {
     const bool looks_like_path = name_or_file.find('/') != std::string::npos ||
                                  name_or_file.find('.') != std::string::npos;
     return unknown(looks_like_path ? "schedule file '" + name_or_file + "' does not exist"

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,6 +65,21 @@ struct schedule_options {
   cost_model costs;                       // generators may adapt to costs; built-ins do not
   bool allow_any_backward_order = false;  // custom schedules only: skip the micro-batch order rule
 };
+
+/// The largest schedule this build makes, reads or checks. p and v follow the config's limits on
+/// parallel.pipeline_stage and parallel.virtual_pipeline; m follows parallel.micro_batch_num. The
+/// (chunk, micro-batch) passes p * v * m are bounded by what this machine's memory holds: each
+/// pass becomes three to five instructions, in the schedule, its lowered copy and the validator's
+/// tables, about `bytes_per_pass` in all, and a quarter of the memory is the most given to that.
+inline constexpr int max_stages = 1024;
+inline constexpr int max_virtual_stages = 1024;
+inline constexpr int max_microbatches = 1 << 20;
+inline constexpr std::int64_t bytes_per_pass = 512;
+/// The most (chunk, micro-batch) passes this machine holds (at least 2^20).
+std::int64_t max_passes();
+/// An error naming `what` when p, v or m (any of them <= 0 is not checked) or their product is
+/// above the limits, before anything that large is built.
+core::status check_size(const std::string& what, int p, int v, int m);
 
 /// Per rank, the ordered instruction list of one training step.
 struct schedule {

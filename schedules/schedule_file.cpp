@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/files.hpp"
+
 namespace troupe::schedules {
 
 namespace {
@@ -50,6 +52,7 @@ core::result<schedule> parse_schedule_text(std::string_view text, const std::str
     pos = end + 1;
   }
   int max_chunk = -1, max_mb = -1;
+  std::int64_t instructions = 0;
   for (int line_no = 1; line_no <= static_cast<int>(lines.size()); ++line_no) {
     std::string_view line = lines[line_no - 1];
     if (!csv)
@@ -72,6 +75,13 @@ core::result<schedule> parse_schedule_text(std::string_view text, const std::str
                                    "list the ranks in order 0, 1, 2, ..., one line each");
       first = 2;
     }
+    if (rank >= max_stages)
+      return core::error::at_key(source, "", line_no, 1,
+                                 "more than " + std::to_string(max_stages) +
+                                     " rank lines: a pipeline has at most " +
+                                     std::to_string(max_stages) + " stages",
+                                 "one line per pipeline rank; parallel.pipeline_stage is at most " +
+                                     std::to_string(max_stages));
     s.ranks.emplace_back();
     for (std::size_t k = first; k < tokens.size(); ++k) {
       auto op = parse_instruction(tokens[k].text);
@@ -79,6 +89,24 @@ core::result<schedule> parse_schedule_text(std::string_view text, const std::str
         auto e = op.err();
         return core::error::at_key(source, "", line_no, tokens[k].column, e.message, e.hint);
       }
+      // Chunk and micro-batch numbers size the checks that follow: refuse absurd ones here, at
+      // their line, before anything of their size is built.
+      if (op->chunk >= max_stages * max_virtual_stages || op->mb >= max_microbatches)
+        return core::error::at_key(
+            source, "", line_no, tokens[k].column,
+            "'" + std::string(tokens[k].text) + "' names " +
+                (op->mb >= max_microbatches ? "micro-batch " + std::to_string(op->mb)
+                                            : "chunk " + std::to_string(op->chunk)) +
+                ", above the largest a schedule may have (chunks < " +
+                std::to_string(max_stages * max_virtual_stages) + ", micro-batches < " +
+                std::to_string(max_microbatches) + ")",
+            "chunks are numbered 0 .. p*v-1 and micro-batches 0 .. m-1");
+      if (++instructions > 5 * max_passes())
+        return core::error::at_key(source, "", line_no, tokens[k].column,
+                                   "more than " + std::to_string(5 * max_passes()) +
+                                       " instructions, more than the largest schedule this "
+                                       "machine holds",
+                                   "is this the right file?");
       s.ranks.back().push_back(*op);
       if (op->kind != op_kind::STEP) max_chunk = std::max(max_chunk, op->chunk);
       if (op->kind != op_kind::STEP && op->kind != op_kind::REDUCE_GRAD) max_mb = std::max(max_mb, op->mb);
@@ -90,6 +118,8 @@ core::result<schedule> parse_schedule_text(std::string_view text, const std::str
   s.stages = static_cast<int>(s.ranks.size());
   s.virtual_stages = max_chunk / s.stages + 1;
   s.microbatches = std::max(max_mb + 1, 1);
+  if (auto st = check_size("schedule file " + source, s.stages, s.virtual_stages, s.microbatches); !st)
+    return st.err();
   // Fill the peers a hand-written file left out; a wrong peer stays for validate to report.
   for (int r = 0; r < s.stages; ++r)
     for (auto& op : s.ranks[r]) {
@@ -101,13 +131,16 @@ core::result<schedule> parse_schedule_text(std::string_view text, const std::str
 }
 
 core::result<schedule> load_schedule_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return core::error::at_file(path, "cannot open the schedule file",
-                                "check the path; a file is read when the name is not a registered schedule");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return parse_schedule_text(buf.str(), path, ends_with(path, ".csv"));
+  // A line per rank of instructions of a few bytes each: the largest schedule fits in this.
+  constexpr std::uint64_t max_schedule_file_bytes = std::uint64_t(1) << 30;
+  core::input_spec spec;
+  spec.what = "schedule file";
+  spec.max_bytes = max_schedule_file_bytes;
+  spec.hint = "check the path; a file is read when the name is not a registered schedule "
+              "(docs/schedules.md describes the text and .csv forms)";
+  auto text = core::read_input(path, spec);
+  if (!text) return text.err();
+  return parse_schedule_text(text.value(), path, ends_with(path, ".csv"));
 }
 
 std::string format_schedule_text(const schedule& s) {

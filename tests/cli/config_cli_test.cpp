@@ -8,6 +8,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include "model/shards.hpp"
 
 #include "tests/cli/cli_harness.hpp"
 
@@ -84,10 +87,18 @@ TEST_CASE("config check finds the data files relative to the current directory")
 
   fs::create_directories(dir.path / "data/tokens");
   fs::create_directories(dir.path / "data/gpt2");
-  for (const char* f : {"data/tokens/train.bin", "data/tokens/val.bin", "data/gpt2/encoder.json",
-                        "data/gpt2/vocab.bpe"})
-    dir.write(f, "x");
-  CHECK(config_check(dir, "'" + tiny + "'").code == 0);
+  for (const char* f : {"data/gpt2/encoder.json", "data/gpt2/vocab.bpe"}) dir.write(f, "x");
+  // config check opens the shards as train does: they must be token shards long enough for a
+  // global batch (32 sequences of 64 tokens) and an evaluation (4 x 4 sequences).
+  const std::vector<std::uint16_t> tokens(2000, 7);
+  REQUIRE(troupe::model::write_shard((dir.path / "data/tokens/train.bin").string(), tokens).ok());
+  REQUIRE(troupe::model::write_shard((dir.path / "data/tokens/val.bin").string(), tokens).ok());
+  const run_result found = config_check(dir, "'" + tiny + "'");
+  CHECK_MESSAGE(found.code == 0, found.err);
+  dir.write("data/tokens/val.bin", "x");
+  const run_result bad = config_check(dir, "'" + tiny + "'");
+  CHECK(bad.code == 1);
+  CHECK(contains(bad.err, "data/tokens/val.bin"));
 }
 
 TEST_CASE("config check rejects a bad file with its location and a hint") {

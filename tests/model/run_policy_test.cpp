@@ -149,10 +149,10 @@ TEST_CASE("a failing step-end hook and a metrics file that cannot be written sto
     REQUIRE_FALSE(st.ok());
     CHECK(has(st.err().to_string(), "report of step 0 failed"));
   }
-  // metrics.jsonl is written through a temporary file that is renamed: make that a link to a
-  // device where every write fails.
+  // A fresh run's metrics.jsonl is created in place: make it a link to a device where every
+  // write fails.
   fs::remove(cfg.runtime.run_dir + "/metrics.jsonl");
-  fs::create_symlink("/dev/full", cfg.runtime.run_dir + "/metrics.jsonl.tmp");
+  fs::create_symlink("/dev/full", cfg.runtime.run_dir + "/metrics.jsonl");
   auto run = model::run_log::open(cfg, start.value(), nullptr);
   REQUIRE(run.ok());
   auto st = run->step_end(outcome(0));

@@ -162,7 +162,7 @@ TEST_CASE("a foreign file is refused with what it looks like") {
   CHECK(has(msg, "text 'Call me Ishmael."));
 
   msg = open_error(dir / "absent.bin");
-  CHECK(has(msg, "cannot open token shard"));
+  CHECK(has(msg, "cannot open the token shard"));
   CHECK(has(msg, "absent.bin"));
   fs::remove_all(dir);
 }

@@ -96,7 +96,7 @@ TEST_CASE("both loops stop when config.toml or metrics.jsonl cannot be written")
 
     cfg = two_stage_run(tmp, name + "_metrics");
     fs::create_directories(cfg.runtime.run_dir);
-    fs::create_symlink("/dev/full", cfg.runtime.run_dir + "/metrics.jsonl.tmp");
+    fs::create_symlink("/dev/full", cfg.runtime.run_dir + "/metrics.jsonl");
     r = run(cfg, nullptr, "", -1, {});
     REQUIRE_FALSE(r.ok());
     CHECK(has(r.err().to_string(), "metrics.jsonl"));
