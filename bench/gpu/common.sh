@@ -1,7 +1,8 @@
 # Sourced by bench/gpu/tests.sh and bench/gpu/bench.sh (not run on its own). From the repository
 # root, with the package bench/gpu/pack.sh staged:
-#   PKG      the package folder (default build-gpu): bin/ (programs), lib/ (shared libraries the GPU
-#            machine may lack), manifest.txt (the commit and build it came from)
+#   PKG      the package folder (default build-gpu): package.tar.gz, unpacked there on first use
+#            into bin/ (programs), lib/ (shared libraries the GPU machine may lack) and
+#            manifest.txt (the commit and build it came from)
 #   RESULTS  where logs and JSON go (default $PKG/results)
 #   WORK     scratch space for runs (default $PKG/work, emptied first)
 # and puts lib/ on the loader path. Every path is relative to the repository root.
@@ -10,8 +11,11 @@ PKG=${PKG:-build-gpu}
 BIN=$PKG/bin
 RESULTS=${RESULTS:-$PKG/results}
 WORK=${WORK:-$PKG/work}
+if [[ -f $PKG/package.tar.gz && ( ! -x $BIN/troupe || $PKG/package.tar.gz -nt $BIN/troupe ) ]]; then
+  rm -rf "$PKG/bin" "$PKG/lib" && tar xzf "$PKG/package.tar.gz" -C "$PKG"
+fi
 if [[ ! -x $BIN/troupe ]]; then
-  echo "bench/gpu: no package at $PKG (expected $BIN/troupe); run bash bench/gpu/pack.sh on the" \
+  echo "bench/gpu: no package at $PKG (expected $PKG/package.tar.gz); run bash bench/gpu/pack.sh on the" \
        "machine that built troupe with CUDA, then copy the repository with $PKG here" >&2
   exit 2
 fi

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Stage a CUDA build of troupe for a GPU machine, in build-gpu/ (git ignores every build*/ folder):
+# Stage a CUDA build of troupe for a GPU machine as build-gpu/package.tar.gz (git ignores every
+# build*/ folder), which bench/gpu/common.sh unpacks there on first use:
 #   bin/   troupe, the GPU benchmarks, every test program and the schedule plugins the tests load
 #   lib/   the shared libraries those programs use that a GPU machine may lack (CAF, toml++, fmt,
 #          PCRE2, xxHash, OpenBLAS and its Fortran runtime)
 #   manifest.txt  the commit (and whether the tree had changes) and the build folder
-# Then copy the repository, build-gpu/ included, to the GPU machine and run bench/gpu/tests.sh and
+# (compressed, the package is about a third of its size: OpenBLAS alone is 35 MB). Then copy the
+# repository, build-gpu/ included, to the GPU machine and run bench/gpu/tests.sh and
 # bench/gpu/bench.sh there from the repository root (bench/README.md).
 # Usage, from the repository root: bash bench/gpu/pack.sh [BUILD_DIR]   (default build-cuda)
 set -euo pipefail
@@ -21,20 +23,25 @@ if [[ ! -x $build/bench/gpu_gpt2_bench ]]; then
        "cases will skip and bench.sh has nothing to run" >&2
 fi
 rm -rf "$pkg"
-mkdir -p "$pkg/bin" "$pkg/lib"
+stage=$pkg/stage
+mkdir -p "$stage/bin" "$stage/lib"
 programs=("$build/troupe")
 for f in "$build"/bench/gpu_*_bench "$build"/tests/test_* "$build"/tests/*.so; do
   [[ -f $f && ( -x $f || $f == *.so ) ]] && programs+=("$f")
 done
-cp "${programs[@]}" "$pkg/bin/"
+cp "${programs[@]}" "$stage/bin/"
 # The libraries the programs resolve here that are not part of a base system with the CUDA driver.
 ldd "${programs[@]}" 2>/dev/null | awk '/=> \// {print $3}' |
   grep -E 'libcaf_|libtomlplusplus|libfmt|libpcre2|libxxhash|libopenblas|libblas|liblapack|libgfortran|libquadmath' |
-  sort -u | while read -r lib; do cp -L "$lib" "$pkg/lib/"; done
+  sort -u | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 # Debug information is most of a binary's size; the package does not need it.
-strip --strip-debug "$pkg"/bin/* "$pkg"/lib/* 2>/dev/null || true
+strip --strip-debug "$stage"/bin/* "$stage"/lib/* 2>/dev/null || true
 {
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
   echo "built in $build, packed $(date -u +%Y-%m-%d)"
-} > "$pkg/manifest.txt"
-echo "pack: $(ls "$pkg/bin" | wc -l) programs, $(ls "$pkg/lib" | wc -l) libraries, $(du -sh "$pkg" | cut -f1) in $pkg/"
+} > "$stage/manifest.txt"
+tar czf "$pkg/package.tar.gz" -C "$stage" bin lib manifest.txt
+cp "$stage/manifest.txt" "$pkg/manifest.txt"
+echo "pack: $(ls "$stage/bin" | wc -l) programs, $(ls "$stage/lib" | wc -l) libraries:" \
+     "$pkg/package.tar.gz, $(du -h "$pkg/package.tar.gz" | cut -f1)"
+rm -rf "$stage"

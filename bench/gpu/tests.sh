@@ -116,7 +116,7 @@ if [[ $gpus -ge 2 ]]; then
   launch_check gpus_dp2_zero1 "$WORK/dp2_zero1.toml" 2
   launch_check gpus_pp2 "$WORK/pp2.toml" 2
 else
-  say "== one GPU visible: the checks with one process per GPU are left out"
+  say "== fewer than two GPUs visible: the checks with one process per GPU are left out"
 fi
 
 if [[ $failed -eq 0 ]]; then say "tests.sh: everything passed"; else say "tests.sh: FAILURES above"; fi
