@@ -1,12 +1,12 @@
-// Every CAF-version-specific spelling lives here (house rule 9), pinned to CAF 0.17.6: atoms as
-// atom_constant<atom("...")> (at most 10 characters), inspect() returning
+// Every CAF-version-specific spelling lives here (docs/design.md, rule 9), pinned to CAF 0.17.6:
+// atoms as atom_constant<atom("...")> (at most 10 characters), inspect() returning
 // Inspector::result_type with meta::type_name, and the scheduler settings.
 #pragma once
 
 #include <caf/all.hpp>
 
 #if !defined(CAF_VERSION) || CAF_VERSION < 1706 || CAF_VERSION >= 1800
-#error "troupe is written against CAF 0.17.6 (Debian libcaf-dev); see ENV.md"
+#error "troupe is written against CAF 0.17.6 (Debian libcaf-dev, installed by scripts/setup.sh)"
 #endif
 
 namespace troupe::actors {

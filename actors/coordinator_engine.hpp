@@ -1,5 +1,5 @@
-// The behaviour of the coordinator as a plain class (house rule 4; actors/coordinator.cpp only
-// moves messages), one per job. It starts each step, gathers the last stages' losses and the
+// The behaviour of the coordinator as a plain class (docs/design.md, rule 4; actors/coordinator.cpp
+// only moves messages), one per job. It starts each step, gathers the last stages' losses and the
 // shards' gradient-norm sums, decides the clip scale and learning rate (model::decide_step, the
 // single-rank trainer's own decision), waits for every stage and shard to finish, and then does
 // what the run policy (model/run_policy.hpp) says is due: metrics line and progress line,

@@ -1,7 +1,7 @@
-// Every message of the actor runtime as a CAF message (house rule 4: one protocol header): the
-// atoms, and inspect() and registration for the plain message structs of actors/wire.hpp (where
-// the CAF-free engines see them too). Control messages are small and serialisable; tensor bytes
-// travel on the transport (transport/transport.hpp) under a tag, and a `tensor_ready` message
+// Every message of the actor runtime as a CAF message (one protocol header: docs/design.md, rule
+// 4): the atoms, and inspect() and registration for the plain message structs of actors/wire.hpp
+// (where the CAF-free engines see them too). Control messages are small and serialisable; tensor
+// bytes travel on the transport (transport/transport.hpp) under a tag, and a `tensor_ready` message
 // tells the receiving actor which tag to take. In one process the tensor handle itself moves
 // (zero-copy); across processes CAF's middleman carries only these descriptors.
 //

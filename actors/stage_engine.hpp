@@ -1,8 +1,8 @@
-// The behaviour of a stage actor as a plain class (house rule 4): it owns the model chunks of one
-// (replica, pipeline rank), executes that rank's instruction list for a step, and keeps every
-// tensor that arrives early in a stash keyed by its tag until an instruction takes it. It never
-// blocks: `run` executes instructions until one needs a tensor that is not there yet and returns;
-// the host (the CAF actor, or a test driver) delivers tensors and calls `run` again.
+// The behaviour of a stage actor as a plain class (docs/design.md, Actors): it owns the model
+// chunks of one (replica, pipeline rank), executes that rank's instruction list for a step, and
+// keeps every tensor that arrives early in a stash keyed by its tag until an instruction takes it.
+// It never blocks: `run` executes instructions until one needs a tensor that is not there yet and
+// returns; the host (the CAF actor, or a test driver) delivers tensors and calls `run` again.
 //
 // Outgoing tensors are queued as `outgoing` records; the host moves them over the transport and
 // tells the receiver. Nothing here knows CAF.

@@ -5,7 +5,7 @@
 //
 //   cpu_ops_bench [--threads N] [--reps R] [--json FILE]
 //
-// A program, not a test (house rule 10): it asserts nothing about time.
+// A program, not a test (docs/design.md, rule 10): it asserts nothing about time.
 #include <cblas.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // GPT-2 training-step benchmark on one GPU: the whole model as one model::chunk on the CUDA backend
 // in bf16 (fp32 master weights, gradients and AdamW moments), random tokens, the same shapes and
-// FLOP count as the PyTorch peer baseline (shared/bench/torch_gpt2.py), so the two print comparable
+// FLOP count as the PyTorch baseline (bench/torch_gpt2.py), so the two print comparable
 // numbers. A program, not a test: it prints a table row and one JSON line.
 //
 // One step = zero grads, forward + fused cross-entropy, backward, tied-gradient sum, then the

@@ -14,7 +14,7 @@
 //                           [--warmup W] [--schedule NAME] [--precision bf16|fp32|fp16]
 //                           [--device cuda|cpu] [--no-single] [--keep DIR] [--out FILE.json]
 // (--device cpu --precision fp32 --config configs/tiny.toml checks the program on a CPU.)
-// Random tokens (vocab 50257), vocabulary padded to 50304 like shared/bench/torch_gpt2.py.
+// Random tokens (vocab 50257), vocabulary padded to 50304 like bench/torch_gpt2.py.
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,7 +89,7 @@ core::config make_config(const options& o, const std::string& dir, int pp) {
 }
 
 double flops_per_token(const core::config& c) {
-  // As shared/bench/torch_gpt2.py counts: 6N + 12·L·C·T, N with the tied matrix once.
+  // As bench/torch_gpt2.py counts: 6N + 12·L·C·T, N with the tied matrix once.
   const double n = static_cast<double>(core::parameter_count(c.model));
   return 6 * n + 12.0 * c.model.num_layers * c.model.hidden_size * c.model.seq_length;
 }

@@ -3,7 +3,7 @@
 // stream is cut into chunks of --chunk-tokens and a --val-fraction share of the chunks, spread
 // evenly through the stream, forms the validation split. Validation text is therefore drawn from
 // the same mix of documents as training text: a split taken from a different text measures
-// something else (ENV.md: such a split stays near loss 7.2 while training loss falls).
+// something else (docs/data.md: such a split stays near loss 7.2 while training loss falls).
 #include <unistd.h>
 
 #include <algorithm>

@@ -19,7 +19,7 @@ void print_error(const std::string& text) { std::fprintf(stderr, "troupe: error:
 
 int main(int argc, char** argv) {
   using namespace troupe::cli;
-  CLI::App app{"troupe: train and fine-tune GPT-2 and LLaMA models with pipeline, data and tensor "
+  CLI::App app{"troupe: train and fine-tune GPT-2 and LLaMA models with pipeline and data "
                "parallelism, built as an actor system"};
   app.require_subcommand(1);
   auto& cmds = registry();

@@ -1,5 +1,5 @@
-// The run configuration: one TOML file parsed once into these plain structs (house rule 6); no
-// toml:: type leaves core/. Every key, its default and its meaning is documented in
+// The run configuration: one TOML file parsed once into these plain structs (docs/design.md, rule
+// 6); no toml:: type leaves core/. Every key, its default and its meaning is documented in
 // configs/README.md. Keys follow the names users already write in mindformers/Megatron configs.
 #pragma once
 

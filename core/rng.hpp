@@ -1,7 +1,7 @@
 // Counter-based random streams. A stream is named by a key derived from (seed, purpose, step,
 // micro-batch, layer, ...) and draws the i-th number as a pure function of (key, i), so results
-// never depend on which rank or thread asks, or in which order (DESIGN.md, Determinism).
-// Distributions are written here rather than taken from <random>, whose outputs are
+// never depend on which rank or thread asks, or in which order (docs/design.md, Determinism
+// contract). Distributions are written here rather than taken from <random>, whose outputs are
 // implementation-defined.
 #pragma once
 

@@ -2,7 +2,7 @@
 // to release itself, so core/ needs no CUDA: the CUDA backend allocates device storage with its own
 // allocator and hands a release function. Tensors are always contiguous (row-major); a view is an
 // offset into the same storage. Copying a tensor copies the handle, not the bytes; actors move
-// tensors through messages (house rule 4).
+// tensors through messages (docs/design.md, rule 4).
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // Cuts micro-batches out of memory-mapped token shards as a pure function of
 // (seed, step, data-parallel rank, micro-batch), so that every schedule, pipeline split and rank
-// count sees the same sequences (DESIGN.md, Determinism).
+// count sees the same sequences (docs/design.md, Determinism contract).
 //
 // Contract. With B = micro_batch_size and M = micro-batches per replica per step
 // (micro_batch_num × gradient_accumulation_steps), sequence i of micro-batch `mb` on replica

@@ -1,7 +1,7 @@
-// The actor runtime's entry point: runs a whole data_parallel × pipeline_stage job as CAF actors
-// in this process, on the in-process transport, executing the configured schedule. The result is
-// bit-identical to model::train_single_rank for data_parallel = 1 (DESIGN.md, Determinism).
-// No CAF in this header: the CLI and tests include it cheaply.
+// The actor runtime's entry point: runs a whole data_parallel × pipeline_stage job as CAF actors in
+// this process, on the in-process transport, executing the configured schedule. The result is
+// bit-identical to model::train_single_rank for data_parallel = 1 (docs/design.md, Determinism
+// contract). No CAF in this header: the CLI and tests include it cheaply.
 #pragma once
 
 #include <cstdio>

@@ -1,5 +1,5 @@
-// The built-in generators: pure functions (p, m, options) -> compute-only schedule (STYLE rule 2).
-// Each keeps every chunk's backwards in micro-batch order 0, 1, 2, ..., because the runtime
+// The built-in generators: pure functions (p, m, options) -> compute-only schedule (docs/design.md,
+// rule 2). Each keeps every chunk's backwards in micro-batch order 0, 1, 2, ..., because the runtime
 // accumulates gradients in that order for bit-exact results. Register and look them up by name
 // through registry.hpp; call them directly only in tests.
 #pragma once

@@ -1,6 +1,6 @@
 // Collectives as patterns of point-to-point transfers. Reductions gather every member's slice at
 // its owner and add them in group order, so the result is the same bits whatever the arrival
-// order — the property data-parallel determinism rests on (DESIGN.md).
+// order — the property data-parallel determinism rests on (docs/design.md, Determinism contract).
 #include <algorithm>
 #include <cstring>
 

@@ -3,8 +3,9 @@
 // derive their order from the same schedule, so in-order transports (NCCL) match up.
 //
 // Implementations: `local` (one process: the handle moves, zero-copy), `tcp` (CPU tensors between
-// processes), `nccl` (GPU). Collectives are over an explicit group of ranks and sum in the
-// group's rank order, so their results do not depend on arrival order (DESIGN.md, Determinism).
+// processes), `nccl` (GPU). Collectives are over an explicit group of ranks and sum in the group's
+// rank order, so their results do not depend on arrival order (docs/design.md, Determinism
+// contract).
 #pragma once
 
 #include <chrono>

@@ -1,7 +1,7 @@
-// `troupe launch` on GPUs: the worker processes move tensors with the nccl transport. Only one GPU
-// is lent to this project, and NCCL refuses two ranks of one host on one GPU, so the test gives
-// each rank its own NCCL host id (TROUPE_NCCL_HOST_PER_RANK=1: NCCL then connects the ranks over
-// sockets) and puts both pipeline stages on GPU 0. In fp32 the kernels are deterministic and
+// `troupe launch` on GPUs: the worker processes move tensors with the nccl transport. The test must
+// run on a machine with a single GPU, and NCCL refuses two ranks of one host on one GPU, so it
+// gives each rank its own NCCL host id (TROUPE_NCCL_HOST_PER_RANK=1: NCCL then connects the ranks
+// over sockets) and puts both pipeline stages on GPU 0. In fp32 the kernels are deterministic and
 // each stage runs the same kernels in the same order whether it shares a process or not, so the
 // launched job must equal `troupe train` in one process bit for bit. Skips without a GPU or NCCL.
 #include <doctest/doctest.h>
@@ -44,7 +44,10 @@ TEST_CASE("gpu: a launched pipeline (2 worker processes, nccl) on one GPU equals
   cfg.runtime.device = "cuda";
   const std::string config = tmp / "gpu.toml";
   std::ofstream(config) << troupe::core::to_toml(cfg);
-  const std::string bin = TROUPE_BINARY_DIR "/troupe";
+  // bench/gpu/tests.sh runs this test from a package, away from its build folder, and names the
+  // package's binary.
+  const char* packaged = std::getenv("TROUPE_TEST_BINARY");
+  const std::string bin = packaged ? packaged : TROUPE_BINARY_DIR "/troupe";
   const std::string in_dir = tmp / "inproc", l_dir = tmp / "launched";
   const int train_code = sh("cd '" + tmp.path.string() + "' && '" + bin + "' train '" + config +
                             "' --set runtime.run_dir='" + in_dir + "' > train.out 2>&1");

@@ -6,7 +6,7 @@
 // Tolerance: |got − want| <= rtol·(|want| + rms(want)). The rms term is the absolute floor: a
 // float sum's rounding error scales with the size of its terms, which is the typical size of the
 // outputs, not the size of one output that happens to cancel to near zero. rtol is 1e-5 for fp32
-// and 1e-2 for bf16 (house rule 3).
+// and 1e-2 for bf16 (docs/design.md, rule 3).
 #pragma once
 
 #include <doctest/doctest.h>

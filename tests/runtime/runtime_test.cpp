@@ -1,5 +1,6 @@
-// The actor runtime's determinism promises (DESIGN.md), each as a bit-for-bit comparison of the
-// per-step losses and of every saved tensor (parameters and AdamW moments, by name).
+// The actor runtime's determinism promises (docs/design.md, Determinism contract), each as a
+// bit-for-bit comparison of the per-step losses and of every saved tensor (parameters and AdamW
+// moments, by name).
 #include "runtime/runtime.hpp"
 
 #include <doctest/doctest.h>

@@ -3,7 +3,7 @@
 // otherwise): one rank on one GPU (tensors to itself in any order, collectives, errors); two
 // processes on one GPU, which NCCL refuses, with an error that must name the duplicate GPU; and
 // three processes on one GPU that NCCL is told sit on three hosts (NCCL_HOSTID, sockets over
-// loopback), which is how a job of several ranks runs where only one GPU is lent. The processes
+// loopback), which is how a job of several ranks runs on a machine with one GPU. The processes
 // are this test binary started again on a hidden case ("nccl peer process").
 #include <doctest/doctest.h>
 

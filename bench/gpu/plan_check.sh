@@ -5,15 +5,16 @@
 # ZeRO stages (every worker in one process on GPU 0, bf16). Prints one table row per run and
 # writes $O/plan_check.jsonl; the ratios are planned / measured.
 #
-#   bash bench/device/pack.sh                 # here: stage the CUDA build into build-dev/
-#   cp bench/device/plan_check.sh build-dev/
-#   # device: bash build-dev/plan_check.sh [124m|1.5b|llama|all|oom] [--calibrate]   carry = ["build-dev"]
+#   bash bench/gpu/pack.sh build-cuda        # where troupe was built with CUDA: stage build-gpu/
+#   bash bench/gpu/plan_check.sh [124m|1.5b|llama|all|oom] [--calibrate]   # on the GPU machine
 #
 # --calibrate first measures the GPU (`troupe plan --calibrate`) and plans with those rates.
 # `oom` instead checks the two refusals: `troupe train` of GPT-2 1.5B at micro-batch size 64
 # refused by the plan check before allocation (exit 3), and the same with --no-plan-check running
 # out of device memory and stopping with rank, stage, step, instruction and the plan (exit 1).
-source "$(dirname "${BASH_SOURCE[0]}")/unpack.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+B=$BIN
+O=$RESULTS
 which=${1:-124m}
 cal_flag=""
 mkdir -p $O/runs $O/cfg

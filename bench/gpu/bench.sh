@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The GPU benchmarks of docs/PERFORMANCE.md, on one GPU beside the PyTorch baseline
+# (bench/torch_gpt2.py), from the package bench/gpu/pack.sh staged. Parts (default: the first three):
+#   gpt2-124m   GPT-2 124M (B 16, T 1024, bf16): troupe's training step (clip, CUDA graph) and
+#               torch.compile interleaved twice, PyTorch eager, then troupe with --no-graph
+#               (every op launched from the host) and --no-clip (the baseline's work)
+#   pipeline    GPT-2 124M through the actor runtime as 4 pipeline stages (1F1B, 8 micro-batches)
+#               and as one stage on the same global batch (bench/gpu_pipeline_bench)
+#   gpt2-1.5b   GPT-2 1.5B (48 layers, 1600 wide, 25 heads): troupe, troupe --no-graph,
+#               torch.compile, PyTorch eager
+#   profile     where a 124M step's time goes: troupe's per-op and per-phase tables, torch.compile's
+#               kernels under torch.profiler, and attention alone (gpu_attention_bench beside
+#               PyTorch's flash SDPA, bench/torch_attention_bench.py)
+# Usage, from the repository root: bash bench/gpu/bench.sh [PART...]   (PKG, RESULTS: common.sh)
+# Needs python3 with PyTorch (CUDA) for the baseline. Every program's JSON line goes to
+# $RESULTS/gpt2.jsonl; the summary table with ratios to $RESULTS/bench.md.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+parts=("$@")
+[[ ${#parts[@]} -gt 0 ]] || parts=(gpt2-124m pipeline gpt2-1.5b)
+jsonl=$RESULTS/gpt2.jsonl
+: > "$jsonl"
+describe_machine | tee "$RESULTS/machine.txt"
+python3 -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1 |
+  tee -a "$RESULTS/machine.txt"
+
+# troupe TAG SECONDS ARGS...: gpu_gpt2_bench; its table row shown, its JSON line kept.
+troupe() {
+  local tag=$1 limit=$2; shift 2
+  timeout "$limit" "$BIN/gpu_gpt2_bench" --tag "$tag" "$@" > "$RESULTS/$tag.log" 2>&1 ||
+    echo "gpu_gpt2_bench $tag failed or timed out: $RESULTS/$tag.log"
+  grep -v '^{' "$RESULTS/$tag.log" | tail -n 1
+  grep '^{' "$RESULTS/$tag.log" >> "$jsonl"
+}
+# torch TAG SECONDS ARGS...: bench/torch_gpt2.py likewise.
+torch() {
+  local tag=$1 limit=$2; shift 2
+  timeout "$limit" python3 bench/torch_gpt2.py --tag "$tag" "$@" > "$RESULTS/$tag.log" 2>&1 ||
+    echo "torch_gpt2.py $tag failed or timed out: $RESULTS/$tag.log"
+  grep '^{' "$RESULTS/$tag.log" | tee -a "$jsonl"
+}
+
+big="--layers 48 --embd 1600 --heads 25"
+for part in "${parts[@]}"; do
+  echo "== $part"
+  case $part in
+    gpt2-124m)
+      troupe troupe-124M 120 --steps 20
+      torch compile-124M 300 --compile
+      troupe troupe-124M-again 120 --steps 20
+      torch compile-124M-again 300 --compile
+      torch eager-124M 120
+      troupe troupe-124M-no-graph 120 --steps 20 --no-graph
+      troupe troupe-124M-no-clip 120 --steps 20 --no-clip
+      ;;
+    pipeline)
+      timeout 400 "$BIN/gpu_pipeline_bench" --out "$RESULTS/pipeline.json" > "$RESULTS/pipeline.log" 2>&1 ||
+        echo "gpu_pipeline_bench failed or timed out: $RESULTS/pipeline.log"
+      tail -n 6 "$RESULTS/pipeline.log"
+      ;;
+    gpt2-1.5b)
+      troupe troupe-1.5B 300 $big --steps 8 --warmup 2
+      troupe troupe-1.5B-no-graph 300 $big --steps 8 --warmup 2 --no-graph
+      torch compile-1.5B 400 --compile $big --steps 10
+      torch eager-1.5B 200 $big --steps 10
+      ;;
+    profile)
+      timeout 200 "$BIN/gpu_gpt2_bench" --tag troupe-124M-profile --steps 10 --profile --phases \
+        > "$RESULTS/profile-troupe.log" 2>&1
+      grep -v '^{' "$RESULTS/profile-troupe.log" | tail -n 40
+      timeout 400 python3 bench/torch_profile.py --compile --steps 10 > "$RESULTS/profile-torch.log" 2>&1
+      head -n 25 "$RESULTS/profile-torch.log"
+      timeout 120 "$BIN/gpu_attention_bench" > "$RESULTS/attention-troupe.log" 2>&1
+      tail -n 8 "$RESULTS/attention-troupe.log"
+      timeout 120 python3 bench/torch_attention_bench.py | tee "$RESULTS/attention-torch.log"
+      ;;
+    *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, gpt2-1.5b, profile)" >&2; exit 2 ;;
+  esac
+done
+
+# The summary: one row per run, each model's torch rows with troupe's default step over theirs
+# (tokens/s; the first troupe run of that model).
+python3 - "$jsonl" <<'PY' | tee "$RESULTS/bench.md"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+print("| model | run | step (median) | tokens/s | model TFLOP/s | peak memory | troupe / this |")
+print("|---|---|---:|---:|---:|---:|---:|")
+first = {}
+for r in rows:
+    model = f"{r['L']}x{r['C']}"
+    if r.get("engine") == "troupe":
+        first.setdefault(model, r["tok_s"])
+for r in rows:
+    model = f"{r['L']}x{r['C']}"
+    ratio = ""
+    if r.get("engine") != "troupe" and model in first:
+        ratio = f"{first[model] / r['tok_s']:.3f}"
+    print(f"| {r['params'] / 1e6:.0f}M | {r['tag']} | {r['step_ms']:.2f} ms | {int(r['tok_s']):,} | "
+          f"{r['tflops']} | {r['peak_gib']:.2f} GiB | {ratio} |")
+PY

@@ -1,0 +1,128 @@
+"""The PyTorch CPU baseline for configs/tiny.toml's model: train a small GPT-2 on N threads for a
+wall-clock budget and print train loss, validation loss and tokens/s.
+
+The model matches troupe's GPT-2 (pre-LayerNorm blocks, causal attention, tanh-GELU MLP of width
+4C, learned positions, the head tied to the 50257-token embedding, N(0, 0.02) weights); AdamW with
+weight decay 0.1, fp32. Batches are B random windows of T + 1 tokens. The token file is either a
+troupe / llm.c shard (`troupe data prepare` writes them: a 1024-byte header, then uint16 tokens)
+or raw uint16 tokens; its first twentieth is the validation split.
+
+    python3 bench/torch_cpu_tiny.py TOKENS SECONDS LAYERS HIDDEN HEADS SEQ BATCH LR [--threads 2]
+    taskset -c 0,1 python3 bench/torch_cpu_tiny.py data/tokens/train.bin 300 4 128 4 64 16 0.003
+"""
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB = 50257
+SHARD_MAGIC = 20240520
+SHARD_HEADER_BYTES = 1024
+
+
+def load_tokens(path):
+    raw = np.fromfile(path, dtype=np.uint8)
+    if raw.size >= SHARD_HEADER_BYTES and raw[:4].view(np.int32)[0] == SHARD_MAGIC:
+        raw = raw[SHARD_HEADER_BYTES:]
+    return torch.from_numpy(raw.view(np.uint16).astype(np.int64))
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, 4 * width)
+        self.fc2 = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        split = lambda z: z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        q, k, v = (split(z) for z in self.qkv(self.ln1(x)).split(c, 2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT2(nn.Module):
+    def __init__(self, layers, width, heads, seq):
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, width)
+        self.wpe = nn.Embedding(seq, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.lnf = nn.LayerNorm(width)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0, 0.02)
+
+    def forward(self, tokens):
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.lnf(x) @ self.wte.weight.T  # the tied head
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tokens")
+    ap.add_argument("seconds", type=float)
+    ap.add_argument("layers", type=int)
+    ap.add_argument("hidden", type=int)
+    ap.add_argument("heads", type=int)
+    ap.add_argument("seq", type=int)
+    ap.add_argument("batch", type=int)
+    ap.add_argument("lr", type=float)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+
+    tokens = load_tokens(a.tokens)
+    n_val = len(tokens) // 20
+    val, train = tokens[:n_val], tokens[n_val:]
+    model = GPT2(a.layers, a.hidden, a.heads, a.seq)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(1)
+
+    def batch(source):
+        starts = torch.randint(len(source) - a.seq - 1, (a.batch,), generator=gen)
+        x = torch.stack([source[i:i + a.seq] for i in starts])
+        y = torch.stack([source[i + 1:i + a.seq + 1] for i in starts])
+        return x, y
+
+    def loss_of(x, y):
+        return F.cross_entropy(model(x).view(-1, VOCAB), y.view(-1))
+
+    def evaluate(batches=8):
+        model.eval()
+        with torch.no_grad():
+            total = sum(loss_of(*batch(val)).item() for _ in range(batches))
+        model.train()
+        return total / batches
+
+    params = sum(p.numel() for p in model.parameters())
+    print(f"params {params / 1e6:.2f}M tokens {len(tokens)} threads {a.threads}", flush=True)
+    print(f"t=0 val {evaluate():.3f}", flush=True)
+    start = time.time()
+    step = 0
+    while time.time() - start < a.seconds:
+        loss = loss_of(*batch(train))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        if step % 50 == 0:
+            elapsed = time.time() - start
+            print(f"t={elapsed:.0f}s step {step} train {loss.item():.3f} val {evaluate():.3f} "
+                  f"tok/s {step * a.batch * a.seq / elapsed:.0f}", flush=True)
+    print(f"final step {step} val {evaluate():.3f}")
+
+
+if __name__ == "__main__":
+    main()
