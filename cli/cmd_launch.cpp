@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/perturb.hpp"
 #include "cli/command.hpp"
 #include "cli/launch_workers.hpp"
 #include "cli/plan_check.hpp"
@@ -257,6 +258,12 @@ int run_launch(launch_args& a) {
   if (auto st = core::check_files(cfg.value()); !st) {
     print_error(st.err().to_string());
     return usage_error;
+  }
+  if (const char* spec = env("TROUPE_PERTURB_SEND")) {  // read by the workers; checked here first
+    if (auto p = actors::parse_perturbation(spec, "TROUPE_PERTURB_SEND"); !p) {
+      print_error(p.err().to_string());
+      return usage_error;
+    }
   }
   if (!a.no_plan_check)
     if (int rc = check_plan(cfg.value(), a.device_memory, true)) return rc;
