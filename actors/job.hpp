@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "actors/layout.hpp"
+#include "actors/perturb.hpp"
 #include "actors/protocol.hpp"
 #include "actors/recorder.hpp"
 #include "core/config.hpp"
@@ -32,6 +33,8 @@ struct job {
   /// Sees every tensor sent (and, when it asks, received): the recorder, replay's verifier, or
   /// null.
   std::shared_ptr<message_sink> sink;
+  /// A test-only bit flip of one sent tensor (actors/perturb.hpp); null = none.
+  std::shared_ptr<send_perturbation> perturb;
   std::chrono::steady_clock::time_point epoch;
   std::chrono::milliseconds recv_timeout{60000};
   std::FILE* log = stdout;
@@ -118,6 +121,7 @@ template <class Self>
 void route(Self* self, const job& j, const address& from, const address& to,
            const transport::tag& tg, core::tensor t, const send_note& note = {}) {
   const int src = j.worker_of(from), dst = j.worker_of(to);
+  if (j.perturb) t = perturb_send(*j.perturb, from, src, to, dst, tg, std::move(t), note.be);
   if (j.sink) observe_send(*j.sink, from, src, to, dst, tg, t, note.be, note.sample);
   j.endpoint(src).send(dst, std::move(t), tg);
   self->send(j.actor_of(to), tensor_ready{tg.step, tg.kind, tg.chunk, tg.mb, tg.part, src});

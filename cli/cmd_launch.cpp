@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/perturb.hpp"
 #include "cli/command.hpp"
 #include "cli/launch_workers.hpp"
 #include "cli/plan_check.hpp"
@@ -92,22 +93,29 @@ core::result<int> env_int(const char* name, long lo, long hi) {
 }
 
 // Slurm's (and the usual MASTER_ADDR / MASTER_PORT) variables, for the options not given.
+// Inside an srun step every task is one launcher, a "node" of the job: SLURM_STEP_NUM_TASKS
+// launchers, this one number SLURM_PROCID. With one task per node (the usual) those are the
+// allocation's nodes and SLURM_NODEID; several tasks per node split a node between launchers.
+// Outside a step (the batch script itself) only SLURM_JOB_NUM_NODES and SLURM_NODEID are known.
 // Returns the note printed about which values came from where.
 core::result<std::string> apply_environment(launch_args& a, std::optional<int>& nodes) {
   std::string note;
   auto add = [&note](const std::string& what) { note += (note.empty() ? "" : ", ") + what; };
-  if (env("SLURM_JOB_NUM_NODES")) {
-    auto n = env_int("SLURM_JOB_NUM_NODES", 1, 1 << 20);
+  const bool in_step = env("SLURM_STEP_NUM_TASKS") && env("SLURM_PROCID");
+  const char* count_var = in_step ? "SLURM_STEP_NUM_TASKS" : "SLURM_JOB_NUM_NODES";
+  const char* rank_var = in_step ? "SLURM_PROCID" : "SLURM_NODEID";
+  if (env(count_var)) {
+    auto n = env_int(count_var, 1, 1 << 20);
     if (!n) return n.err();
     nodes = n.value();
-    add(std::to_string(n.value()) + " node" + (n.value() == 1 ? "" : "s") +
-        " (SLURM_JOB_NUM_NODES)");
+    add(std::to_string(n.value()) + (in_step ? " launcher" : " node") +
+        (n.value() == 1 ? "" : "s") + " (" + count_var + ")");
   }
-  if (!a.node_rank_opt->count() && env("SLURM_NODEID")) {
-    auto r = env_int("SLURM_NODEID", 0, 1 << 20);
+  if (!a.node_rank_opt->count() && env(rank_var)) {
+    auto r = env_int(rank_var, 0, 1 << 20);
     if (!r) return r.err();
     a.node_rank = r.value();
-    add("node_rank " + std::to_string(a.node_rank) + " (SLURM_NODEID)");
+    add("node_rank " + std::to_string(a.node_rank) + " (" + rank_var + ")");
   }
   if (!a.master_addr_opt->count()) {
     for (const char* name : {"MASTER_ADDR", "SLURM_LAUNCH_NODE_IPADDR"}) {
@@ -186,7 +194,7 @@ core::result<launch_plan> make_plan(launch_args& a, const core::config& cfg) {
   p.nodes = p.worker_num / p.local_worker_num;
   if (slurm_nodes && *slurm_nodes != p.nodes && !l_given)
     return core::error::make(std::to_string(p.worker_num) + " workers do not split over Slurm's " +
-                                 std::to_string(*slurm_nodes) + " nodes",
+                                 std::to_string(*slurm_nodes) + " nodes (or srun tasks)",
                              "pass --local_worker_num (workers per node) explicitly");
   if (a.node_rank < 0 || a.node_rank >= p.nodes)
     return core::error::make(
@@ -278,6 +286,12 @@ int run_launch(launch_args& a) {
   if (auto st = actors::preflight(cfg.value()); !st) {
     print_error(st.err().to_string());
     return usage_error;
+  }
+  if (const char* spec = env("TROUPE_PERTURB_SEND")) {  // read by the workers; checked here first
+    if (auto p = actors::parse_perturbation(spec, "TROUPE_PERTURB_SEND"); !p) {
+      print_error(p.err().to_string());
+      return usage_error;
+    }
   }
   if (!a.no_plan_check)
     if (int rc = check_plan(cfg.value(), a.device_memory, true)) return rc;
@@ -436,7 +450,7 @@ const command_registrar reg{command{
       a->local_worker_num_opt =
           app.add_option("--local_worker_num", a->local_worker_num,
                          "workers started on this node (default: --worker_num, i.e. one node; "
-                         "under Slurm --worker_num / SLURM_JOB_NUM_NODES)")
+                         "under Slurm --worker_num / the number of srun tasks or nodes)")
               ->check(CLI::PositiveNumber);
       a->master_addr_opt = app.add_option(
           "--master_addr", a->master_addr,
@@ -448,7 +462,7 @@ const command_registrar reg{command{
               ->check(CLI::Range(1, 65535));
       a->node_rank_opt = app.add_option("--node_rank", a->node_rank,
                                         "this node's number, 0 .. nodes-1 (default 0; under "
-                                        "Slurm SLURM_NODEID)")
+                                        "srun SLURM_PROCID, else SLURM_NODEID)")
                              ->check(CLI::NonNegativeNumber);
       app.add_option("--log_dir", a->log_dir,
                      "where worker_<RANK>.log and workers.json go (default "
@@ -488,10 +502,12 @@ const command_registrar reg{command{
 Environment:
   TROUPE_JOB_TOKEN  shared secret every worker presents at the rendezvous; a single-node launch
                     generates one, a multi-node job needs the same value exported on every node.
-  Slurm: SLURM_NODEID (node_rank), SLURM_JOB_NUM_NODES (number of nodes), MASTER_ADDR or
-  SLURM_LAUNCH_NODE_IPADDR (master_addr) and MASTER_PORT (master_port) are used for the options
-  not given on the command line; the launcher prints which values it took. Start one launcher
-  per node: srun --ntasks-per-node=1 troupe launch --local_worker_num 4 CONFIG
+  Slurm: inside an srun step each task is one launcher: SLURM_PROCID (node_rank) and
+  SLURM_STEP_NUM_TASKS (number of nodes); outside a step SLURM_NODEID and SLURM_JOB_NUM_NODES.
+  MASTER_ADDR or SLURM_LAUNCH_NODE_IPADDR (master_addr) and MASTER_PORT (master_port) are used
+  for the options not given on the command line; the launcher prints which values it took.
+  Start one launcher per node: srun --ntasks-per-node=1 troupe launch --local_worker_num 4 CONFIG
+  (examples/slurm/job.sbatch).
 
 Failures: when a worker exits non-zero or is killed, the launcher names it (rank, pid, host, code
   or signal), gives the others --grace seconds to stop by themselves, then sends SIGTERM and 5 s

@@ -3,6 +3,7 @@
 // passes who it is in the environment: TROUPE_MASTER_ADDR, TROUPE_MASTER_PORT, TROUPE_WORKER_NUM,
 // TROUPE_LOCAL_WORKER_NUM, TROUPE_NODE_RANK, TROUPE_LOCAL_RANK, TROUPE_JOB_TOKEN and, optionally,
 // TROUPE_RDZV_TIMEOUT_MS. Started by hand (with those variables set) it behaves the same.
+// TROUPE_PERTURB_SEND (test only, actors/perturb.hpp) flips one bit of one tensor it sends.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -96,6 +97,14 @@ int run_worker_command(const worker_args& a) {
   }
   opt->run.resume = a.resume;
   opt->run.max_steps = a.steps;
+  if (const char* spec = std::getenv("TROUPE_PERTURB_SEND"); spec && *spec) {
+    auto p = actors::parse_perturbation(spec, "TROUPE_PERTURB_SEND");
+    if (!p) {
+      print_error(p.err().to_string());
+      return 2;
+    }
+    opt->run.perturb = p.value();
+  }
   bool reported = false;
   opt->report = [&reported](const core::error& e) {
     print_error(e.to_string());
@@ -107,6 +116,11 @@ int run_worker_command(const worker_args& a) {
     if (!reported) print_error(summary.err().to_string());
     return 1;
   }
+  if (opt->run.perturb && opt->run.perturb->rank == rank && !opt->run.perturb->done)
+    std::fprintf(stderr,
+                 "troupe worker rank %d: warning: TROUPE_PERTURB_SEND=%s matched no tensor this "
+                 "worker sent (instructions as the message logs write them)\n",
+                 rank, opt->run.perturb->spec.c_str());
   std::printf("worker rank %d: done\n", rank);
   return 0;
 }
@@ -123,6 +137,8 @@ const command_registrar reg{command{
           "Environment (set by troupe launch): TROUPE_MASTER_ADDR, TROUPE_MASTER_PORT,\n"
           "TROUPE_WORKER_NUM, TROUPE_LOCAL_WORKER_NUM, TROUPE_NODE_RANK, TROUPE_LOCAL_RANK,\n"
           "TROUPE_JOB_TOKEN, TROUPE_RDZV_TIMEOUT_MS (optional).\n"
+          "Test only: TROUPE_PERTURB_SEND=rank:step:instruction flips the lowest bit of the\n"
+          "first tensor that instruction sends, to show what troupe replay finds (docs/replay.md).\n"
           "Exit status: 0 the job finished; 1 the job failed (the message names the rank);\n"
           "2 the environment is incomplete.");
       return [a] { return run_worker_command(*a); };

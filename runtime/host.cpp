@@ -87,6 +87,7 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
     h.rec = r.value();
     j.sink = h.rec;
   }
+  j.perturb = opt.perturb;
   j.recv_timeout = std::chrono::seconds(cfg.runtime.watchdog_s);
   j.epoch = std::chrono::steady_clock::now();
   j.log = opt.log;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/perturb.hpp"
 #include "actors/recorder.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -31,6 +32,8 @@ struct run_options {
   /// (model::run_log::step_hook; an error stops the job). Only the process hosting worker 0 runs
   /// them.
   std::vector<model::run_log::step_hook> step_hooks;
+  /// Flips one bit of one tensor sent (actors/perturb.hpp, test only); null = none.
+  std::shared_ptr<send_perturbation> perturb;
 };
 
 /// Trains `cfg` as actors. Errors name the failed actor, rank, step and instruction.

