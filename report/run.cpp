@@ -63,6 +63,7 @@ void read_metrics(run_data& run, const fs::path& path) {
     return;
   }
   const int train_steps = run.cfg ? run.cfg->train.steps : -1;
+  int lines_seen = 0;
   std::string line;
   int number = 0;
   double offset = 0;  // training time of earlier invocations
@@ -73,6 +74,7 @@ void read_metrics(run_data& run, const fs::path& path) {
     last_unterminated = in.eof();  // getline hit the end before a newline
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    ++lines_seen;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
       skipped.push_back("line " + std::to_string(number) +
@@ -130,6 +132,8 @@ void read_metrics(run_data& run, const fs::path& path) {
     read_stages(run, j.value("stages", nlohmann::json()));
     run.rows.push_back(std::move(r));
   }
+  if (lines_seen == 0)
+    run.notes.push_back("metrics.jsonl has no lines yet: the run has not finished a step");
   // Long lists are cut: the first few say what happened.
   const std::size_t shown = 8;
   for (std::size_t i = 0; i < skipped.size() && i < shown; ++i)
@@ -167,19 +171,29 @@ void read_faults(run_data& run) {
   for (const auto& e : fs::directory_iterator(logs, ec))
     if (e.path().extension() == ".log") files.push_back(e.path());
   std::sort(files.begin(), files.end());
-  static const std::regex step_re("step (\\d+)");
+  static const std::regex step_re("step (\\d+)"), rank_re("^rank \\d+: ");
   std::set<std::string> seen;
   for (const auto& f : files) {
     std::ifstream in(f);
-    for (std::string line; std::getline(in, line);) {
-      const auto at = line.find("error: ");
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      const auto at = lines[i].find("error: ");
       if (at == std::string::npos) continue;
-      std::string text = line.substr(at + 7);
-      if (!seen.insert(text).second) continue;  // every worker repeats the job's error
+      std::string text = lines[i].substr(at + 7);
+      // An error's indented continuation lines (who waits on whom, the hint) belong to it.
+      while (i + 1 < lines.size() && !lines[i + 1].empty() &&
+             (lines[i + 1][0] == ' ' || lines[i + 1][0] == '\t'))
+      {
+        ++i;
+        text += " / " + lines[i].substr(lines[i].find_first_not_of(" \t"));
+      }
+      // Every worker reports the job's error, each as "rank R: ...": one mark for it.
+      if (!seen.insert(std::regex_replace(text, rank_re, "")).second) continue;
       std::smatch m;
       int step = run.rows.empty() ? 0 : run.rows.back().step + 1;
       if (std::regex_search(text, m, step_re)) step = std::stoi(m[1].str());
-      run.marks.push_back({"fault", step, f.filename().string() + ": " + shorten(text, 400)});
+      run.marks.push_back({"fault", step, f.filename().string() + ": " + shorten(text, 600)});
     }
   }
 }

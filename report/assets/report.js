@@ -61,6 +61,7 @@
   }
   function fmtTime(s) {
     if (!isFinite(s)) return '–';
+    if (s === 0) return '0';
     if (s < 60) return s.toFixed(s < 10 ? 2 : 1) + ' s';
     const t = Math.round(s), h = Math.floor(t / 3600), m = Math.floor(t / 60) % 60, r = t % 60;
     const pad = (n) => String(n).padStart(2, '0');

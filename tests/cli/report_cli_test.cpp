@@ -44,7 +44,8 @@ std::string chromium() {
 
 /// A short real run of configs/tiny.toml's model (with a 1024-token vocabulary, for speed) and
 /// layout (pipeline 2 × data 2, as actors).
-void train(const scratch_dir& tmp, const std::string& run, const std::string& schedule) {
+void train(const scratch_dir& tmp, const std::string& run, const std::string& schedule,
+           const std::string& extra = "") {
   if (!fs::exists(tmp / "train.bin")) {
     troupe::model::testing::write_pattern_shard(tmp / "train.bin", 40000, 1024, 1);
     troupe::model::testing::write_pattern_shard(tmp / "val.bin", 8000, 1024, 2);
@@ -55,7 +56,7 @@ void train(const scratch_dir& tmp, const std::string& run, const std::string& sc
       (tmp / run) + "' --set schedule.name=" + schedule + " --set model.vocab_size=1024" +
       " --set train.steps=4 --set train.warmup_steps=1 --set train.eval_interval=2"
       " --set train.eval_batches=1 --set checkpoint.interval=2 --set parallel.micro_batch_size=2"
-      " --set runtime.threads=1 --set runtime.record=false > '" + (tmp / (run + ".out")) + "' 2>&1";
+      " --set runtime.threads=1 --set runtime.record=false " + extra + " > '" + (tmp / (run + ".out")) + "' 2>&1";
   const int rc = sh(cmd);
   if (rc != 0) MESSAGE(slurp(tmp / (run + ".out")));
   REQUIRE(rc == 0);
@@ -173,8 +174,12 @@ TEST_CASE("troupe report draws real runs in headless Chromium with every point t
   const std::string browser = chromium();
   REQUIRE_MESSAGE(!browser.empty(), "chromium is not installed: scripts/setup.sh installs it");
   scratch_dir tmp("report_cli");
-  train(tmp, "a", "1f1b");
+  train(tmp, "a", "1f1b", "--set runtime.report_interval=3");  // pages at steps 3 and 4 (the end)
   train(tmp, "b", "zb_h1");
+  // runtime.report_interval: a's run left its page, the final one; b's (0) none.
+  const std::string live = slurp(tmp.path / "a" / "report.html");
+  CHECK(live.find("\"steps_done\":4") != std::string::npos);
+  CHECK(!fs::exists(tmp.path / "b" / "report.html"));
 
   // c: run a as a run still being written would leave it, plus a line of another run.
   const fs::path a = tmp.path / "a", b = tmp.path / "b", c = tmp.path / "c";

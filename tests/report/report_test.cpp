@@ -105,6 +105,8 @@ TEST_CASE("a directory without metrics.jsonl or config.toml still renders, sayin
   REQUIRE(r.ok());
   CHECK(r->rows.empty());
   CHECK(has_note(r.value(), "no metrics.jsonl"));
+  write(t.path / "metrics.jsonl", "");
+  CHECK(has_note(report::read_run(t.path.string()).value(), "metrics.jsonl has no lines yet"));
   CHECK(has_note(r.value(), "no config.toml"));
   const std::string html = report::render_page({r.value()});
   CHECK(html.find("<div id=\"app\"") != std::string::npos);
@@ -142,8 +144,11 @@ TEST_CASE("checkpoints, skipped steps and logged worker errors become marks") {
   fs::create_directories(t.path / "checkpoints" / "step_000003.tmp");  // not a checkpoint
   fs::create_directories(t.path / "checkpoints" / "step_000004");      // no manifest yet
   write(t.path / "logs" / "worker_0.log",
-        "step 1/3 | loss 5\ntroupe: error: worker rank 3 (host h) died during step 2\n");
-  write(t.path / "logs" / "worker_1.log", "troupe: error: worker rank 3 (host h) died during step 2\n");
+        "step 1/3 | loss 5\ntroupe: error: rank 0: no progress for 63 s at step 2; who waits on whom:\n"
+        "    stage(dp=0, pp=0) (rank 0) step 2 at 0RECV_B3<-1: waiting\n  hint: check\nlater\n");
+  write(t.path / "logs" / "worker_1.log",
+        "troupe: error: rank 1: no progress for 63 s at step 2; who waits on whom:\n"
+        "    stage(dp=0, pp=0) (rank 0) step 2 at 0RECV_B3<-1: waiting\n  hint: check\n");
   auto r = report::read_run(t.path.string());
   REQUIRE(r.ok());
   std::map<std::string, std::vector<int>> by_kind;
@@ -151,6 +156,10 @@ TEST_CASE("checkpoints, skipped steps and logged worker errors become marks") {
   CHECK(by_kind["checkpoint"] == std::vector<int>{2});
   CHECK(by_kind["skipped"] == std::vector<int>{2});
   CHECK(by_kind["fault"] == std::vector<int>{2});  // the same error from two workers, once
+  for (const auto& m : r->marks)
+    if (m.kind == "fault")
+      CHECK(m.label == "worker_0.log: rank 0: no progress for 63 s at step 2; who waits on whom: / "
+                       "stage(dp=0, pp=0) (rank 0) step 2 at 0RECV_B3<-1: waiting / hint: check");
   json page = page_of({r.value()});
   CHECK(page["runs"][0]["series"]["loss_scale"]["v"] == json::array({65536, 65536, 32768}));
 }
