@@ -13,6 +13,7 @@
 #include "runtime/runtime.hpp"
 #include "cli/command.hpp"
 #include "cli/plan_check.hpp"
+#include "cli/live_report.hpp"
 #include "core/config.hpp"
 #include "core/machine.hpp"
 #include "model/checkpoint.hpp"
@@ -71,17 +72,21 @@ int run_train(const train_args& a) {
   if (!a.no_plan_check)
     if (int rc = check_plan(cfg.value(), a.device_memory, false)) return rc;
   core::result<model::train_summary> summary = core::error::make("not run");
+  std::shared_ptr<report::live_report> live;  // runtime.report_interval
   if (a.single_rank) {
     model::train_options opt;
     opt.resume = a.resume;
     opt.max_steps = a.steps;
+    live = attach_live_report(cfg.value(), opt.step_hooks);
     summary = model::train_single_rank(cfg.value(), opt);
   } else {
     actors::run_options opt;
     opt.resume = a.resume;
     opt.max_steps = a.steps;
+    live = attach_live_report(cfg.value(), opt.step_hooks);
     summary = actors::run_actor_job(cfg.value(), opt);
   }
+  finish_live_report(live);
   if (!summary) {
     print_error(summary.err().to_string());
     explain_out_of_memory(cfg.value(), summary.err().to_string(), a.device_memory, false);

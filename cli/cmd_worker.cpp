@@ -12,6 +12,7 @@
 #include "runtime/worker.hpp"
 #include "cli/command.hpp"
 #include "runtime/preflight.hpp"
+#include "cli/live_report.hpp"
 #include "core/config.hpp"
 
 namespace troupe::cli {
@@ -111,7 +112,10 @@ int run_worker_command(const worker_args& a) {
     std::fflush(stderr);
     reported = true;
   };
+  // Worker 0 runs the coordinator, which runs the step hooks: the live report is written there.
+  auto live = rank == 0 ? attach_live_report(cfg.value(), opt->run.step_hooks) : nullptr;
   auto summary = actors::run_worker(cfg.value(), opt.value());
+  finish_live_report(live);
   if (!summary) {
     if (!reported) print_error(summary.err().to_string());
     return 1;

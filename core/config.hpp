@@ -131,6 +131,7 @@ struct runtime_config {
   int watchdog_s = 60;          // no progress this long: report who waits on whom and stop
   bool cuda_graph = true;       // single-rank CUDA training replays its step as a CUDA graph
   std::string gemm_tune_file;   // measured cuBLASLt algorithms, shared by runs ("" = heuristic)
+  int report_interval = 0;      // rewrite <run_dir>/report.html every N steps (0 = never)
 
   bool operator==(const runtime_config&) const = default;
 };

