@@ -423,6 +423,17 @@ void cuda_backend::wait_ready(const tensor& t) {
   cuda::wait_ready(ctx_->stream_owner, t);
 }
 
+std::shared_ptr<pending_value> cuda_backend::message_hash_async(const tensor& x) {
+  if (x.defined() && x.dev().is_cpu()) return backend::message_hash_async(x);
+  activate();
+  if (ctx_->capturing)
+    throw core::failure("cuda message_hash_async: a hash read by the host cannot be recorded in a graph");
+  auto h = launch_message_hash(*ctx_, x);
+  // Whoever waits for x from now on also waits for the hash's reads of it.
+  if (x.defined() && x.bytes() > 0) cuda::record_ready(ctx_->stream_owner, x);
+  return h;
+}
+
 std::uint64_t cuda_backend::peak_memory_bytes() const { return ctx_->alloc->stats().peak_in_use; }
 
 memory_stats cuda_backend::memory() const { return ctx_->alloc->stats(); }

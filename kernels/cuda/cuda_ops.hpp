@@ -101,4 +101,8 @@ void launch_adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
                        cudaStream_t s);
 bool launch_has_nonfinite(context& ctx, const tensor& x);
 
+// message_hash.cu
+/// The message hash of x's bytes (kernels/message_hash.hpp), queued on ctx.stream; get() waits.
+std::shared_ptr<pending_value> launch_message_hash(context& ctx, const tensor& x);
+
 }  // namespace troupe::kernels::cuda
