@@ -3,11 +3,11 @@
 # (bench/configs/gpt2_124m_1gpu.toml: one micro-batch of 16 x 1024, bf16, pp 1) through
 # `troupe train --single-rank`, `troupe train` (actors) with recording on and off, and
 # `troupe launch` (one worker process), each measured by bench/train_bench.py from its
-# metrics.jsonl, then bench/torch_gpt2.py with torch.compile; the message-hash GPU test first; and
+# metrics.jsonl, then the step alone (gpu_gpt2_bench) and bench/torch_gpt2.py with torch.compile; the message-hash GPU test first; and
 # the recording's cost on the CPU (configs/tiny.toml pinned to two cores, on and off).
 #
-# Expects next to itself: pkg.tar.gz (bench/device/pack.sh: troupe, test_kernels and the
-# libraries the GPU machine lacks), train_bench.py, torch_gpt2.py and gpt2_124m_1gpu.toml; on the
+# Expects next to itself: pkg.tar.gz (troupe, test_kernels, gpu_gpt2_bench and the libraries the
+# GPU machine lacks: bench/device/product_pack.sh makes it), train_bench.py, torch_gpt2.py and gpt2_124m_1gpu.toml; on the
 # device: bash DIR/product_bench.sh [steps]. Results: $OUT/results.jsonl and a table at the end.
 set -uo pipefail
 S=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +20,9 @@ date -u | tee $O/date.txt
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee -a $O/date.txt
 
 echo "== message hash on the GPU against its CPU twin"
-timeout 120 $B/test_kernels -tc='*message hash*' 2>&1 | tail -3 | tee $O/tests.log
+for t in test_kernels test_message_hash; do
+  [ -x $B/$t ] && timeout 120 $B/$t -tc='*message hash*' 2>&1 | tail -3 | tee -a $O/tests.log
+done
 
 python3 $S/train_bench.py data $W/data --tokens 3000000 --vocab 50257 >/dev/null
 RUN="python3 $S/train_bench.py run --troupe $B/troupe $S/gpt2_124m_1gpu.toml --steps $STEPS --out $O/results.jsonl
@@ -30,6 +32,7 @@ $RUN --mode single-rank --label "train --single-rank"
 $RUN --mode train --label "train (record on)" --keep --run-dir $W/rec
 $RUN --mode train --label "train (record off)" --set runtime.record=false
 $RUN --mode launch --workers 1 --label "launch (1 worker)"
+timeout 100 $B/gpu_gpt2_bench --tag gpu_gpt2_bench --steps 20 2>&1 | tail -1 | tee -a $O/results.jsonl
 timeout 200 python3 $S/torch_gpt2.py --compile --tag torch.compile 2>&1 | tail -1 | tee -a $O/results.jsonl
 ls -la $W/rec/messages | head; head -c 600 $W/rec/messages/rank_0.log; echo
 
@@ -39,8 +42,6 @@ CPU="python3 $S/train_bench.py run --troupe $B/troupe $S/tiny.toml --steps 6 --s
      --set data.train=$W/tiny/train.bin --set data.val=$W/tiny/val.bin --set data.tokenizer_dir=\"\""
 taskset -c 0,1 $CPU --label "tiny cpu record on"
 taskset -c 0,1 $CPU --label "tiny cpu record off" --set runtime.record=false
-taskset -c 0,1 $CPU --label "tiny cpu record on (2)"
-taskset -c 0,1 $CPU --label "tiny cpu record off (2)" --set runtime.record=false
 
 python3 $S/train_bench.py table $O/results.jsonl --baseline torch.compile | tee $O/table.md
 python3 $S/train_bench.py table $O/cpu.jsonl | tee -a $O/table.md

@@ -105,18 +105,24 @@ class slot_pool {
   std::vector<slot> free_;  // never freed: the pool lives as long as the process
 };
 
-slot_pool& pool() {
-  static slot_pool* p = new slot_pool();  // outlives every backend and static destructor
-  return *p;
+/// The pool of `device` (an event belongs to one device): made the first time while that device is
+/// current, and never freed (it outlives every backend and static destructor).
+slot_pool& pool(int device) {
+  static std::mutex mu;
+  static std::vector<slot_pool*> pools;
+  std::lock_guard<std::mutex> lk(mu);
+  if (device >= static_cast<int>(pools.size())) pools.resize(static_cast<std::size_t>(device) + 1);
+  if (!pools[static_cast<std::size_t>(device)]) pools[static_cast<std::size_t>(device)] = new slot_pool();
+  return *pools[static_cast<std::size_t>(device)];
 }
 
 class pending_hash final : public pending_value {
  public:
-  explicit pending_hash(slot_pool::slot s) : s_(s) {}
+  pending_hash(slot_pool& pool, slot_pool::slot s) : pool_(pool), s_(s) {}
   ~pending_hash() override {
     // The slot is reused only once its kernel has written it.
     if (!read_) cudaEventSynchronize(s_.done);
-    pool().give(s_);
+    pool_.give(s_);
   }
   std::uint64_t get() override {
     if (!read_) {
@@ -128,6 +134,7 @@ class pending_hash final : public pending_value {
   }
 
  private:
+  slot_pool& pool_;
   slot_pool::slot s_;
   bool read_ = false;
   std::uint64_t value_ = 0;
@@ -139,8 +146,9 @@ class pending_hash final : public pending_value {
 // launchers
 
 std::shared_ptr<pending_value> launch_message_hash(context& ctx, const tensor& x) {
-  slot_pool::slot s = pool().take();
-  auto result = std::make_shared<pending_hash>(s);
+  slot_pool& p = pool(ctx.device);
+  slot_pool::slot s = p.take();
+  auto result = std::make_shared<pending_hash>(p, s);
   auto* in = static_cast<const unsigned char*>(x.defined() ? x.raw() : nullptr);
   std::uint64_t n = x.defined() ? x.bytes() : 0;
   std::uint64_t seed = 0;
