@@ -23,6 +23,11 @@ echo "== message hash on the GPU against its CPU twin"
 for t in test_kernels test_message_hash; do
   [ -x $B/$t ] && timeout 120 $B/$t -tc='*message hash*' 2>&1 | tail -3 | tee -a $O/tests.log
 done
+if [ -x $B/test_runtime ]; then
+  echo "== the actor runtime on the GPU (recording on) against the single-rank loop, bit for bit"
+  timeout 300 $B/test_runtime -tc='cuda*' > $O/test_runtime.log 2>&1; tail -3 $O/test_runtime.log | tee -a $O/tests.log
+  grep -B3 -A14 "ERROR\|FAILED" $O/test_runtime.log | head -40
+fi
 
 python3 $S/train_bench.py data $W/data --tokens 3000000 --vocab 50257 >/dev/null
 RUN="python3 $S/train_bench.py run --troupe $B/troupe $S/gpt2_124m_1gpu.toml --steps $STEPS --out $O/results.jsonl
@@ -38,10 +43,12 @@ ls -la $W/rec/messages | head; head -c 600 $W/rec/messages/rank_0.log; echo
 
 echo "== CPU: configs/tiny.toml pinned to 2 cores, recording on and off"
 mkdir -p $W/tiny && python3 $S/train_bench.py data $W/tiny --tokens 400000 --vocab 50257 >/dev/null
-CPU="python3 $S/train_bench.py run --troupe $B/troupe $S/tiny.toml --steps 6 --skip 1 --out $O/cpu.jsonl
+CPU="python3 $S/train_bench.py run --troupe $B/troupe $S/tiny.toml --steps 7 --skip 2 --out $O/cpu.jsonl
      --set data.train=$W/tiny/train.bin --set data.val=$W/tiny/val.bin --set data.tokenizer_dir=\"\""
-taskset -c 0,1 $CPU --label "tiny cpu record on"
-taskset -c 0,1 $CPU --label "tiny cpu record off" --set runtime.record=false
+for i in 1 2; do
+  taskset -c 0,1 $CPU --label "tiny cpu record on ($i)"
+  taskset -c 0,1 $CPU --label "tiny cpu record off ($i)" --set runtime.record=false
+done
 
 python3 $S/train_bench.py table $O/results.jsonl --baseline torch.compile | tee $O/table.md
 python3 $S/train_bench.py table $O/cpu.jsonl | tee -a $O/table.md

@@ -12,6 +12,8 @@ trap 'rm -rf "$ST"' EXIT
 # The message-hash GPU test: test_kernels, or a test_message_hash built from its one file.
 TEST=${TEST:-$BUILD/tests/test_kernels}
 cp "$BUILD/troupe" "$TEST" "$BUILD/bench/gpu_gpt2_bench" "$ST/"
+# The actor runtime's GPU tests, when built.
+[ -x "$BUILD/tests/test_runtime" ] && cp "$BUILD/tests/test_runtime" "$ST/"
 for lib in $(ldd "$BUILD/troupe" "$TEST" | awk '/=>/ {print $3}' |
              grep -E 'libcaf|libtoml|libfmt|libpcre2|libxxhash|libopenblas|libgfortran|libquadmath' | sort -u); do
   cp -L "$lib" "$ST/"
