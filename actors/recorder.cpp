@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/files.hpp"
+#include "kernels/message_hash.hpp"
 #include "model/safetensors.hpp"
 
 namespace troupe::actors {
@@ -237,7 +238,7 @@ std::string to_line(const message_record& r) {
                   ",\"dst\":" + std::to_string(r.dst) + ",\"from\":\"" + r.from + "\",\"to\":\"" +
                   r.to + "\"," + tag_fields(r.tag) + ",\"op\":\"" + r.op + "\",\"dtype\":\"" +
                   core::dtype_name(r.dtype) + "\",\"shape\":" + shape_json(r.shape) +
-                  ",\"xxh64\":\"" + model::safetensors::hex64(r.xxh64) + "\"";
+                  ",\"hash\":\"" + model::safetensors::hex64(r.hash) + "\"";
   if (r.sample)
     s += ",\"sample\":{\"seed\":" + std::to_string(r.sample->seed) +
          ",\"step\":" + std::to_string(r.sample->step) +
@@ -247,7 +248,7 @@ std::string to_line(const message_record& r) {
 }
 
 std::string to_line(const segment_header& h) {
-  nlohmann::json j = {{"troupe_messages", 1},       {"rank", h.rank},
+  nlohmann::json j = {{"troupe_messages", message_log_version},       {"rank", h.rank},
                       {"workers", h.workers},       {"first_step", h.first_step},
                       {"end_step", h.end_step},     {"resume", h.resume},
                       {"config_xxh64", model::safetensors::hex64(h.config_xxh64)}};
@@ -280,6 +281,13 @@ core::result<message_log> read_log(const std::string& dir, int rank) {
       return log_error(path, n, "line " + std::to_string(n) + " is not a JSON object");
     try {
       if (j.contains("troupe_messages")) {
+        if (j.at("troupe_messages").get<int>() != message_log_version)
+          return core::error::at_key(
+              path, "", n, 0,
+              "message log format " + j.at("troupe_messages").dump() + ", this troupe reads " +
+                  std::to_string(message_log_version),
+              "the run was recorded by another version of troupe (format 1 held plain xxh64 "
+              "hashes); record it again");
         segment_header h;
         h.rank = j.at("rank").get<int>();
         h.workers = j.at("workers").get<int>();
@@ -318,10 +326,10 @@ core::result<message_log> read_log(const std::string& dir, int rank) {
       if (!dt) return log_error(path, n, "unknown dtype '" + j.at("dtype").get<std::string>() + "'");
       r.dtype = *dt;
       r.shape = j.at("shape").get<core::shape_t>();
-      const std::string h = j.at("xxh64").get<std::string>();
+      const std::string h = j.at("hash").get<std::string>();
       if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
-        return log_error(path, n, "xxh64 '" + h + "' is not 16 hex digits");
-      r.xxh64 = std::stoull(h, nullptr, 16);
+        return log_error(path, n, "hash '" + h + "' is not 16 hex digits");
+      r.hash = std::stoull(h, nullptr, 16);
       if (j.contains("sample")) {
         const auto& s = j["sample"];
         r.sample = sample_key{s.at("seed").get<std::uint64_t>(), s.at("step").get<std::int64_t>(),
@@ -373,9 +381,9 @@ core::result<std::vector<stored_tensor>> read_tensors(const std::string& dir, in
   return out;
 }
 
-std::uint64_t tensor_xxh64(const core::tensor& t) {
-  if (!t.defined() || t.bytes() == 0) return model::safetensors::xxh64(nullptr, 0);
-  return model::safetensors::xxh64(t.raw(), t.bytes());
+std::uint64_t tensor_hash(const core::tensor& t) {
+  if (!t.defined() || t.bytes() == 0) return kernels::message_hash(nullptr, 0);
+  return kernels::message_hash(t.raw(), t.bytes());
 }
 
 core::tensor host_view(const core::tensor& t, kernels::backend* be) {
@@ -395,16 +403,50 @@ message_record record_of(const address& from, int src, const address& to, int ds
   r.op = producer_of(from, to, tg);
   r.dtype = t.type();
   r.shape = t.shape();
-  r.xxh64 = tensor_xxh64(t);
+  r.hash = tensor_hash(t);
   if (sample) r.sample = *sample;
   return r;
 }
 
+namespace {
+
+class known_hash final : public kernels::pending_value {
+ public:
+  explicit known_hash(std::uint64_t v) : v_(v) {}
+  std::uint64_t get() override { return v_; }
+
+ private:
+  std::uint64_t v_;
+};
+
+}  // namespace
+
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
                   const transport::tag& tg, const core::tensor& t, kernels::backend* be,
                   const sample_key* sample) {
-  core::tensor host = host_view(t, be);
-  sink.sent(record_of(from, src, to, dst, tg, host, sample), host);
+  if (sink.wants_bytes()) {
+    core::tensor host = host_view(t, be);
+    sink.sent(record_of(from, src, to, dst, tg, host, sample), host);
+    return;
+  }
+  message_record r;
+  r.src = src;
+  r.dst = dst;
+  r.from = address_name(from);
+  r.to = address_name(to);
+  r.tag = tg;
+  r.op = producer_of(from, to, tg);
+  r.dtype = t.type();
+  r.shape = t.shape();
+  if (sample) r.sample = *sample;
+  std::shared_ptr<kernels::pending_value> h;
+  if (t.defined() && !t.dev().is_cpu()) {
+    TROUPE_CHECK(be != nullptr, "a device tensor reached the message log without its backend");
+    h = be->message_hash_async(t);
+  } else {
+    h = std::make_shared<known_hash>(tensor_hash(t));
+  }
+  sink.sent_pending(std::move(r), std::move(h));
 }
 
 void observe_receive(message_sink& sink, int src, int dst, const transport::tag& tg,
@@ -467,10 +509,55 @@ core::result<std::shared_ptr<recorder>> recorder::open(const std::string& run_di
     }
     rec->files_[w] = std::move(f);
   }
+  rec->writer_ = std::thread([r = rec.get()] { r->write_loop(); });
   return rec;
 }
 
 recorder::recorder(bool tensors) : tensors_(tensors) {}
+
+void recorder::push(item it) {
+  {
+    std::lock_guard<std::mutex> lk(q_mu_);
+    queue_.push_back(std::move(it));
+  }
+  q_cv_.notify_one();
+}
+
+void recorder::write_loop() {
+  for (;;) {
+    item it;
+    {
+      std::unique_lock<std::mutex> lk(q_mu_);
+      q_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything is written
+      it = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    file& f = of(it.worker);
+    if (it.hash) {
+      try {
+        it.rec.hash = it.hash->get();
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(error_mu_);
+        if (!error_)
+          error_ = core::error::at_file(f.log_path,
+                                        std::string("computing a message hash failed: ") + e.what(),
+                                        "set runtime.record = false to train without the log");
+        continue;
+      }
+      it.hash.reset();  // its slot goes back before the write
+      it.line = to_line(it.rec);
+      it.line += '\n';
+    }
+    std::lock_guard<std::mutex> lk(f.mu);
+    if (!f.log) continue;
+    if (it.flush) {
+      if (std::fflush(f.log) != 0) fail(f, "log");
+    } else if (std::fwrite(it.line.data(), 1, it.line.size(), f.log) != it.line.size()) {
+      fail(f, "log");
+    }
+  }
+}
 
 recorder::~recorder() { close(); }
 
@@ -493,11 +580,21 @@ void recorder::fail(file& f, const std::string& what) {
 }
 
 void recorder::sent(const message_record& r, const core::tensor&) {
-  std::string line = to_line(r);
-  line += '\n';
-  file& f = of(r.src);
-  std::lock_guard<std::mutex> lk(f.mu);
-  if (f.log && std::fwrite(line.data(), 1, line.size(), f.log) != line.size()) fail(f, "log");
+  item it;
+  it.worker = r.src;
+  it.line = to_line(r);
+  it.line += '\n';
+  of(r.src);  // checks the worker is this process's
+  push(std::move(it));
+}
+
+void recorder::sent_pending(message_record r, std::shared_ptr<kernels::pending_value> hash) {
+  of(r.src);
+  item it;
+  it.worker = r.src;
+  it.rec = std::move(r);
+  it.hash = std::move(hash);
+  push(std::move(it));
 }
 
 void recorder::received(int src, int dst, const transport::tag& tg, const core::tensor& bytes) {
@@ -520,20 +617,32 @@ void recorder::received(int src, int dst, const transport::tag& tg, const core::
 }
 
 void recorder::clipped(const clip_record& c) {
-  std::string line = to_line(c) + "\n";
-  file& f = of(c.src);
-  std::lock_guard<std::mutex> lk(f.mu);
-  if (f.log && std::fwrite(line.data(), 1, line.size(), f.log) != line.size()) fail(f, "log");
+  of(c.src);
+  item it;
+  it.worker = c.src;
+  it.line = to_line(c) + "\n";
+  push(std::move(it));
 }
 
 void recorder::flush(int worker) {
   file& f = of(worker);
-  std::lock_guard<std::mutex> lk(f.mu);
-  if (f.log && std::fflush(f.log) != 0) fail(f, "log");
-  if (f.tensors && std::fflush(f.tensors) != 0) fail(f, "tensors");
+  {
+    std::lock_guard<std::mutex> lk(f.mu);
+    if (f.tensors && std::fflush(f.tensors) != 0) fail(f, "tensors");
+  }
+  item it;
+  it.worker = worker;
+  it.flush = true;
+  push(std::move(it));
 }
 
 core::status recorder::close() {
+  {
+    std::lock_guard<std::mutex> lk(q_mu_);
+    stopping_ = true;
+  }
+  q_cv_.notify_one();
+  if (writer_.joinable()) writer_.join();
   for (auto& [w, f] : files_) {
     std::lock_guard<std::mutex> lk(f->mu);
     if (f->log && std::fclose(f->log) != 0) fail(*f, "log");

@@ -3,22 +3,30 @@
 // route() (actors/job.hpp) shows every tensor to the job's message_sink before the bytes go on the
 // transport, and receive() shows it every tensor that came from another worker. Two sinks exist:
 // the `recorder`, which writes <run_dir>/messages/rank_<R>.log (one JSON line per tensor sent:
-// step, sender, receiver, tag, instruction, dtype, shape, xxhash64 of the bytes, and for loader
-// cuts the data-sampling key) and, with runtime.record_tensors, rank_<R>.tensors (the bytes of
-// every tensor worker R received from another worker); and replay's verifier (replay/replay.cpp),
-// which compares what a re-run sends with those lines.
+// step, sender, receiver, tag, instruction, dtype, shape, the message hash of the bytes
+// (kernels/message_hash.hpp), and for loader cuts the data-sampling key) and, with
+// runtime.record_tensors, rank_<R>.tensors (the bytes of every tensor worker R received from
+// another worker); and replay's verifier (replay/replay.cpp), which compares what a re-run sends
+// with those lines.
+//
+// The recorder keeps recording off the senders' critical path: a device tensor's hash is computed
+// by a kernel on the sender's stream (no host copy, no wait), and one writer thread waits for the
+// hashes, formats the lines and writes the files.
 //
 // No CAF here: the CLI, the replay driver and tests include it cheaply.
 #pragma once
 
 #include <cstdint>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "actors/layout.hpp"
@@ -49,7 +57,7 @@ struct message_record {
   std::string op;         // the instruction ("1SEND_F3->2") or role action ("loader cut")
   core::dtype dtype = core::dtype::f32;
   core::shape_t shape;
-  std::uint64_t xxh64 = 0;
+  std::uint64_t hash = 0;  // message hash of the bytes (kernels/message_hash.hpp)
   std::optional<sample_key> sample;
   // where a parsed record came from
   std::string file;
@@ -65,6 +73,10 @@ struct message_key {
   bool operator==(const message_key&) const = default;
 };
 inline message_key key_of(const message_record& r) { return {r.src, r.dst, r.tag}; }
+
+/// The format of message logs this troupe writes and reads (the header's "troupe_messages"): 2
+/// holds message hashes (kernels/message_hash.hpp) in the "hash" field.
+inline constexpr int message_log_version = 2;
 
 /// One invocation of the job (a fresh run or a resume), as the header line of each log says.
 struct segment_header {
@@ -134,6 +146,14 @@ class message_sink {
   /// A tensor about to go on the transport; `bytes` is a host view of it. May throw
   /// core::failure to stop the sending actor (replay does, at the first difference).
   virtual void sent(const message_record& r, const core::tensor& bytes) = 0;
+  /// Whether sent() must see the hash and the host bytes before the send goes on. When false,
+  /// sent_pending() gets the record with a hash the device may still be computing (no host copy).
+  virtual bool wants_bytes() const { return true; }
+  /// The record of a tensor sent, its hash still pending (r.hash is unset).
+  virtual void sent_pending(message_record r, std::shared_ptr<kernels::pending_value> hash) {
+    r.hash = hash->get();
+    sent(r, core::tensor{});
+  }
   /// Whether received() wants the bytes of tensors from other workers.
   virtual bool wants_received() const { return false; }
   /// Worker `dst` took a tensor that worker `src` sent (src != dst).
@@ -145,8 +165,8 @@ class message_sink {
   virtual void flush(int /*worker*/) {}
 };
 
-/// xxhash64 (seed 0) of a host tensor's bytes, as the logs hold it.
-std::uint64_t tensor_xxh64(const core::tensor& t);
+/// The message hash of a host tensor's bytes, as the logs hold it.
+std::uint64_t tensor_hash(const core::tensor& t);
 
 /// The record of tensor `t` (host bytes) that `from` on worker `src` sends `to` on `dst`.
 message_record record_of(const address& from, int src, const address& to, int dst,
@@ -155,8 +175,9 @@ message_record record_of(const address& from, int src, const address& to, int ds
 core::tensor host_view(const core::tensor& t, kernels::backend* be);
 
 /// Builds the record of a tensor `from` sends `to` and shows it to `sink`. A device tensor is
-/// copied to the host through `be` (the sender's backend, whose copy waits for the sender's
-/// queued work, so the bytes hashed are the final ones).
+/// hashed through `be` (the sender's backend, after the sender's queued work, so the bytes hashed
+/// are the final ones): on the device when the sink takes pending hashes, else through a host
+/// copy.
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
                   const transport::tag& tg, const core::tensor& t, kernels::backend* be,
                   const sample_key* sample);
@@ -164,8 +185,9 @@ void observe_send(message_sink& sink, const address& from, int src, const addres
 void observe_receive(message_sink& sink, int src, int dst, const transport::tag& tg,
                      const core::tensor& t, kernels::backend* be);
 
-/// Writes the message logs of the workers this process hosts: one buffered file per worker (one
-/// writer, a mutex for the worker's several actors), flushed when the worker ends a step.
+/// Writes the message logs of the workers this process hosts: one buffered file per worker, written
+/// by one writer thread in the order the worker's actors sent, flushed when the worker ends a step.
+/// The sending actors only queue: the writer waits for each pending hash.
 class recorder final : public message_sink {
  public:
   /// Opens <run_dir>/messages/rank_<w>.log (and .tensors when `tensors`) for every w in
@@ -178,23 +200,42 @@ class recorder final : public message_sink {
   ~recorder() override;
 
   void sent(const message_record& r, const core::tensor& bytes) override;
+  bool wants_bytes() const override { return false; }
+  void sent_pending(message_record r, std::shared_ptr<kernels::pending_value> hash) override;
   bool wants_received() const override { return tensors_; }
   void received(int src, int dst, const transport::tag& tg, const core::tensor& bytes) override;
   void clipped(const clip_record& c) override;
   void flush(int worker) override;
-  /// Flushes and closes every file; the first write error, naming the file.
+  /// Writes what is queued, flushes and closes every file; the first write error, naming the
+  /// file.
   core::status close();
 
  private:
   struct file;
+  /// A log line to write (or a flush): `hash` set means `rec` waits for it first.
+  struct item {
+    int worker = 0;
+    bool flush = false;
+    std::string line;
+    message_record rec;
+    std::shared_ptr<kernels::pending_value> hash;
+  };
   explicit recorder(bool tensors);
   file& of(int worker);
   void fail(file& f, const std::string& what);
+  void push(item it);
+  void write_loop();
 
   bool tensors_;
   std::map<int, std::unique_ptr<file>> files_;
   std::mutex error_mu_;
   std::optional<core::error> error_;
+  // the writer thread and its queue
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<item> queue_;
+  bool stopping_ = false;
+  std::thread writer_;
 };
 
 /// The folder message logs live in: <run_dir>/messages.

@@ -69,6 +69,7 @@ bool shard_engine::reduce(std::int64_t step) {
     for (int d = 0; d < layout_.dp; ++d)
       if (!stash_.count(key(i, d))) return false;
   norm_parts_.clear();
+  bool adopted = false;
   for (std::size_t i = 0; i < chunks_.size(); ++i) {
     // replica 0 + replica 1 + ... : the fixed order that makes the sum reproducible
     for (int d = 0; d < layout_.dp; ++d) {
@@ -78,10 +79,17 @@ bool shard_engine::reduce(std::int64_t step) {
                        std::to_string(d) + " has " + std::to_string(g.numel()) +
                        " elements, expected " + std::to_string(reduced_[i].numel()));
       if (g.numel() == 0) continue;
-      if (d == 0) be_.copy(g, reduced_[i]);
-      else be_.accumulate(g, reduced_[i]);
+      if (layout_.dp == 1 && !layout_.returns_reduced_grads()) {
+        adopted = true;  // one replica: its slice is the sum; read it where it is
+        reduced_[i] = std::move(g);
+      } else if (d == 0) {
+        be_.copy(g, reduced_[i]);
+      } else {
+        be_.accumulate(g, reduced_[i]);
+      }
     }
   }
+  if (adopted) rebuild_slots();
   if (layout_.norm_contributor(part_)) {
     for (std::size_t i = 0; i < chunks_.size(); ++i) {
       std::vector<model::param_slot> mine;
@@ -110,10 +118,13 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
     for (int d = 0; d < layout_.dp; ++d) {
       if (!layout_.shard_updates(part_, d)) continue;
       address to{role::stage, d, pp_};
+      // The master slice itself, not a copy: it is written again by the next update, which
+      // needs this replica's next gradient slice, which that stage sends after it copied these
+      // parameters (its stream ordered after this hand-over by wait_ready).
       out_.push_back(outgoing{to,
                               transport::tag{step, static_cast<std::uint32_t>(tensor_kind::param_slice),
                                              chunks_[i].chunk, -1, part_},
-                              hand_over(be_, master_[i], true)});
+                              hand_over(be_, master_[i], false)});
       if (layout_.returns_reduced_grads())
         out_.push_back(outgoing{to,
                                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::reduced_grad),

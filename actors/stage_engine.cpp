@@ -104,8 +104,13 @@ transport::tag stage_engine::tag_of(tensor_kind k, int chunk, int mb, int part) 
 
 void stage_engine::emit(address to, transport::tag tg, core::tensor t) {
   // Activations, input gradients and the tied-gradient copy are fresh tensors nobody writes again:
-  // they leave as they are. Gradient slices are views of the gradient buffer: a copy leaves.
-  const bool reused = tg.kind == static_cast<std::uint32_t>(tensor_kind::grad_slice);
+  // they leave as they are. Gradient slices are views of the gradient buffer, which the next step
+  // zeroes: with several replicas a copy leaves, since a shard that does not update this replica
+  // sends nothing back that would order that zeroing after its reads. With one replica the one
+  // shard reads the view and sends the parameters back, and this stage's stream waits for them
+  // (deliver) before its next step writes the buffer: the view leaves, no copy.
+  const bool reused =
+      tg.kind == static_cast<std::uint32_t>(tensor_kind::grad_slice) && layout_.dp > 1;
   out_.push_back(outgoing{to, tg, hand_over(be_, std::move(t), reused)});
 }
 

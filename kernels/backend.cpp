@@ -1,6 +1,8 @@
 // Host transfers shared by all backends.
 #include "kernels/backend.hpp"
 
+#include "kernels/message_hash.hpp"
+
 namespace troupe::kernels {
 
 tensor backend::to_host(const tensor& x) {
@@ -15,6 +17,25 @@ tensor backend::from_host(const tensor& host) {
   tensor x = empty(host.shape(), host.type());
   copy(host, x);
   return x;
+}
+
+namespace {
+
+class ready_value final : public pending_value {
+ public:
+  explicit ready_value(std::uint64_t v) : v_(v) {}
+  std::uint64_t get() override { return v_; }
+
+ private:
+  std::uint64_t v_;
+};
+
+}  // namespace
+
+std::shared_ptr<pending_value> backend::message_hash_async(const tensor& x) {
+  if (!x.defined() || x.bytes() == 0) return std::make_shared<ready_value>(message_hash(nullptr, 0));
+  const tensor host = x.dev().is_cpu() ? x : to_host(x);
+  return std::make_shared<ready_value>(message_hash(host.raw(), host.bytes()));
 }
 
 }  // namespace troupe::kernels

@@ -73,6 +73,14 @@ struct adamw_run {
 /// same per-block partial sums and therefore the same global norm, bit for bit.
 inline constexpr std::int64_t norm_block = 1024;
 
+/// A 64-bit result the device computes and the host reads later (message hashes).
+class pending_value {
+ public:
+  virtual ~pending_value() = default;
+  /// Waits for the work that computes the value, then returns it.
+  virtual std::uint64_t get() = 0;
+};
+
 class backend {
  public:
   virtual ~backend() = default;
@@ -269,6 +277,14 @@ class backend {
   /// being reused by its owner before that work has run. REQUIRES: t was record_ready'd if it was
   /// made by another backend.
   virtual void wait_ready(const tensor& t) { (void)t; }
+  // --- message hashes (recording, docs/replay.md) -----------------------------------------------
+  /// The message hash (kernels/message_hash.hpp) of x's bytes, computed where x lives once the
+  /// work this backend queued so far has run; the host does not wait for it (get() does). On the
+  /// CPU (and by default, through a host copy) it is computed before returning. x must not be
+  /// written by anyone before the value is read: the CUDA backend marks x ready (record_ready)
+  /// after the hash, so a receiver's wait_ready also orders its writes after it. Not while
+  /// recording a graph.
+  virtual std::shared_ptr<pending_value> message_hash_async(const tensor& x);
   /// Peak bytes of device memory this backend held (0 where not counted: the CPU backend).
   virtual std::uint64_t peak_memory_bytes() const { return 0; }
 };

@@ -368,7 +368,10 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
                                  "check data.val; resume from the last checkpoint with --resume");
       }
     }
-    if (auto st = run->step_end(o); !st) return st.err();
+    std::string extra;  // the device's peak memory so far, for bench/train_bench.py
+    if (const std::uint64_t peak = be->peak_memory_bytes(); peak > 0)
+      extra = "\"peak_device_bytes\":" + std::to_string(peak);
+    if (auto st = run->step_end(o, extra); !st) return st.err();
     if (due.checkpoint) {
       auto saved = checkpoint::save(start->ckpt_root, tr.snapshot(step + 1), cfg.checkpoint.keep);
       if (!saved) return saved.err();

@@ -160,19 +160,19 @@ bool message_checker::check(const message_record& r, const core::tensor& bytes) 
   auto it = run_.records.find(key_of(r));
   if (it == run_.records.end()) {
     fail(r.tag.step, "the replay sent a tensor the recorded run did not: " + describe(r) +
-                         ", xxh64 " + hex(r.xxh64) + "; no such line in " +
+                         ", hash " + hex(r.hash) + "; no such line in " +
                          messages_dir(run_.dir) + "/rank_" + std::to_string(r.src) + ".log");
     return false;
   }
   const message_record& want = it->second;
-  if (want.xxh64 != r.xxh64 || want.dtype != r.dtype || want.shape != r.shape) {
+  if (want.hash != r.hash || want.dtype != r.dtype || want.shape != r.shape) {
     std::string what = "the replay differs from the recorded run at " + describe(r) + ": ";
     if (want.dtype != r.dtype || want.shape != r.shape)
       what += "recorded " + std::string(core::dtype_name(want.dtype)) + " " +
               core::shape_string(want.shape) + ", replayed " + core::dtype_name(r.dtype) + " " +
               core::shape_string(r.shape) + "; ";
-    what += "recorded xxh64 " + hex(want.xxh64) + " (" + where(want) + "), replayed xxh64 " +
-            hex(r.xxh64);
+    what += "recorded hash " + hex(want.hash) + " (" + where(want) + "), replayed hash " +
+            hex(r.hash);
     fail(r.tag.step, what);
     return false;
   }
@@ -189,7 +189,7 @@ void message_checker::finish() {
       first = &r;
   if (!first) return;
   fail(first->tag.step, "the recorded run sent a tensor the replay did not: " + describe(*first) +
-                            ", xxh64 " + hex(first->xxh64) + " (" + where(*first) + ")");
+                            ", hash " + hex(first->hash) + " (" + where(*first) + ")");
 }
 
 std::vector<model::safetensors::named_tensor> message_checker::tensors_of(std::int64_t step) const {

@@ -120,6 +120,7 @@ class cuda_backend final : public backend {
 
   void record_ready(const tensor& t) override;
   void wait_ready(const tensor& t) override;
+  std::shared_ptr<pending_value> message_hash_async(const tensor& x) override;
   std::uint64_t peak_memory_bytes() const override;
 
   /// Allocator counters of this backend (peak bytes of its stage).

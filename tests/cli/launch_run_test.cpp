@@ -164,14 +164,14 @@ TEST_CASE("troupe launch with 4 worker processes equals troupe train in one proc
   const fs::path log = tmp.path / "launched" / "messages" / "rank_3.log";
   std::string text = slurp(log);
   const auto line_start = text.find('\n') + 1;
-  const auto at = text.find("\"xxh64\":\"", line_start);
+  const auto at = text.find("\"hash\":\"", line_start);
   REQUIRE(at != std::string::npos);
   const auto record = nlohmann::json::parse(text.substr(line_start, text.find('\n', line_start) - line_start));
-  text.replace(at + 9, 16, "ffffffffffffffff");
+  text.replace(at + 8, 16, "ffffffffffffffff");
   std::ofstream(log, std::ios::binary | std::ios::trunc) << text;
   auto bad = child(tmp.path, "replay_bad", "replay '" + (tmp / "launched") + "' --quiet");
   CHECK(bad.wait() == 1);
-  CHECK(contains(bad.stderr_text(), "recorded xxh64 ffffffffffffffff"));
+  CHECK(contains(bad.stderr_text(), "recorded hash ffffffffffffffff"));
   CHECK(contains(bad.stderr_text(), "rank 3, step " + std::to_string(record.at("step").get<int>())));
 }
 

@@ -52,13 +52,13 @@ TEST_CASE("a recorded troupe train replays with exit 0; a corrupted log line exi
   // The first line after the header of worker 1's log: its first tensor sent.
   const std::string log = cfg.runtime.run_dir + "/messages/rank_1.log";
   std::string text = slurp(log);
-  const auto at = text.find("\"xxh64\":\"", text.find('\n'));
+  const auto at = text.find("\"hash\":\"", text.find('\n'));
   REQUIRE(at != std::string::npos);
-  text.replace(at + 9, 16, "ffffffffffffffff");
+  text.replace(at + 8, 16, "ffffffffffffffff");
   std::ofstream(log, std::ios::binary | std::ios::trunc) << text;
   auto bad = run_troupe(tmp.path, "replay '" + cfg.runtime.run_dir + "' --quiet");
   CHECK(bad.code == 1);
   CHECK(contains(bad.err, "differs"));
   CHECK(contains(bad.err, "rank 1, step 0"));
-  CHECK(contains(bad.err, "recorded xxh64 ffffffffffffffff"));
+  CHECK(contains(bad.err, "recorded hash ffffffffffffffff"));
 }

@@ -10,6 +10,7 @@
 
 #include "runtime/build.hpp"
 #include "actors/recorder.hpp"
+#include "kernels/message_hash.hpp"
 #include "replay/replay.hpp"
 #include "runtime/runtime.hpp"
 #include "model/safetensors.hpp"
@@ -64,16 +65,16 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-/// Replaces the xxh64 of line `line` (1-based) of `path` by `fake`; returns the original hash.
+/// Replaces the message hash of line `line` (1-based) of `path` by `fake`; returns the original hash.
 std::string corrupt_hash(const std::string& path, int line, const std::string& fake) {
   std::istringstream in(slurp(path));
   std::string out, l, original;
   for (int n = 1; std::getline(in, l); ++n) {
     if (n == line) {
-      auto at = l.find("\"xxh64\":\"");
+      auto at = l.find("\"hash\":\"");
       REQUIRE(at != std::string::npos);
-      original = l.substr(at + 9, 16);
-      l.replace(at + 9, 16, fake);
+      original = l.substr(at + 8, 16);
+      l.replace(at + 8, 16, fake);
     }
     out += l + "\n";
   }
@@ -154,9 +155,9 @@ TEST_CASE("a corrupted hash in the log is reported as exactly that message") {
   CHECK_FALSE(rep.matched);
   INFO(rep.mismatch);
   CHECK(contains(rep.mismatch, "rank 1, step 2, micro-batch 2, instruction 1SEND_B2->0"));
-  CHECK(contains(rep.mismatch, "recorded xxh64 0123456789abcdef"));
+  CHECK(contains(rep.mismatch, "recorded hash 0123456789abcdef"));
   CHECK(contains(rep.mismatch, "rank_1.log line " + std::to_string(line)));
-  CHECK(contains(rep.mismatch, "replayed xxh64 " + original));
+  CHECK(contains(rep.mismatch, "replayed hash " + original));
 }
 
 TEST_CASE("a record missing from the log, or a line the replay never sends, is a difference") {
@@ -246,7 +247,7 @@ TEST_CASE("--dump-tensors writes the last step's tensors, named by tag, with the
     const auto* e = f->find(name);
     REQUIRE(e != nullptr);
     auto [data, size] = f->bytes(*e);
-    CHECK(model::safetensors::xxh64(data, size) == r.xxh64);
+    CHECK(kernels::message_hash(data, size) == r.hash);
   }
 }
 

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The product's own numbers on one GPU, beside the PyTorch baseline in the same run: GPT-2 124M
+# (bench/configs/gpt2_124m_1gpu.toml: one micro-batch of 16 x 1024, bf16, pp 1) through
+# `troupe train --single-rank`, `troupe train` (actors) with recording on and off, and
+# `troupe launch` (one worker process), each measured by bench/train_bench.py from its
+# metrics.jsonl, then the step alone (gpu_gpt2_bench) and bench/torch_gpt2.py with torch.compile;
+# the message-hash and actor-runtime GPU tests first; and the recording's cost on the CPU
+# (configs/tiny.toml pinned to two cores, on and off).
+#
+#   bash bench/gpu/pack.sh build-cuda     # where troupe was built with CUDA
+#   bash bench/gpu/product.sh [steps]     # on the GPU machine, from the repository root
+#
+# Results: $RESULTS/results.jsonl, $RESULTS/cpu.jsonl and the tables in $RESULTS/product.md.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+set -uo pipefail
+S=bench
+STEPS=${1:-30}
+B=$BIN
+O=$RESULTS
+W=$WORK
+date -u | tee $O/date.txt
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee -a $O/date.txt
+
+echo "== message hash on the GPU against its CPU twin"
+for t in test_kernels test_message_hash; do
+  [ -x $B/$t ] && timeout 120 $B/$t -tc='*message hash*' 2>&1 | tail -3 | tee -a $O/tests.log
+done
+if [ -x $B/test_runtime ]; then
+  echo "== the actor runtime on the GPU (recording on) against the single-rank loop, bit for bit"
+  timeout 300 $B/test_runtime -tc='cuda*' > $O/test_runtime.log 2>&1; tail -3 $O/test_runtime.log | tee -a $O/tests.log
+  grep -B3 -A14 "ERROR\|FAILED" $O/test_runtime.log | head -40
+fi
+
+python3 $S/train_bench.py data $W/data --tokens 3000000 --vocab 50257 >/dev/null
+RUN="python3 $S/train_bench.py run --troupe $B/troupe $S/configs/gpt2_124m_1gpu.toml --steps $STEPS --out $O/results.jsonl
+     --set data.train=$W/data/train.bin --set data.val=$W/data/val.bin"
+echo "== GPT-2 124M, B 16, T 1024, bf16, one GPU ($STEPS steps, median of steps 3..)"
+$RUN --mode single-rank --label "train --single-rank"
+$RUN --mode train --label "train (record on)" --keep --run-dir $W/rec
+$RUN --mode train --label "train (record off)" --set runtime.record=false
+$RUN --mode launch --workers 1 --label "launch (1 worker)"
+timeout 100 $B/gpu_gpt2_bench --tag gpu_gpt2_bench --steps 20 2>&1 | tail -1 | tee -a $O/results.jsonl
+timeout 200 python3 $S/torch_gpt2.py --compile --tag torch.compile 2>&1 | tail -1 | tee -a $O/results.jsonl
+
+echo "== CPU: configs/tiny.toml pinned to 2 cores, recording on and off"
+mkdir -p $W/tiny && python3 $S/train_bench.py data $W/tiny --tokens 400000 --vocab 50257 >/dev/null
+CPU="python3 $S/train_bench.py run --troupe $B/troupe configs/tiny.toml --steps 7 --skip 2 --out $O/cpu.jsonl
+     --set data.train=$W/tiny/train.bin --set data.val=$W/tiny/val.bin --set data.tokenizer_dir=\"\""
+for i in 1 2; do
+  taskset -c 0,1 $CPU --label "tiny cpu record on ($i)"
+  taskset -c 0,1 $CPU --label "tiny cpu record off ($i)" --set runtime.record=false
+done
+
+python3 $S/train_bench.py table $O/results.jsonl --baseline torch.compile | tee $O/product.md
+python3 $S/train_bench.py table $O/cpu.jsonl | tee -a $O/product.md
