@@ -190,16 +190,11 @@ int run_prepare(const prepare_args& a) {
                     .to_string());
     return 1;
   }
-  auto all = model::to_u16(stream);
-  if (!all) {
-    print_error(all.err().to_string());
-    return 1;
-  }
   // Chunk c goes to validation when floor((c+1)·f) > floor(c·f): exactly the fraction f of the
   // chunks, one every 1/f, wherever f does not divide evenly.
-  std::vector<std::uint16_t> train, val;
+  std::vector<int> train, val;
   const auto chunk = static_cast<std::size_t>(a.chunk_tokens);
-  const auto& tokens = all.value();
+  const auto& tokens = stream;
   for (std::size_t begin = 0, c = 0; begin < tokens.size(); begin += chunk, ++c) {
     std::size_t end = std::min(tokens.size(), begin + chunk);
     bool to_val = std::floor(static_cast<double>(c + 1) * a.val_fraction) >
@@ -209,10 +204,11 @@ int run_prepare(const prepare_args& a) {
                tokens.begin() + static_cast<std::ptrdiff_t>(end));
   }
 
+  // uint16 shards (llm.c's GPT-2 format) up to 65,536 ids, uint32 above (model/shards.hpp).
   const std::string train_path = (fs::path(a.out) / "train.bin").string();
   const std::string val_path = (fs::path(a.out) / "val.bin").string();
   for (auto [path, data] : {std::pair{&train_path, &train}, std::pair{&val_path, &val}}) {
-    if (auto s = model::write_shard(*path, *data); !s) {
+    if (auto s = model::write_tokens(*path, *data, tok->vocab_size()); !s) {
       print_error(s.err().to_string());
       return 1;
     }

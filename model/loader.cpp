@@ -137,18 +137,25 @@ batch loader::gather(const std::vector<std::uint64_t>& windows) const {
     // The shard whose windows contain windows[i]: the last one that begins at or before it.
     auto it = std::upper_bound(first_window_.begin(), first_window_.end(), windows[i]);
     auto s = static_cast<std::size_t>(it - first_window_.begin()) - 1;
-    const std::uint16_t* src = shards_[s].tokens().data() + (windows[i] - first_window_[s]);
+    const shard& sh = shards_[s];
+    const std::uint64_t first = windows[i] - first_window_[s];
     if (opt_.vocab_size > 0)
       for (int t = 0; t <= T; ++t)
-        if (src[t] >= opt_.vocab_size)
-          throw core::failure("token id " + std::to_string(src[t]) + " at token " +
-                              std::to_string(windows[i] - first_window_[s] + static_cast<std::uint64_t>(t)) +
-                              " of " + shards_[s].path() + " is not below model.vocab_size " +
+        if (const std::uint32_t id = sh.id(first + static_cast<std::uint64_t>(t));
+            id >= static_cast<std::uint32_t>(opt_.vocab_size))
+          throw core::failure("token id " + std::to_string(id) + " at token " +
+                              std::to_string(first + static_cast<std::uint64_t>(t)) + " of " +
+                              sh.path() + " is not below model.vocab_size " +
                               std::to_string(opt_.vocab_size) +
-                              " (hint: tokenize the data with the model's vocabulary, or raise model.vocab_size)");
+                              " (hint: tokenize the data with the model's vocabulary, or raise "
+                              "model.vocab_size)");
+    // An id of 2^31 or more (only a uint32 shard can hold one) turns negative here, and the
+    // embedding refuses it by name, as it does any id outside the vocabulary.
     for (int t = 0; t < T; ++t) {
-      x[static_cast<std::size_t>(i) * T + t] = src[t];
-      y[static_cast<std::size_t>(i) * T + t] = src[t + 1];
+      x[static_cast<std::size_t>(i) * T + t] =
+          static_cast<std::int32_t>(sh.id(first + static_cast<std::uint64_t>(t)));
+      y[static_cast<std::size_t>(i) * T + t] =
+          static_cast<std::int32_t>(sh.id(first + static_cast<std::uint64_t>(t) + 1));
     }
   }
   return b;

@@ -57,20 +57,53 @@ std::string preview(const unsigned char* p, std::size_t n) {
 
 }  // namespace
 
-core::status write_shard(const std::string& path, std::span<const std::uint16_t> tokens) {
+namespace {
+
+template <typename T>
+core::status write_any(const std::string& path, std::span<const T> tokens, std::int32_t magic,
+                       std::int32_t version) {
   if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
     return core::error::at_file(path,
                                 "cannot hold " + std::to_string(tokens.size()) +
                                     " tokens: the llm.c header stores the count as int32",
                                 "split the text into several shards");
   std::int32_t header[shard_header_ints] = {};
-  header[0] = shard_magic;
-  header[1] = shard_version;
+  header[0] = magic;
+  header[1] = version;
   header[2] = static_cast<std::int32_t>(tokens.size());
 
   const std::span<const std::byte> parts[] = {std::as_bytes(std::span(header)),
                                                std::as_bytes(tokens)};
   return core::write_file_atomic(path, parts);
+}
+
+}  // namespace
+
+core::status write_shard(const std::string& path, std::span<const std::uint16_t> tokens) {
+  return write_any(path, tokens, shard_magic, shard_version);
+}
+
+core::status write_shard(const std::string& path, std::span<const std::uint32_t> tokens) {
+  return write_any(path, tokens, shard32_magic, shard32_version);
+}
+
+core::status write_tokens(const std::string& path, std::span<const int> ids,
+                          std::int64_t vocab_size) {
+  TROUPE_CHECK(vocab_size >= 1, "write_tokens needs a vocabulary size of at least 1");
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      return core::error::at_file(path,
+                                  "token id " + std::to_string(ids[i]) + " at position " +
+                                      std::to_string(i) + " is outside the vocabulary [0, " +
+                                      std::to_string(vocab_size) + ")",
+                                  "the tokenizer produced an id its vocabulary does not hold; "
+                                  "check the tokenizer file");
+  if (vocab_size <= shard16_max_vocab) {
+    std::vector<std::uint16_t> narrow(ids.begin(), ids.end());
+    return write_shard(path, std::span<const std::uint16_t>(narrow));
+  }
+  std::vector<std::uint32_t> wide(ids.begin(), ids.end());
+  return write_shard(path, std::span<const std::uint32_t>(wide));
 }
 
 core::result<std::vector<std::uint16_t>> to_u16(std::span<const int> ids) {
@@ -79,7 +112,8 @@ core::result<std::vector<std::uint16_t>> to_u16(std::span<const int> ids) {
     if (ids[i] < 0 || ids[i] > 0xFFFF)
       return core::error::make("token id " + std::to_string(ids[i]) + " at position " +
                                    std::to_string(i) + " does not fit a uint16 shard",
-                               "llm.c version-1 shards hold vocabularies of at most 65536 tokens");
+                               "llm.c version-1 shards hold vocabularies of at most 65536 tokens; "
+                               "larger ones are written as uint32 shards (write_tokens)");
     out[i] = static_cast<std::uint16_t>(ids[i]);
   }
   return out;
@@ -90,7 +124,7 @@ core::result<shard> shard::open(const std::string& path) {
   spec.what = "token shard";
   // The header counts tokens in an int32, so no shard is larger than this.
   spec.max_bytes = shard_header_bytes +
-                   static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max()) * 2;
+                   static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max()) * 4;
   spec.hint = kPrepareHint;
   auto in = core::open_input(path, spec);
   if (!in) return in.err();
@@ -103,7 +137,7 @@ core::result<shard> shard::open(const std::string& path) {
     ::close(fd);
     std::int32_t magic = 0;
     if (got >= 4) std::memcpy(&magic, head, 4);
-    std::string what = got >= 4 && magic == shard_magic
+    std::string what = got >= 4 && (magic == shard_magic || magic == shard32_magic)
                            ? "a token shard cut off inside its header"
                            : "not a token shard (starts with " +
                                  preview(head, got > 0 ? static_cast<std::size_t>(got) : 0) + ")";
@@ -127,22 +161,26 @@ core::result<shard> shard::open(const std::string& path) {
   s.map_bytes_ = file_bytes;
   std::int32_t header[3];
   std::memcpy(header, map, sizeof header);
-  if (header[0] != shard_magic) {
+  if (header[0] != shard_magic && header[0] != shard32_magic) {
     const char* kind = llmc_kind(header[0]);
     std::string found = kind ? std::string(kind) + " (magic " + std::to_string(header[0]) + ")"
                              : "magic " + std::to_string(header[0]) + ", " +
                                    preview(static_cast<const unsigned char*>(map), 16);
     return core::error::at_file(path,
                                 "not an llm.c token shard: expected magic " +
-                                    std::to_string(shard_magic) + " in the first 4 bytes, found " +
-                                    found,
+                                    std::to_string(shard_magic) + " (uint16 tokens) or " +
+                                    std::to_string(shard32_magic) +
+                                    " (uint32 tokens) in the first 4 bytes, found " + found,
                                 kPrepareHint);
   }
-  if (header[1] != shard_version)
+  const bool wide = header[0] == shard32_magic;
+  const std::int32_t version = wide ? shard32_version : shard_version;
+  if (header[1] != version)
     return core::error::at_file(path,
-                                "unsupported shard version: expected " +
-                                    std::to_string(shard_version) + " (uint16 tokens), found " +
-                                    std::to_string(header[1]),
+                                "unsupported shard version: magic " + std::to_string(header[0]) +
+                                    " expects version " + std::to_string(version) +
+                                    (wide ? " (uint32 tokens)" : " (uint16 tokens)") +
+                                    ", found " + std::to_string(header[1]),
                                 "re-create the shard with `troupe data prepare`");
   if (header[2] < 0)
     return core::error::at_file(path,
@@ -150,22 +188,32 @@ core::result<shard> shard::open(const std::string& path) {
                                     " is negative",
                                 "re-create the shard with `troupe data prepare`");
   const auto count = static_cast<std::size_t>(header[2]);
-  const std::size_t expected = shard_header_bytes + count * sizeof(std::uint16_t);
+  s.width_ = wide ? 4 : 2;
+  const std::size_t expected = shard_header_bytes + count * static_cast<std::size_t>(s.width_);
   if (file_bytes != expected) {
     bool truncated = file_bytes < expected;
     return core::error::at_file(
         path,
         std::string(truncated ? "truncated" : "has trailing bytes") + ": the header promises " +
-            std::to_string(count) + " tokens, so expected " + std::to_string(expected) +
+            std::to_string(count) + (wide ? " uint32" : " uint16") + " tokens, so expected " + std::to_string(expected) +
             " bytes, found " + std::to_string(file_bytes),
         truncated ? "the copy or write was cut short; re-create the shard with `troupe data prepare`"
                   : "the file was appended to or is not a single shard; re-create it with "
                     "`troupe data prepare`");
   }
-  s.tokens_ = reinterpret_cast<const std::uint16_t*>(static_cast<const char*>(map) +
-                                                     shard_header_bytes);
+  s.tokens_ = static_cast<const char*>(map) + shard_header_bytes;
   s.count_ = count;
   return s;
+}
+
+std::span<const std::uint16_t> shard::tokens16() const {
+  TROUPE_CHECK(width_ == 2, path_ + " holds uint32 tokens, not uint16");
+  return {static_cast<const std::uint16_t*>(tokens_), count_};
+}
+
+std::span<const std::uint32_t> shard::tokens32() const {
+  TROUPE_CHECK(width_ == 4, path_ + " holds uint16 tokens, not uint32");
+  return {static_cast<const std::uint32_t*>(tokens_), count_};
 }
 
 shard::shard(shard&& o) noexcept { *this = std::move(o); }
@@ -177,6 +225,7 @@ shard& shard::operator=(shard&& o) noexcept {
     map_ = o.map_;
     map_bytes_ = o.map_bytes_;
     tokens_ = o.tokens_;
+    width_ = o.width_;
     count_ = o.count_;
     o.map_ = nullptr;
     o.map_bytes_ = 0;

@@ -32,7 +32,7 @@ fs::path scratch_dir(const std::string& name) {
 std::vector<std::uint16_t> shard_tokens(const fs::path& p) {
   auto s = shard::open(p.string());
   REQUIRE_MESSAGE(s.ok(), (s.ok() ? "" : s.err().to_string()));
-  return {s->tokens().begin(), s->tokens().end()};
+  return {s->tokens16().begin(), s->tokens16().end()};
 }
 
 }  // namespace

@@ -265,3 +265,46 @@ TEST_CASE("a token id not below vocab_size makes cut fail naming the id, its pos
   for (std::uint64_t step = 0; step < 40; ++step) CHECK_NOTHROW(unchecked.cut(step, 0, 0));
   fs::remove_all(dir);
 }
+
+TEST_CASE("uint32 shards load like uint16 ones; ids past the vocabulary are still refused") {
+  auto dir = scratch_dir("wide");
+  // Tokens 128000 + j % 256: LLaMA-3's range, beyond what a uint16 shard holds.
+  std::vector<std::uint32_t> t(600);
+  for (std::size_t j = 0; j < t.size(); ++j) t[j] = 128000u + static_cast<std::uint32_t>(j % 256);
+  const auto path = (dir / "wide.bin").string();
+  REQUIRE(write_shard(path, std::span<const std::uint32_t>(t)).ok());
+  auto o = opts(8, 2, 1);
+  o.vocab_size = 128256;
+  auto l = open_or_fail({path}, o);
+  CHECK(l.tokens() == 600);
+  for (std::uint64_t step = 0; step < 5; ++step) {
+    auto b = l.cut(step, 0, 0);
+    auto x = values(b.tokens), y = values(b.targets);
+    for (int i = 0; i < 2; ++i) {
+      const std::uint64_t w = l.window_of(step, static_cast<std::uint64_t>(i));
+      for (int k = 0; k < 8; ++k) {
+        CHECK(x[i * 8 + k] == static_cast<std::int32_t>(t[w + k]));
+        CHECK(y[i * 8 + k] == static_cast<std::int32_t>(t[w + k + 1]));
+      }
+    }
+  }
+  // A uint16 shard and a uint32 shard mix in one loader.
+  const auto narrow = counting_shard(dir / "narrow.bin", 100, 300);
+  auto mixed = open_or_fail({narrow, path}, o);
+  CHECK(mixed.tokens() == 900);
+
+  o.vocab_size = 128128;  // ids 128128.. are now outside
+  auto small = open_or_fail({path}, o);
+  bool refused = false;
+  for (std::uint64_t step = 0; step < 40 && !refused; ++step) {
+    try {
+      small.cut(step, 0, 0);
+    } catch (const core::failure& e) {
+      refused = true;
+      CHECK(std::string(e.what()).find("is not below model.vocab_size 128128") != std::string::npos);
+      CHECK(std::string(e.what()).find(path) != std::string::npos);
+    }
+  }
+  CHECK(refused);
+  fs::remove_all(dir);
+}

@@ -1,5 +1,6 @@
-// llm.c token shards: the byte layout written, the round trip through mmap, and the messages for
-// files that are cut short, foreign, or of another llm.c kind.
+// llm.c token shards, uint16 and uint32: the byte layout written, the round trip through mmap, the
+// choice of width by vocabulary size, and the messages for files that are cut short, foreign, or
+// of another llm.c kind.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -87,14 +88,14 @@ TEST_CASE("shard::open maps back exactly the tokens written, and an empty shard 
   auto s = shard::open((dir / "a.bin").string());
   REQUIRE(s.ok());
   CHECK(s->size() == tokens.size());
-  CHECK(std::equal(tokens.begin(), tokens.end(), s->tokens().begin(), s->tokens().end()));
+  CHECK(std::equal(tokens.begin(), tokens.end(), s->tokens16().begin(), s->tokens16().end()));
   CHECK(s->path() == (dir / "a.bin").string());
 
   shard moved = std::move(s.value());
   CHECK(moved.size() == tokens.size());
-  CHECK(moved.tokens()[12344] == tokens[12344]);
+  CHECK(moved.tokens16()[12344] == tokens[12344]);
 
-  REQUIRE(write_shard((dir / "empty.bin").string(), {}).ok());
+  REQUIRE(write_shard((dir / "empty.bin").string(), std::vector<std::uint16_t>{}).ok());
   auto e = shard::open((dir / "empty.bin").string());
   REQUIRE(e.ok());
   CHECK(e->size() == 0);
@@ -120,7 +121,7 @@ TEST_CASE("a truncated shard names the file, the expected and the found size") {
   auto msg = open_error(p);
   CHECK(has(msg, p.string()));
   CHECK(has(msg, "truncated"));
-  CHECK(has(msg, "100 tokens"));
+  CHECK(has(msg, "100 uint16 tokens"));
   CHECK(has(msg, "expected 1224 bytes, found 1074"));
   CHECK(has(msg, "hint: "));
 
@@ -158,7 +159,8 @@ TEST_CASE("a foreign file is refused with what it looks like") {
     for (int i = 0; i < 200; ++i) out << "Call me Ishmael. ";
   }
   msg = open_error(big);
-  CHECK(has(msg, "not an llm.c token shard: expected magic 20240520 in the first 4 bytes"));
+  CHECK(has(msg, "not an llm.c token shard: expected magic 20240520 (uint16 tokens) or 20240801 "
+                 "(uint32 tokens) in the first 4 bytes"));
   CHECK(has(msg, "text 'Call me Ishmael."));
 
   msg = open_error(dir / "absent.bin");
@@ -177,11 +179,16 @@ TEST_CASE("a wrong magic, version or count is reported with expected and found v
 
   write_raw_shard(p, 12345, 1, 10, 20);
   msg = open_error(p);
-  CHECK(has(msg, "expected magic 20240520 in the first 4 bytes, found magic 12345"));
+  CHECK(has(msg, "(uint32 tokens) in the first 4 bytes, found magic 12345"));
 
   write_raw_shard(p, 20240520, 2, 10, 20);
   msg = open_error(p);
-  CHECK(has(msg, "unsupported shard version: expected 1 (uint16 tokens), found 2"));
+  CHECK(has(msg, "unsupported shard version: magic 20240520 expects version 1 (uint16 tokens), "
+                 "found 2"));
+
+  write_raw_shard(p, 20240801, 1, 10, 40);
+  msg = open_error(p);
+  CHECK(has(msg, "magic 20240801 expects version 7 (uint32 tokens), found 1"));
 
   write_raw_shard(p, 20240520, 1, -5, 20);
   msg = open_error(p);
@@ -205,4 +212,70 @@ TEST_CASE("to_u16 narrows ids and refuses one that does not fit, naming its posi
   auto e = to_u16(bad);
   REQUIRE(!e.ok());
   CHECK(has(e.err().to_string(), "token id 70000 at position 2"));
+}
+
+TEST_CASE("a uint32 shard has llm.c's LLaMA-3 header (20240801, version 7) and maps back") {
+  auto dir = scratch_dir("wide");
+  std::vector<std::uint32_t> tokens(3000);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::uint32_t>((i * 104729u) % 128256u);
+  auto path = dir / "train.bin";
+  REQUIRE(write_shard(path.string(), std::span<const std::uint32_t>(tokens)).ok());
+  auto bytes = read_bytes(path);
+  REQUIRE(bytes.size() == 1024 + 4 * 3000);
+  std::int32_t header[256];
+  std::memcpy(header, bytes.data(), sizeof header);
+  CHECK(header[0] == 20240801);
+  CHECK(header[1] == 7);
+  CHECK(header[2] == 3000);
+  for (int i = 3; i < 256; ++i) CHECK(header[i] == 0);
+  CHECK(std::memcmp(bytes.data() + 1024, tokens.data(), 4 * 3000) == 0);
+
+  auto s = shard::open(path.string());
+  REQUIRE(s.ok());
+  CHECK(s->width() == 4);
+  CHECK(s->size() == 3000);
+  CHECK(std::equal(tokens.begin(), tokens.end(), s->tokens32().begin(), s->tokens32().end()));
+  for (std::size_t i = 0; i < tokens.size(); i += 97) CHECK(s->id(i) == tokens[i]);
+  CHECK_THROWS_WITH(s->tokens16(), doctest::Contains("holds uint32 tokens"));
+
+  fs::resize_file(path, 1024 + 4 * 3000 - 2);
+  auto msg = open_error(path);
+  CHECK(has(msg, "3000 uint32 tokens, so expected 13024 bytes, found 13022"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("write_tokens keeps uint16 up to 65,536 ids, widens above, and refuses out-of-range ids") {
+  auto dir = scratch_dir("choose");
+  const std::vector<int> ids = {0, 1, 50256, 65535};
+  auto narrow = (dir / "narrow.bin").string();
+  REQUIRE(write_tokens(narrow, ids, 65536).ok());
+  auto n = shard::open(narrow);
+  REQUIRE(n.ok());
+  CHECK(n->width() == 2);
+  CHECK(fs::file_size(narrow) == 1024 + 2 * ids.size());
+  // Byte-identical to the uint16 writer: GPT-2 data keeps llm.c's format.
+  auto same = (dir / "same.bin").string();
+  const std::vector<std::uint16_t> as16 = {0, 1, 50256, 65535};
+  REQUIRE(write_shard(same, as16).ok());
+  CHECK(read_bytes(narrow) == read_bytes(same));
+
+  const std::vector<int> big = {128000, 5, 128255, 65536};
+  auto wide = (dir / "wide.bin").string();
+  REQUIRE(write_tokens(wide, big, 128256).ok());
+  auto w = shard::open(wide);
+  REQUIRE(w.ok());
+  CHECK(w->width() == 4);
+  for (std::size_t i = 0; i < big.size(); ++i) CHECK(w->id(i) == static_cast<std::uint32_t>(big[i]));
+
+  auto e = write_tokens((dir / "bad.bin").string(), big, 100000);
+  REQUIRE(!e.ok());
+  CHECK(has(e.err().to_string(), "token id 128000 at position 0 is outside the vocabulary [0, 100000)"));
+  CHECK(has(e.err().to_string(), "bad.bin"));
+  const std::vector<int> negative = {3, -1};
+  e = write_tokens((dir / "neg.bin").string(), negative, 50257);
+  REQUIRE(!e.ok());
+  CHECK(has(e.err().to_string(), "token id -1 at position 1"));
+  CHECK(!fs::exists(dir / "bad.bin"));
+  fs::remove_all(dir);
 }
