@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent setup: Debian packages the build and the tests need (chromium draws the report page in
-# tests/cli/report_cli_test.cpp; --no-browser leaves it out), then the text corpus and the GPT-2
-# BPE vocabulary from the npm registry at pinned versions, checked against pinned sha256 sums.
+# tests/cli/report_cli_test.cpp; --no-browser leaves it out), then the text corpus, the GPT-2
+# BPE vocabulary and the LLaMA-2 / LLaMA-3 reference tokenizers from the npm registry at pinned
+# versions, checked against pinned sha256 sums; the LLaMA vocabularies are converted to
+# tokenizer.json files (data/llama2, data/llama3) by scripts/make_tokenizers.mjs.
 # Usage: scripts/setup.sh [--no-packages] [--no-data] [--no-browser]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,6 +72,25 @@ if [ "$want_data" = 1 ]; then
   fi
   check_sum "$tok/encoder.json" 196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783
   check_sum "$tok/vocab.bpe" 1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
+  # Reference encoders (tests/model/tokenizer_reference_test.mjs runs them under node) and the
+  # source of data/llama3 and data/llama2.
+  fetch llama3-tokenizer-js@1.2.0 llama3-tokenizer-js-1.2.0.tgz 51084690c7239708a3eb6adead1173bfd61b1f4d31cb0b8487e12ba466346ff0
+  fetch llama-tokenizer-js@1.2.2 llama-tokenizer-js-1.2.2.tgz ee83014ac8b379b16cf8d81e99ffcdb23dfade8c0d2e751bd06e7dc0b8476e72
+  npm_dir="$root/data/npm"
+  for pkg in llama3-tokenizer-js-1.2.0 llama-tokenizer-js-1.2.2; do
+    if [ ! -f "$npm_dir/$pkg/package.json" ]; then
+      rm -rf "$npm_dir/$pkg"; mkdir -p "$npm_dir/$pkg"
+      tar xzf "$root/data/cache/$pkg.tgz" -C "$npm_dir/$pkg" --strip-components=1
+    fi
+  done
+  stamp="$root/data/tokenizers.stamp"
+  want_stamp="$(sha256sum "$root/scripts/make_tokenizers.mjs" | cut -d' ' -f1)"
+  if [ ! -f "$root/data/llama3/tokenizer.json" ] || [ ! -f "$root/data/llama2/tokenizer.json" ] ||
+     [ ! -f "$root/data/gpt2/tokenizer.json" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ]; then
+    node "$root/scripts/make_tokenizers.mjs" --llama3 "$npm_dir/llama3-tokenizer-js-1.2.0" \
+      --llama2 "$npm_dir/llama-tokenizer-js-1.2.2" --gpt2 "$tok" --out "$root/data"
+    echo "$want_stamp" > "$stamp"
+  fi
   raw="$root/data/raw"
   if [ ! -f "$raw/.complete" ]; then
     rm -rf "$raw"; mkdir -p "$raw"
@@ -77,5 +98,5 @@ if [ "$want_data" = 1 ]; then
       --wildcards 'package/moby-dick/data/data.txt' 'package/sotu/data/*.txt'
     touch "$raw/.complete"
   fi
-  echo "setup: corpus in data/raw ($(find "$raw" -name '*.txt' | wc -l) files), vocabulary in data/gpt2"
+  echo "setup: corpus in data/raw ($(find "$raw" -name '*.txt' | wc -l) files), vocabularies in data/gpt2, data/llama2, data/llama3"
 fi
