@@ -67,6 +67,7 @@ void coordinator_engine::start(std::map<int, std::string> hosts) {
   model::run_start rs;
   rs.first_step = plan_.first_step;
   rs.end_step = plan_.end_step;
+  rs.restarts = plan_.restarts;
   auto run = model::run_log::open(cfg_, rs, log_);
   if (!run) return fail(run.err());
   run_.emplace(std::move(run.value()));

@@ -49,6 +49,7 @@ struct coordinator_plan {
   int end_step = 0;
   std::shared_ptr<model::loader> val;        // null: no validation
   int halt_after = -1;                       // stop once this step is done (-1 = end_step)
+  int restarts = 0;                          // automatic restarts so far (run_start::restarts)
   std::optional<model::loss_scaler> scaler;  // a resumed run's loss scaler; none: from the config
   std::vector<model::run_log::step_hook> step_hooks;  // run after each step's metrics line
 };

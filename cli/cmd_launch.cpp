@@ -29,6 +29,7 @@
 #include "cli/plan_check.hpp"
 #include "core/config.hpp"
 #include "core/machine.hpp"
+#include "model/checkpoint.hpp"
 #include "runtime/preflight.hpp"
 #include "transport/rendezvous.hpp"
 
@@ -52,6 +53,7 @@ struct launch_args {
   std::vector<std::string> sets;
   std::string resume;
   int steps = -1;
+  int max_restarts = 0;
   std::string device_memory;  // for the plan check (cli/plan_check.hpp)
   bool no_plan_check = false;
   // Which options were given on the command line (those win over Slurm's variables).
@@ -270,52 +272,35 @@ core::status check_seconds(const char* option, double s, bool zero_ok) {
                                (zero_ok ? " 30" : " 300"));
 }
 
-int run_launch(launch_args& a) {
-  const auto started = std::chrono::steady_clock::now();
-  for (auto st : {check_seconds("--rdzv_timeout", a.rdzv_timeout, false),
-                  check_seconds("--grace", a.grace, true)})
-    if (!st) {
-      print_error(st.err().to_string());
-      return usage_error;
-    }
-  auto cfg = core::load_config(a.config, a.sets);
-  if (!cfg) {
-    print_error(cfg.err().to_string());
-    return usage_error;
-  }
-  if (auto st = actors::preflight(cfg.value()); !st) {
-    print_error(st.err().to_string());
-    return usage_error;
-  }
-  if (const char* spec = env("TROUPE_PERTURB_SEND")) {  // read by the workers; checked here first
-    if (auto p = actors::parse_perturbation(spec, "TROUPE_PERTURB_SEND"); !p) {
-      print_error(p.err().to_string());
-      return usage_error;
-    }
-  }
-  if (!a.no_plan_check)
-    if (int rc = check_plan(cfg.value(), a.device_memory, true)) return rc;
-  auto planned = make_plan(a, cfg.value());
-  if (!planned) {
-    print_error(planned.err().to_string());
-    return usage_error;
-  }
-  const launch_plan& p = planned.value();
-  if (auto st = core::check_local_workers(
-          cfg.value(), p.local_worker_num, true,
-          std::to_string(p.local_worker_num) + " workers on this node (--local_worker_num)");
-      !st) {
-    print_error(st.err().to_string());
-    return usage_error;
-  }
-  const int first_rank = p.node_rank * p.local_worker_num;
+// How one attempt of the job ended.
+struct round_outcome {
+  int code = 0;
+  std::string cause;       // what failed first
+  bool interrupted = false;  // the launcher received SIGINT/SIGTERM first
+  bool formed = false;     // the rendezvous formed the job (every worker joined)
+  rendezvous_watch* rdzv = nullptr;
 
+  /// Releases the round's rendezvous (finish() above) and returns `code`.
+  int finish(int c) {
+    rendezvous_watch* w = rdzv;
+    rdzv = nullptr;
+    return w ? cli::finish(w, c) : c;
+  }
+};
+
+// One attempt: serves the rendezvous (node 0), starts this node's workers and supervises them.
+// Attempt `round` > 0 runs under a job token of its own, so a worker of an earlier attempt can
+// never join it, and tells its workers how many restarts came before (TROUPE_RESTARTS).
+round_outcome run_round(const launch_args& a, const launch_plan& p, int first_rank, int round,
+                        const std::string& resume) {
+  round_outcome out;
+  const std::string token = round == 0 ? p.job_token : p.job_token + ".r" + std::to_string(round);
   // Node 0 serves the rendezvous; bound before any worker exists, so a port in use starts nothing.
   auto* rdzv = new rendezvous_watch;
   if (p.node_rank == 0) {
     transport::rendezvous_server_options so;
     so.listen = {p.master_addr, static_cast<std::uint16_t>(p.master_port)};
-    so.job_token = p.job_token;
+    so.job_token = token;
     so.world_size = p.worker_num;
     so.local_world_size = p.local_worker_num;
     so.timeout = std::chrono::milliseconds(std::llround(a.rdzv_timeout * 1000));
@@ -328,7 +313,9 @@ int run_launch(launch_args& a) {
     if (!server) {
       print_error(server.err().to_string());
       delete rdzv;
-      return 1;
+      out.code = 1;
+      out.cause = server.err().message;
+      return out;
     }
     rdzv->server = std::move(server.value());
     rdzv->waiter = std::thread([rdzv] {
@@ -337,15 +324,7 @@ int run_launch(launch_args& a) {
       rdzv->outcome = std::move(r);
     });
   }
-
-  std::error_code ec;
-  fs::create_directories(p.log_dir, ec);
-  if (ec) {
-    print_error(core::error::at_file(p.log_dir, "cannot create the log directory: " + ec.message(),
-                                     "pass a writable --log_dir")
-                    .to_string());
-    return finish(rdzv, 1);
-  }
+  out.rdzv = rdzv;
 
   std::vector<launch::worker_spec> specs;
   for (int l = 0; l < p.local_worker_num; ++l) {
@@ -361,13 +340,14 @@ int run_launch(launch_args& a) {
              "TROUPE_NODE_RANK=" + std::to_string(p.node_rank),
              "TROUPE_LOCAL_RANK=" + std::to_string(l),
              "TROUPE_RANK=" + std::to_string(s.rank),
-             "TROUPE_JOB_TOKEN=" + p.job_token,
-             "TROUPE_RDZV_TIMEOUT_MS=" + std::to_string(std::llround(a.rdzv_timeout * 1000))};
+             "TROUPE_JOB_TOKEN=" + token,
+             "TROUPE_RDZV_TIMEOUT_MS=" + std::to_string(std::llround(a.rdzv_timeout * 1000)),
+             "TROUPE_RESTARTS=" + std::to_string(round)};
     specs.push_back(std::move(s));
   }
   std::vector<std::string> argv = {"troupe", "worker", fs::absolute(a.config).string()};
   for (const auto& s : a.sets) argv.insert(argv.end(), {"--set", s});
-  if (!a.resume.empty()) argv.insert(argv.end(), {"--resume", a.resume});
+  if (!resume.empty()) argv.insert(argv.end(), {"--resume", resume});
   if (a.steps >= 0) argv.insert(argv.end(), {"--steps", std::to_string(a.steps)});
 
   std::printf("troupe launch: node %d of %d, %s of %d; rendezvous at %s:%d%s; logs in %s\n",
@@ -376,11 +356,12 @@ int run_launch(launch_args& a) {
               p.node_rank == 0 ? " (served here)" : "", p.log_dir.c_str());
   std::fflush(stdout);
 
-  launch::install_signal_handlers();
   auto group = launch::worker_group::spawn("/proc/self/exe", argv, specs);
   if (!group) {
     print_error(group.err().to_string());
-    return finish(rdzv, 1);
+    out.code = 1;
+    out.cause = group.err().message;
+    return out;
   }
 
   std::string listing = "[";
@@ -422,18 +403,153 @@ int run_launch(launch_args& a) {
     else
       print_error(e.to_string());
   };
-  const int code = group->supervise(so);
+  out.code = group->supervise(so);
+  out.cause = group->first_failure();
+  out.interrupted = group->interrupted();
+  {
+    // Node 0 knows whether the job formed; the other nodes assume it did when a worker ran at
+    // all (their workers fail fast when it could not form).
+    std::lock_guard<std::mutex> lk(rdzv->mu);
+    out.formed = rdzv->server ? (rdzv->outcome && rdzv->outcome->ok()) : true;
+  }
+  return out;
+}
 
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  if (code == 0)
-    std::printf("troupe launch: all %d worker%s of node %d exited with code 0 (%.1f s)\n",
-                p.local_worker_num, p.local_worker_num == 1 ? "" : "s", p.node_rank, secs);
-  else
-    std::fprintf(stderr,
-                 "troupe launch: the job failed (exit code %d) after %.1f s; worker logs in %s\n",
-                 code, secs, p.log_dir.c_str());
-  return finish(rdzv, code);
+int run_launch(launch_args& a) {
+  const auto started = std::chrono::steady_clock::now();
+  for (auto st : {check_seconds("--rdzv_timeout", a.rdzv_timeout, false),
+                  check_seconds("--grace", a.grace, true)})
+    if (!st) {
+      print_error(st.err().to_string());
+      return usage_error;
+    }
+  auto cfg = core::load_config(a.config, a.sets);
+  if (!cfg) {
+    print_error(cfg.err().to_string());
+    return usage_error;
+  }
+  if (auto st = actors::preflight(cfg.value()); !st) {
+    print_error(st.err().to_string());
+    return usage_error;
+  }
+  if (const char* spec = env("TROUPE_PERTURB_SEND")) {  // read by the workers; checked here first
+    if (auto p = actors::parse_perturbation(spec, "TROUPE_PERTURB_SEND"); !p) {
+      print_error(p.err().to_string());
+      return usage_error;
+    }
+  }
+  if (!a.no_plan_check)
+    if (int rc = check_plan(cfg.value(), a.device_memory, true)) return rc;
+  auto planned = make_plan(a, cfg.value());
+  if (!planned) {
+    print_error(planned.err().to_string());
+    return usage_error;
+  }
+  const launch_plan& p = planned.value();
+  if (auto st = core::check_local_workers(
+          cfg.value(), p.local_worker_num, true,
+          std::to_string(p.local_worker_num) + " workers on this node (--local_worker_num)");
+      !st) {
+    print_error(st.err().to_string());
+    return usage_error;
+  }
+  const int first_rank = p.node_rank * p.local_worker_num;
+  if (a.max_restarts > 0 && p.nodes > 1) {
+    print_error(core::error::make(
+                    "--max-restarts works within one node; this job spans " +
+                        std::to_string(p.nodes) + " nodes",
+                    "let the cluster manager restart multi-node jobs (e.g. sbatch --requeue with "
+                    "--resume RUN_DIR in the job script, docs/launch.md)")
+                    .to_string());
+    return usage_error;
+  }
+  if (a.max_restarts > 0 && a.steps >= 0) {
+    print_error(core::error::make("--steps cannot be combined with --max-restarts: after a "
+                                  "restart the steps of 'this invocation' would be counted again",
+                                  "set train.steps (e.g. --set train.steps=N) instead")
+                    .to_string());
+    return usage_error;
+  }
+
+  // The log directory first: a launch that cannot write its logs starts nothing.
+  std::error_code ec;
+  fs::create_directories(p.log_dir, ec);
+  if (ec) {
+    print_error(core::error::at_file(p.log_dir, "cannot create the log directory: " + ec.message(),
+                                     "pass a writable --log_dir")
+                    .to_string());
+    return 1;
+  }
+  const std::string ckpt_root = cfg->checkpoint.dir.empty()
+                                    ? (fs::path(cfg->runtime.run_dir) / "checkpoints").string()
+                                    : cfg->checkpoint.dir;
+  launch::install_signal_handlers();
+
+  std::string resume = a.resume;
+  for (int round = 0;; ++round) {
+    round_outcome r = run_round(a, p, first_rank, round, resume);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (r.code == 0) {
+      std::printf("troupe launch: all %d worker%s of node %d exited with code 0 (%.1f s%s)\n",
+                  p.local_worker_num, p.local_worker_num == 1 ? "" : "s", p.node_rank, secs,
+                  round == 0 ? ""
+                             : fmt::format(", {} restart{}", round, round == 1 ? "" : "s").c_str());
+      return r.finish(0);
+    }
+    // Restart from the last complete checkpoint, unless the user stopped the job, the job
+    // never formed (nothing ran: a restart would fail the same way), or restarts are used up.
+    std::string why_not;
+    if (round >= a.max_restarts)
+      why_not = a.max_restarts == 0 ? "" : "no restarts left (--max-restarts " +
+                                               std::to_string(a.max_restarts) + ")";
+    else if (r.interrupted)
+      why_not = "the launcher was stopped by a signal";
+    else if (!r.formed)
+      why_not = "the job never formed";
+    if (round >= a.max_restarts || r.interrupted || !r.formed) {
+      if (!why_not.empty()) std::fprintf(stderr, "troupe launch: not restarting: %s\n", why_not.c_str());
+      std::fprintf(stderr,
+                   "troupe launch: the job failed (exit code %d) after %.1f s%s; worker logs in "
+                   "%s\n",
+                   r.code, secs,
+                   round == 0 ? ""
+                              : fmt::format(" and {} restart{}", round, round == 1 ? "" : "s")
+                                    .c_str(),
+                   p.log_dir.c_str());
+      return r.finish(r.code);
+    }
+    r.finish(r.code);
+    auto from = model::checkpoint::resolve(ckpt_root);
+    std::string from_text;
+    if (from) {
+      resume = ckpt_root;
+      from_text = "the last checkpoint under " + ckpt_root;
+    } else {
+      from_text = a.resume.empty() ? std::string("step 0 (no checkpoint written yet)")
+                                   : "--resume " + a.resume + " (no newer checkpoint written)";
+    }
+    std::fprintf(stderr, "troupe launch: restart %d of %d after %.1f s: %s; restarting from %s\n",
+                 round + 1, a.max_restarts, secs, r.cause.c_str(), from_text.c_str());
+    std::fflush(stderr);
+    nlohmann::ordered_json event = {{"restart", round + 1},
+                                    {"max_restarts", a.max_restarts},
+                                    {"elapsed_s", secs},
+                                    {"cause", r.cause},
+                                    {"exit_code", r.code},
+                                    {"resume", resume}};
+    const std::string events = (fs::path(p.log_dir) / "restarts.jsonl").string();
+    if (!(std::ofstream(events, std::ios::app) << event.dump() << '\n'))
+      std::fprintf(stderr, "troupe launch: warning: cannot write %s\n", events.c_str());
+    // Keep the failed attempt's logs beside the new ones.
+    for (int l = 0; l < p.local_worker_num; ++l) {
+      const fs::path log = fs::path(p.log_dir) / ("worker_" + std::to_string(first_rank + l) + ".log");
+      fs::rename(log,
+                 fs::path(p.log_dir) / ("worker_" + std::to_string(first_rank + l) + ".attempt" +
+                                        std::to_string(round) + ".log"),
+                 ec);
+    }
+  }
 }
 
 const command_registrar reg{command{
@@ -490,6 +606,10 @@ const command_registrar reg{command{
                    "start even when `troupe plan` says the layout does not fit");
       app.add_option("--steps", a->steps, "stop after N steps in this invocation (passed on)")
           ->check(CLI::NonNegativeNumber);
+      app.add_option("--max-restarts", a->max_restarts,
+                     "when a worker fails, stop every worker and restart the job from the last "
+                     "complete checkpoint, up to N times (default 0: the job fails)")
+          ->check(CLI::Range(0, 1000000));
       app.footer(
           R"(Each worker runs `troupe worker CONFIG [--set ...] [--resume ...] [--steps ...]` with
   TROUPE_MASTER_ADDR, TROUPE_MASTER_PORT, TROUPE_WORKER_NUM, TROUPE_LOCAL_WORKER_NUM,
@@ -514,7 +634,14 @@ Failures: when a worker exits non-zero or is killed, the launcher names it (rank
   later SIGKILL, and prints the end of the failed workers' logs. SIGINT/SIGTERM sent to the
   launcher are forwarded to the workers; a second one kills them.
 
-Exit status: 0 when every worker exited 0; 2 for a usage or config error (nothing started);
+Restarts: with --max-restarts N, after such a failure the launcher starts every worker again
+  with --resume from the last complete checkpoint (or from the start when none was written),
+  up to N times. Each restart is logged with its cause, appended to LOG_DIR/restarts.jsonl, and
+  counted in every later metrics.jsonl line ("restarts"); the failed attempt's logs are kept as
+  worker_<RANK>.attempt<K>.log. No restart follows a signal to the launcher or a job that never
+  formed. One node only: multi-node jobs are restarted by the cluster manager.
+
+Exit status: 0 when every worker exited 0 (in the last attempt); 2 for a usage or config error (nothing started);
   1 when the rendezvous port is in use, the job could not form, or a worker could not start;
   otherwise the first failed worker's exit code (128 + N when killed by signal N), or 128 + N
   when the launcher itself received signal N first.

@@ -2,7 +2,8 @@
 // process of a launched job (runtime/worker.hpp). `troupe launch` starts one per local rank and
 // passes who it is in the environment: TROUPE_MASTER_ADDR, TROUPE_MASTER_PORT, TROUPE_WORKER_NUM,
 // TROUPE_LOCAL_WORKER_NUM, TROUPE_NODE_RANK, TROUPE_LOCAL_RANK, TROUPE_JOB_TOKEN and, optionally,
-// TROUPE_RDZV_TIMEOUT_MS. Started by hand (with those variables set) it behaves the same.
+// TROUPE_RDZV_TIMEOUT_MS and TROUPE_RESTARTS. Started by hand (with those variables set) it
+// behaves the same.
 // TROUPE_PERTURB_SEND (test only, actors/perturb.hpp) flips one bit of one tensor it sends.
 #include <cstdio>
 #include <cstdlib>
@@ -98,6 +99,14 @@ int run_worker_command(const worker_args& a) {
   }
   opt->run.resume = a.resume;
   opt->run.max_steps = a.steps;
+  if (std::getenv("TROUPE_RESTARTS")) {
+    auto n = env_int("TROUPE_RESTARTS", 0, 1 << 20);
+    if (!n) {
+      print_error(n.err().to_string());
+      return 2;
+    }
+    opt->run.restarts = n.value();
+  }
   if (const char* spec = std::getenv("TROUPE_PERTURB_SEND"); spec && *spec) {
     auto p = actors::parse_perturbation(spec, "TROUPE_PERTURB_SEND");
     if (!p) {
@@ -140,7 +149,8 @@ const command_registrar reg{command{
       app.footer(
           "Environment (set by troupe launch): TROUPE_MASTER_ADDR, TROUPE_MASTER_PORT,\n"
           "TROUPE_WORKER_NUM, TROUPE_LOCAL_WORKER_NUM, TROUPE_NODE_RANK, TROUPE_LOCAL_RANK,\n"
-          "TROUPE_JOB_TOKEN, TROUPE_RDZV_TIMEOUT_MS (optional).\n"
+          "TROUPE_JOB_TOKEN, TROUPE_RDZV_TIMEOUT_MS (optional), TROUPE_RESTARTS (optional: restarts so\n"
+          "far, written into metrics lines).\n"
           "Test only: TROUPE_PERTURB_SEND=rank:step:instruction flips the lowest bit of the\n"
           "first tensor that instruction sends, to show what troupe replay finds (docs/replay.md).\n"
           "Exit status: 0 the job finished; 1 the job failed (the message names the rank);\n"

@@ -285,6 +285,7 @@ int worker_group::supervise(const supervise_options& opt) {
           failed = true;
           interrupted = true;
           exit_code = 128 + sig;
+          first_failure_ = "the launcher received " + signal_name(sig);
         }
       } else {
         std::fprintf(stderr, "troupe launch: received %s again; sending SIGKILL to %s\n",
@@ -323,6 +324,9 @@ int worker_group::supervise(const supervise_options& opt) {
         failed = true;
         exit_code = WIFSIGNALED(w.status) ? 128 + WTERMSIG(w.status) : WEXITSTATUS(w.status);
         if (exit_code == 0) exit_code = 1;
+        first_failure_ = "worker rank " + std::to_string(w.spec.rank) + " (pid " +
+                         std::to_string(static_cast<int>(w.pid)) + ", host " + host + ") " +
+                         describe_status(w.status);
       }
       begin_stop("worker rank " + std::to_string(w.spec.rank) + " failed");
     }
@@ -334,6 +338,7 @@ int worker_group::supervise(const supervise_options& opt) {
         if (!failed) {
           failed = true;
           exit_code = 1;
+          first_failure_ = "the job could not form: " + e->message;
         }
         begin_stop("the job could not form");
       }
@@ -371,6 +376,7 @@ int worker_group::supervise(const supervise_options& opt) {
       if (!failed) {
         failed = true;
         exit_code = 128 + SIGKILL;
+        first_failure_ = "workers did not exit after SIGKILL";
       }
       break;
     }
@@ -388,9 +394,11 @@ int worker_group::supervise(const supervise_options& opt) {
       if (!failed) {
         failed = true;
         exit_code = 1;
+        first_failure_ = "the job could not form: " + e->message;
       }
     }
   }
+  interrupted_ = interrupted;
   if (!failed || interrupted) return exit_code;
 
   // Where to look: the failed workers' logs, then local rank 0's, whose log usually says what

@@ -77,8 +77,17 @@ class worker_group {
   /// received by the launcher, 1 when job_failed reported first.
   int supervise(const supervise_options& opt);
 
+ /// After supervise: what failed first ("worker rank 3 (pid 812) was killed by signal 9
+  /// (SIGKILL)", "the job could not form: ..."); empty when nothing failed.
+  const std::string& first_failure() const { return first_failure_; }
+  /// After supervise: the launcher itself received SIGINT/SIGTERM before any failure (the user
+  /// stopped the job: not a fault to restart from).
+  bool interrupted() const { return interrupted_; }
+
  private:
   std::vector<worker_process> workers_;
+  std::string first_failure_;
+  bool interrupted_ = false;
 };
 
 /// "exited with code 3" / "was killed by signal 9 (SIGKILL)".

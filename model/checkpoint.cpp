@@ -318,6 +318,37 @@ core::result<reader> reader::open(const std::string& dir) {
   return r;
 }
 
+core::result<reader> open_for_resume(const std::string& path, std::vector<std::string>* skipped) {
+  auto dir = resolve(path);
+  if (!dir) return dir.err();
+  auto ck = reader::open(dir.value());
+  std::error_code ec;
+  if (ck || fs::exists(fs::path(path) / manifest_name, ec)) return ck;
+  // The newest one is unusable: try the older ones of the same root, newest first.
+  const fs::path root = fs::path(dir.value()).parent_path();
+  const int newest = step_of_dir_name(fs::path(dir.value()).filename().string()).value_or(0);
+  std::vector<std::pair<int, fs::path>> older;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    auto step = step_of_dir_name(e.path().filename().string());
+    if (step && *step < newest && e.is_directory(ec)) older.emplace_back(*step, e.path());
+  }
+  std::sort(older.begin(), older.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  auto why = [](core::error e) {
+    e.hint.clear();
+    return e.to_string();
+  };
+  if (skipped) skipped->push_back(why(ck.err()));
+  for (const auto& [step, p] : older) {
+    auto other = reader::open(p.string());
+    if (other) return other;
+    if (skipped) skipped->push_back(why(other.err()));
+  }
+  core::error e = ck.err();
+  e.hint = older.empty() ? "no older checkpoint exists under " + root.string()
+                         : "no older checkpoint under " + root.string() + " reads whole either";
+  return e;
+}
+
 core::result<core::tensor> reader::load(const std::string& name) const {
   auto it = manifest_.tensors.find(name);
   if (it == manifest_.tensors.end()) {

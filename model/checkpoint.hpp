@@ -91,6 +91,15 @@ struct manifest {
 /// a checkpoint root with a `latest` file, or a run directory whose checkpoints/ has one.
 core::result<std::string> resolve(const std::string& path);
 
+class reader;
+
+/// Opens the checkpoint `path` names (see resolve) for resuming. When `path` is a checkpoint root
+/// or run directory and the newest checkpoint there cannot be read (missing or corrupt files,
+/// wrong hashes), the next older step_* directory that reads whole is used instead; each one
+/// passed over is described in `skipped` (the file, tensor and why). A checkpoint directory named
+/// directly is used as it is or not at all.
+core::result<reader> open_for_resume(const std::string& path, std::vector<std::string>* skipped);
+
 /// An opened, verified checkpoint.
 class reader {
  public:

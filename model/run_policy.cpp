@@ -54,13 +54,14 @@ core::result<run_start> open_run(const core::config& cfg, const std::string& res
                                  int max_steps, bool write_config, std::FILE* log) {
   run_start r;
   if (!resume.empty()) {
-    auto dir = checkpoint::resolve(resume);
-    if (!dir) return dir.err();
-    auto ck = checkpoint::reader::open(dir.value());
+    std::vector<std::string> skipped;
+    auto ck = checkpoint::open_for_resume(resume, &skipped);
+    for (const auto& s : skipped)
+      note(log, "warning: passing over an unusable checkpoint: " + s);
     if (!ck) return ck.err();
     if (auto st = check_resume_config(cfg, ck.value(), log); !st) return st.err();
     r.first_step = ck->info().next_step;
-    r.resumed_from = dir.value();
+    r.resumed_from = ck->dir();
     r.resume.emplace(std::move(ck.value()));
     note(log, "resumed from " + r.resumed_from + " at step " + std::to_string(r.first_step));
   }
@@ -96,7 +97,8 @@ step_cadence cadence(const core::config& cfg, int done, int end_step, bool has_v
 
 run_log::run_log(const core::config& cfg, const run_start& start, std::FILE* log,
                  metrics_writer w)
-    : cfg_(cfg), log_(log), end_step_(start.end_step), metrics_(std::move(w)),
+    : cfg_(cfg), log_(log), end_step_(start.end_step), restarts_(start.restarts),
+      metrics_(std::move(w)),
       t_start_(std::chrono::steady_clock::now()) {
   summary_.first_step = start.first_step;
   summary_.end_step = start.first_step;
@@ -132,9 +134,15 @@ core::status run_log::step_end(const step_outcome& o, const std::string& extra_f
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count());
 
   std::string line = to_json_line(m);
-  if (!extra_fields.empty()) {
+  std::string extra = extra_fields;
+  if (restarts_ > 0) {
+    if (!extra.empty()) extra += ',';
+    extra += "\"restarts\":";
+    extra += std::to_string(restarts_);
+  }
+  if (!extra.empty()) {
     line.pop_back();  // the closing brace
-    line += "," + extra_fields + "}";
+    line += "," + extra + "}";
   }
   if (auto st = metrics_.write_line(line); !st)
     return core::error::make(st.err().to_string(),

@@ -55,6 +55,9 @@ struct run_start {
   std::string ckpt_root;                     // checkpoint.dir, or <run_dir>/checkpoints
   std::optional<checkpoint::reader> resume;  // the checkpoint resumed from
   std::string resumed_from;                  // its directory ("" when starting fresh)
+  int restarts = 0;                          // automatic restarts before this invocation
+                                             // (`troupe launch --max-restarts`); metrics lines
+                                             // carry it when > 0
 };
 
 /// Resolves the start of a run: `resume` ("" = fresh; else a run or checkpoint directory),
@@ -121,6 +124,7 @@ class run_log {
   core::config cfg_;
   std::FILE* log_;
   int end_step_;
+  int restarts_ = 0;
   metrics_writer metrics_;
   std::chrono::steady_clock::time_point t_start_;
   train_summary summary_;

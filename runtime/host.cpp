@@ -43,6 +43,7 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
   h.end_step = start->end_step;
   h.ckpt_root = start->ckpt_root;
   h.step_hooks = opt.step_hooks;
+  h.restarts = opt.restarts;
   if (ck) {
     auto scaler = model::restore_loss_scaler(*ck, cfg.precision);
     if (!scaler.ok()) return scaler.err();
@@ -142,6 +143,7 @@ void spawn_hosted(caf::actor_system& sys, hosted_job& h, int halt_after,
   cs.halt_after = halt_after;
   cs.scaler = h.scaler;
   cs.step_hooks = h.step_hooks;
+  cs.restarts = h.restarts;
   cs.done = std::move(done);
   j.coordinator = spawn_coordinator(sys, h.j, cs);
 }

@@ -32,6 +32,7 @@ struct hosted_job {
   std::map<std::pair<int, int>, std::shared_ptr<shard_bundle>> shards;  // (pp, part), hosted only
   std::shared_ptr<recorder> rec;               // null: not recording (or a caller's sink)
   std::vector<model::run_log::step_hook> step_hooks;  // the coordinator's (run_options)
+  int restarts = 0;                                   // run_options::restarts
 
   bool hosts(int w) const;
 };

@@ -34,6 +34,9 @@ struct run_options {
   std::vector<model::run_log::step_hook> step_hooks;
   /// Flips one bit of one tensor sent (actors/perturb.hpp, test only); null = none.
   std::shared_ptr<send_perturbation> perturb;
+  /// Automatic restarts of the job so far (`troupe launch --max-restarts`, TROUPE_RESTARTS):
+  /// written into every metrics line when > 0.
+  int restarts = 0;
 };
 
 /// Trains `cfg` as actors. Errors name the failed actor, rank, step and instruction.

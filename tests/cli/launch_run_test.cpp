@@ -2,7 +2,8 @@
 // middleman for control) on configs/tiny.toml's model, compared bit for bit with `troupe train`
 // of the same config in one process: 4 local workers; the replay of the launched run; SIGKILL of
 // one worker mid-run (every process stops within 30 s naming the dead rank), then a resume that
-// ends bit-identical to an uninterrupted run; and two "nodes" (two launch calls) on loopback.
+// ends bit-identical to an uninterrupted run; the same failure restarted automatically
+// (--max-restarts); and two "nodes" (two launch calls) on loopback.
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -214,6 +215,68 @@ TEST_CASE("a worker killed with SIGKILL stops the whole job within 30 s naming i
                                   (tmp / "killed") + "'");
   REQUIRE_MESSAGE(r.wait() == 0, r.stderr_text());
   require_same_result(tmp.path / "whole", tmp.path / "killed");
+}
+
+TEST_CASE("--max-restarts: a worker killed mid-run is restarted from the last checkpoint and the run ends bit-identical") {
+  scratch_dir tmp("launch_restart");
+  const int steps = 8;
+  REQUIRE(run(tmp.path, "train", "train '" + tiny_config + "' " + tiny_sets(tmp, "whole", steps, 2)) == 0);
+
+  child l(tmp.path, "launch", launch_args(free_port(), "--grace 30 --max-restarts 2") + tiny_sets(tmp, "restarted", steps, 2));
+  // Kill worker 2 once step 3 is logged (the checkpoint of step 2 exists).
+  const fs::path run_dir = tmp.path / "restarted";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  auto lines = [&] {
+    const std::string text = slurp(run_dir / "metrics.jsonl");
+    return std::count(text.begin(), text.end(), '\n');
+  };
+  while (lines() < 3) {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, l.stderr_text());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const auto workers = nlohmann::json::parse(slurp(run_dir / "logs" / "workers.json"));
+  pid_t victim = -1;
+  for (auto& w : workers)
+    if (w.at("rank").get<int>() == 2) victim = w.at("pid").get<pid_t>();
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  const int code = l.wait(std::chrono::seconds(300));
+  const std::string err = l.stderr_text();
+  REQUIRE_MESSAGE(code == 0, err);
+  CHECK_MESSAGE(contains(err, "restart 1 of 2"), err);
+  CHECK_MESSAGE(contains(err, "worker rank 2 (pid " + std::to_string(victim)), err);
+  CHECK_MESSAGE(contains(err, "restarting from the last checkpoint under"), err);
+  CHECK_MESSAGE(contains(l.stdout_text(), "1 restart)"), l.stdout_text());
+  // The restart is recorded: an event line, the failed attempt's logs, and the metrics lines
+  // written after it.
+  const auto event = nlohmann::json::parse(slurp(run_dir / "logs" / "restarts.jsonl"));
+  CHECK(event.at("restart").get<int>() == 1);
+  CHECK(contains(event.at("cause").get<std::string>(), "SIGKILL"));
+  CHECK(fs::exists(run_dir / "logs" / "worker_2.attempt0.log"));
+  std::istringstream in(slurp(run_dir / "metrics.jsonl"));
+  int restarted_lines = 0, plain_lines = 0;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("restarts")) {
+      CHECK(j.at("restarts").get<int>() == 1);
+      ++restarted_lines;
+    } else {
+      ++plain_lines;
+    }
+  }
+  CHECK(plain_lines >= 2);      // the steps kept from before the failure
+  CHECK(restarted_lines >= 1);  // the steps run after the restart
+  CHECK(plain_lines + restarted_lines == steps);
+  // Every worker process of the failed attempt is gone.
+  for (auto& w : workers) CHECK(::kill(w.at("pid").get<pid_t>(), 0) != 0);
+  require_same_result(tmp.path / "whole", run_dir);
+}
+
+TEST_CASE("--max-restarts is refused with --steps (the steps of an invocation would count again)") {
+  scratch_dir tmp("launch_restart_bad");
+  child a(tmp.path, "steps", launch_args(free_port(), "--max-restarts 1 --steps 2") + tiny_sets(tmp, "r", 4));
+  CHECK(a.wait() == 2);
+  CHECK_MESSAGE(contains(a.stderr_text(), "--steps cannot be combined with --max-restarts"), a.stderr_text());
 }
 
 TEST_CASE("two launch calls on loopback (node_rank 0 and 1, two workers each) form one job equal to troupe train") {

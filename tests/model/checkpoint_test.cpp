@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "model/params.hpp"
 #include "tests/model/trainer_fixture.hpp"
@@ -112,6 +114,36 @@ TEST_CASE("a checkpoint whose tensor bytes changed is refused naming the tensor 
   CHECK(msg.find("a.weight.exp_avg_sq") != std::string::npos);
   CHECK(msg.find("optimizer.safetensors") != std::string::npos);
   CHECK(msg.find("hash") != std::string::npos);
+}
+
+TEST_CASE("resuming from a root whose newest checkpoint is corrupt falls back to the previous one, naming why") {
+  scratch_dir tmp("ckpt");
+  const std::string root = tmp / "c";
+  for (int s : {2, 4, 6}) REQUIRE(ck::save(root, sample_request(s)).ok());
+  // The newest is damaged on disk, the one before it loses a file.
+  const std::string newest = root + "/step_000006/optimizer.safetensors";
+  overwrite(newest, data_offset_of(newest, "a.weight.exp_avg_sq") + 3, "\x55");
+  fs::remove(root + "/step_000004/model.safetensors");
+
+  std::vector<std::string> skipped;
+  auto r = ck::open_for_resume(root, &skipped);
+  REQUIRE_MESSAGE(r.ok(), r.err().to_string());
+  CHECK(r->info().step == 2);
+  REQUIRE(skipped.size() == 2);
+  CHECK(skipped[0].find("step_000006") != std::string::npos);
+  CHECK(skipped[0].find("a.weight.exp_avg_sq") != std::string::npos);
+  CHECK(skipped[1].find("step_000004") != std::string::npos);
+  CHECK(skipped[1].find("model.safetensors") != std::string::npos);
+
+  // A checkpoint named directly is used as it is or not at all.
+  skipped.clear();
+  CHECK_FALSE(ck::open_for_resume(root + "/step_000006", &skipped).ok());
+  CHECK(skipped.empty());
+  // Nothing whole left: an error that says so.
+  fs::remove(root + "/step_000002/model.safetensors");
+  auto none = ck::open_for_resume(root, &skipped);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.err().hint.find("no older checkpoint") != std::string::npos);
 }
 
 TEST_CASE("a truncated checkpoint is refused naming the file and the cut tensor") {
