@@ -1,4 +1,5 @@
-// Host transfers shared by all backends.
+// Host transfers shared by all backends, and the defaults of the generation ops (a backend
+// without them refuses by name).
 #include "kernels/backend.hpp"
 
 #include "kernels/message_hash.hpp"
@@ -31,6 +32,31 @@ class ready_value final : public pending_value {
 };
 
 }  // namespace
+
+namespace {
+
+[[noreturn]] void no_generation(const backend& be, const char* op) {
+  throw core::failure(be.name() + " backend has no " + op +
+                      " (hint: generate text on the cpu or cuda backend)");
+}
+
+}  // namespace
+
+void backend::embedding_forward_at(const tensor&, const tensor&, const tensor&, const tensor&,
+                                   tensor&) {
+  no_generation(*this, "embedding_forward_at");
+}
+void backend::rope_forward_at(const tensor&, const tensor&, int, int, int, float, tensor&) {
+  no_generation(*this, "rope_forward_at");
+}
+void backend::kv_cache_write(const tensor&, const tensor&, const tensor&, const attention_dims&,
+                             tensor&, tensor&) {
+  no_generation(*this, "kv_cache_write");
+}
+void backend::attention_decode(const tensor&, const tensor&, const tensor&, const tensor&,
+                               const tensor&, const attention_dims&, tensor&) {
+  no_generation(*this, "attention_decode");
+}
 
 std::shared_ptr<pending_value> backend::message_hash_async(const tensor& x) {
   if (!x.defined() || x.bytes() == 0) return std::make_shared<ready_value>(message_hash(nullptr, 0));

@@ -193,6 +193,34 @@ class backend {
   virtual void attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
                                         const tensor& lse, const attention_dims& d, tensor& dqkv);
 
+  // --- inference with a key/value cache (troupe generate) ---------------------------------
+  // A cached forward runs rows that belong to cache slots (one slot per sequence being generated)
+  // at explicit positions: `slots` and `positions` are int32 [R] on the backend's device, row r at
+  // position positions[r] of slot slots[r]. A cache holds one layer's keys or values,
+  // [S, P, Hkv*D] (slots × positions × kv heads), in the activation dtype. Of attention_dims
+  // these ops read heads, kv_heads and head_dim only. REQUIRES (not checked on devices that would
+  // have to wait to read them): 0 <= slots[r] < S, 0 <= positions[r] < P. The defaults throw:
+  // a backend that generates text overrides all four.
+  /// out[r] = wte[tokens[r]] (+ wpe[positions[r]] when wpe is defined): embedding_forward with
+  /// explicit positions instead of row % T.
+  virtual void embedding_forward_at(const tensor& tokens, const tensor& wte, const tensor& wpe,
+                                    const tensor& positions, tensor& out);
+  /// rope_forward with row r turned by the angle of positions[r] instead of row % T (the same
+  /// angles, so the same bits as rope_forward at that position). y may alias x.
+  virtual void rope_forward_at(const tensor& x, const tensor& positions, int heads_total,
+                               int rot_heads, int head_dim, float theta, tensor& y);
+  /// Copies the key and value heads of each row of qkv [R, (H + 2*Hkv)*D] to
+  /// k_cache / v_cache [slots[r], positions[r]].
+  virtual void kv_cache_write(const tensor& qkv, const tensor& slots, const tensor& positions,
+                              const attention_dims& d, tensor& k_cache, tensor& v_cache);
+  /// Decode attention: the query heads of row r of qkv attend to the cached keys and values of
+  /// slot slots[r] at positions 0..positions[r] (inclusive: kv_cache_write first), scale
+  /// 1/sqrt(D), query head h reading kv head h / (H/Hkv). out [R, H*D]. Rows of one slot may be
+  /// several consecutive positions (a prompt's prefill): causal by construction.
+  virtual void attention_decode(const tensor& qkv, const tensor& slots, const tensor& positions,
+                                const tensor& k_cache, const tensor& v_cache,
+                                const attention_dims& d, tensor& out);
+
   // --- loss -----------------------------------------------------------------------------------
   /// Softmax cross-entropy fused with its backward. logits[N,V]; targets int32 [N] (a negative
   /// target is ignored: zero loss, zero gradient). Writes losses[N] (fp32, per row) and, when

@@ -1,4 +1,5 @@
-// Token (+ learned position) embedding: out[r] = wte[tokens[r]] (+ wpe[r % T]).
+// Token (+ learned position) embedding: out[r] = wte[tokens[r]] (+ wpe[r % T]); for generation,
+// at explicit positions: + wpe[positions[r]].
 //
 // The backward scatters rows into the tables. Two rows may hit the same table row (a repeated
 // token; every batch for the positions), so threads take column ranges, not rows, and each table
@@ -61,6 +62,46 @@ void cpu_backend::embedding_forward(const tensor& tokens, const tensor& wte, con
                    }
                  }
                });
+}
+
+void cpu_backend::embedding_forward_at(const tensor& tokens, const tensor& wte, const tensor& wpe,
+                                       const tensor& positions, tensor& out) {
+  op_check c("embedding_forward_at", {{"tokens", &tokens},
+                                      {"wte", &wte},
+                                      {"wpe", &wpe},
+                                      {"positions", &positions},
+                                      {"out", &out}});
+  c.host(tokens, "tokens", core::dtype::i32);
+  c.host(positions, "positions", core::dtype::i32);
+  c.host(wte, "wte", core::dtype::f32);
+  c.optional(wpe, "wpe", core::dtype::f32);
+  c.host(out, "out", core::dtype::f32);
+  c.require(wte.rank() == 2, "wte must be [V, C]");
+  const std::int64_t vocab = wte.dim(0), ch = wte.dim(1), n = tokens.numel();
+  c.numel(positions, "positions", n, "one position per token");
+  c.matrix(out, "out", n, ch, "one row per token, C = wte.dim(1)");
+  if (wpe.defined()) c.require(wpe.rank() == 2 && wpe.dim(1) == ch, "wpe must be [P, C]");
+  const std::int32_t* tok = tokens.data<std::int32_t>();
+  const std::int32_t* pos = positions.data<std::int32_t>();
+  check_tokens("embedding_forward_at", tok, n, vocab);
+  if (wpe.defined())
+    for (std::int64_t r = 0; r < n; ++r)
+      c.require(pos[r] >= 0 && pos[r] < wpe.dim(0),
+                "position " + std::to_string(pos[r]) + " at row " + std::to_string(r) +
+                    " is outside wpe's " + std::to_string(wpe.dim(0)) + " rows");
+  const float* te = wte.data<float>();
+  const float* pe = wpe.defined() ? wpe.data<float>() : nullptr;
+  float* o = out.data<float>();
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* t = te + tok[r] * ch;
+    float* dst = o + r * ch;
+    if (pe) {
+      const float* p = pe + static_cast<std::int64_t>(pos[r]) * ch;
+      for (std::int64_t j = 0; j < ch; ++j) dst[j] = t[j] + p[j];
+    } else {
+      std::copy(t, t + ch, dst);
+    }
+  }
 }
 
 void cpu_backend::embedding_backward(const tensor& dout, const tensor& tokens, int seq,

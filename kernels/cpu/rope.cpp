@@ -3,7 +3,8 @@
 // t = row % T:
 //   y[i]       = x[i] cos a - x[i+D/2] sin a
 //   y[i+D/2]   = x[i+D/2] cos a + x[i] sin a,      a = t · theta^(-2i/D)
-// The backward applies the transpose (the inverse rotation) to dy.
+// The backward applies the transpose (the inverse rotation) to dy. rope_forward_at (generation)
+// takes each row's position from a tensor instead of row % T.
 //
 // The angles are computed in double and rounded once to float:
 //   cos_ti = (float) cos((double) t * pow((double) theta, -2.0 * i / D)),  sin likewise,
@@ -100,6 +101,44 @@ void cpu_backend::rope_forward(const tensor& x, int seq, int heads_total, int ro
                      std::copy(xr + rot_heads * head_dim, xr + width, yr + rot_heads * head_dim);
                  }
                });
+}
+
+void cpu_backend::rope_forward_at(const tensor& x, const tensor& positions, int heads_total,
+                                  int rot_heads, int head_dim, float theta, tensor& y) {
+  op_check c("rope_forward_at", {{"x", &x}, {"positions", &positions}, {"y", &y}});
+  c.host(positions, "positions", core::dtype::i32);
+  const std::int64_t n = positions.numel();
+  // seq = 1 makes the shared checks accept any row count; the row count is checked next.
+  check_rope(c, x, "x", y, "y", 1, heads_total, rot_heads, head_dim);
+  c.require(rows_of(x) == n, "one position per row of x");
+  const std::int32_t* pos = positions.data<std::int32_t>();
+  std::int32_t top = 0;
+  for (std::int64_t r = 0; r < n; ++r) {
+    c.require(pos[r] >= 0, "positions must not be negative, got " + std::to_string(pos[r]) +
+                               " at row " + std::to_string(r));
+    top = std::max(top, pos[r]);
+  }
+  const auto table = rope_angles(static_cast<int>(top) + 1, head_dim, theta);
+  const std::int64_t width = static_cast<std::int64_t>(heads_total) * head_dim;
+  const int half = head_dim / 2;
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* cs = table->cos.data() + static_cast<std::int64_t>(pos[r]) * half;
+    const float* sn = table->sin.data() + static_cast<std::int64_t>(pos[r]) * half;
+    const float* xr = xp + r * width;
+    float* yr = yp + r * width;
+    for (int h = 0; h < rot_heads; ++h) {
+      const float* a = xr + h * head_dim;
+      float* b = yr + h * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const float x1 = a[i], x2 = a[i + half];
+        b[i] = x1 * cs[i] - x2 * sn[i];
+        b[i + half] = x2 * cs[i] + x1 * sn[i];
+      }
+    }
+    if (yr != xr) std::copy(xr + rot_heads * head_dim, xr + width, yr + rot_heads * head_dim);
+  }
 }
 
 void cpu_backend::rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,

@@ -97,6 +97,16 @@ class cuda_backend final : public backend {
   void attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
                                 const tensor& lse, const attention_dims& d, tensor& dqkv) override;
 
+  void embedding_forward_at(const tensor& tokens, const tensor& wte, const tensor& wpe,
+                            const tensor& positions, tensor& out) override;
+  void rope_forward_at(const tensor& x, const tensor& positions, int heads_total, int rot_heads,
+                       int head_dim, float theta, tensor& y) override;
+  void kv_cache_write(const tensor& qkv, const tensor& slots, const tensor& positions,
+                      const attention_dims& d, tensor& k_cache, tensor& v_cache) override;
+  void attention_decode(const tensor& qkv, const tensor& slots, const tensor& positions,
+                        const tensor& k_cache, const tensor& v_cache, const attention_dims& d,
+                        tensor& out) override;
+
   void cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
                      float grad_scale) override;
 

@@ -1,4 +1,5 @@
-// Token + position embedding: out[r] = wte[tok[r]] + wpe[r % T], and its backward
+// Token + position embedding: out[r] = wte[tok[r]] + wpe[r % T] (generation: + wpe[positions[r]]),
+// and its backward
 // dwte[tok] += Σ rows with that token, dwpe[t] += Σ_b dout[b·T + t].
 //
 // The backward is a scatter-add with collisions (a token appears many times in a batch). Atomics
@@ -8,7 +9,7 @@
 // into dwte once. Only rows of tokens present are touched: O(N·C), independent of the vocabulary.
 // The position gradient is a plain per-(t, c) sum over the batch in batch order.
 //
-// A token outside [0, V) makes the forward write NaN for its row (so the loss turns NaN and the
+// A token outside [0, V) (or a position outside wpe) makes the forward write NaN for its row (so the loss turns NaN and the
 // coordinator stops the job) and is skipped by the backward; the kernel cannot throw.
 #include <cub/device/device_radix_sort.cuh>
 
@@ -23,17 +24,19 @@ namespace troupe::kernels::cuda {
 // ------------------------------------------------------------------------------------------------
 // CUDA kernels
 
+/// Row r at position positions[r] when positions is given (generation), else r % seq.
 __global__ void embedding_forward_kernel(const int* tokens, const void* wte, int wte_code,
                                          const void* wpe, int wpe_code, int seq, int vocab,
-                                         void* out, int out_code, std::int64_t rows, int C) {
+                                         void* out, int out_code, std::int64_t rows, int C,
+                                         const int* positions, int wpe_rows) {
   const std::int64_t row = blockIdx.x;
   if (row >= rows) return;
   const int tok = tokens[row];
-  const bool valid = tok >= 0 && tok < vocab;
-  const std::int64_t t = row % seq;
+  const std::int64_t t = positions ? positions[row] : row % seq;
+  const bool valid = tok >= 0 && tok < vocab && (!wpe || !positions || (t >= 0 && t < wpe_rows));
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     float v = valid ? load_f(wte, wte_code, static_cast<std::int64_t>(tok) * C + c) : __int_as_float(0x7fc00000);
-    if (wpe) v += load_f(wpe, wpe_code, t * C + c);
+    if (wpe && valid) v += load_f(wpe, wpe_code, t * C + c);
     store_f(out, out_code, row * C + c, v);
   }
 }
@@ -112,7 +115,26 @@ void cuda_backend::embedding_forward(const tensor& tokens, const tensor& wte, co
   embedding_forward_kernel<<<static_cast<unsigned>(N), 256, 0, s>>>(
       tokens.data<int>(), wte.raw(), code_of(wte.type()), wpe.defined() ? wpe.raw() : nullptr,
       wpe.defined() ? code_of(wpe.type()) : 0, seq, static_cast<int>(wte.dim(0)), out.raw(),
-      code_of(out.type()), N, C);
+      code_of(out.type()), N, C, nullptr, 0);
+  TROUPE_CUDA_CHECK_LAUNCH();
+}
+
+void cuda_backend::embedding_forward_at(const tensor& tokens, const tensor& wte,
+                                        const tensor& wpe, const tensor& positions, tensor& out) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda embedding_forward_at";
+  const std::int64_t N = tokens.numel();
+  check_embedding(tokens, wte, wpe, 1, out, op, "out");
+  require_type(positions, dtype::i32, op, "positions");
+  require_numel(positions, N, op, "positions");
+  if (N == 0) return;
+  const int C = static_cast<int>(wte.dim(1));
+  embedding_forward_kernel<<<static_cast<unsigned>(N), 256, 0, s>>>(
+      tokens.data<int>(), wte.raw(), code_of(wte.type()), wpe.defined() ? wpe.raw() : nullptr,
+      wpe.defined() ? code_of(wpe.type()) : 0, 1, static_cast<int>(wte.dim(0)), out.raw(),
+      code_of(out.type()), N, C, positions.data<int>(),
+      wpe.defined() ? static_cast<int>(wpe.dim(0)) : 0);
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 

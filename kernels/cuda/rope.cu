@@ -1,6 +1,7 @@
 // Rotary position embedding, rotate-half convention (Hugging Face LLaMA): in each of the first
 // rot_heads heads of a row, element i < D/2 pairs with i + D/2 and the pair turns by the angle
-// a = t·theta^(-2i/D) of position t = row % T; the other heads are copied. The backward applies the
+// a = t·theta^(-2i/D) of position t = row % T (generation: t = positions[row]); the other heads
+// are copied. The backward applies the
 // transpose (inverse rotation) and accumulates.
 //
 // The angle is computed exactly as the CPU reference does (kernels/cpu/rope.cpp): in double, with
@@ -25,8 +26,10 @@ __device__ __forceinline__ void rope_angle(std::int64_t t, int i, int head_dim, 
   s = static_cast<float>(sd);
 }
 
+/// Row r at position positions[r] when positions is given (generation), else r % seq.
 __global__ void rope_forward_kernel(const void* x, void* y, int code, int seq, int heads_total,
-                                    int rot_heads, int head_dim, double theta, std::int64_t rows) {
+                                    int rot_heads, int head_dim, double theta, std::int64_t rows,
+                                    const int* positions) {
   const int half = head_dim / 2;
   const std::int64_t pairs_per_row = static_cast<std::int64_t>(heads_total) * half;
   const std::int64_t n = rows * pairs_per_row;
@@ -40,7 +43,7 @@ __global__ void rope_forward_kernel(const void* x, void* y, int code, int seq, i
     const float x1 = load_f(x, code, base + i), x2 = load_f(x, code, base + i + half);
     if (h < rot_heads) {
       float c, s;
-      rope_angle(row % seq, i, head_dim, theta, c, s);
+      rope_angle(positions ? positions[row] : row % seq, i, head_dim, theta, c, s);
       store_f(y, code, base + i, x1 * c - x2 * s);
       store_f(y, code, base + i + half, x2 * c + x1 * s);
     } else if (x != y) {
@@ -113,7 +116,25 @@ void cuda_backend::rope_forward(const tensor& x, int seq, int heads_total, int r
   if (n == 0) return;
   rope_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(x.raw(), y.raw(), code_of(x.type()), seq,
                                                        heads_total, rot_heads, head_dim,
-                                                       static_cast<double>(theta), rows);
+                                                       static_cast<double>(theta), rows,
+                                                       nullptr);
+  TROUPE_CUDA_CHECK_LAUNCH();
+}
+
+void cuda_backend::rope_forward_at(const tensor& x, const tensor& positions, int heads_total,
+                                   int rot_heads, int head_dim, float theta, tensor& y) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda rope_forward_at";
+  const std::int64_t rows = check_rope(x, "x", y, "y", 1, heads_total, rot_heads, head_dim, op);
+  require_type(positions, dtype::i32, op, "positions");
+  require_numel(positions, rows, op, "positions");
+  const std::int64_t n = rows * heads_total * (head_dim / 2);
+  if (n == 0) return;
+  rope_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(x.raw(), y.raw(), code_of(x.type()), 1,
+                                                       heads_total, rot_heads, head_dim,
+                                                       static_cast<double>(theta), rows,
+                                                       positions.data<int>());
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
