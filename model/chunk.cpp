@@ -225,11 +225,7 @@ class chunk_impl {
 
     head_acts h;
     h.x = x;
-    h.n = ops_->alloc({n, cfg_.hidden_size});
-    ops_->norm_stats(n, h.mean, h.rstd);
-    ops_->norm_forward(h.x, w.head.norm_w, w.head.norm_b, h.n, h.mean, h.rstd);
-    tensor logits = ops_->alloc({n, cfg_.vocab_size});
-    be_.linear_forward(h.n, w.head.head_w, {}, logits);
+    tensor logits = head_forward(w.head, h);
     if (!losses) return logits;
     *losses = ops_->alloc({n}, core::dtype::f32);
     be_.cross_entropy(logits, st.targets, *losses, st.grad_scale);
@@ -238,6 +234,17 @@ class chunk_impl {
       st.head = std::move(h);
     }
     return {};
+  }
+
+  /// Final norm and LM head of h.x: fills h.n and its statistics, returns the logits.
+  tensor head_forward(const head_tensors& w, head_acts& h) {
+    const std::int64_t n = h.x.dim(0);
+    h.n = ops_->alloc({n, cfg_.hidden_size});
+    ops_->norm_stats(n, h.mean, h.rstd);
+    ops_->norm_forward(h.x, w.norm_w, w.norm_b, h.n, h.mean, h.rstd);
+    tensor logits = ops_->alloc({n, cfg_.vocab_size});
+    be_.linear_forward(h.n, w.head_w, {}, logits);
+    return logits;
   }
 
   tensor forward(int mb, const tensor& input, const tensor& targets, float grad_scale) {
@@ -479,6 +486,64 @@ tensor chunk::forward_logits(const tensor& input) {
   if (logits.type() == core::dtype::f32) return logits;
   tensor out = impl_->be_.empty(logits.shape(), core::dtype::f32);
   impl_->be_.convert(logits, out);
+  return out;
+}
+
+kv_cache chunk::make_kv_cache(int slots, int positions) {
+  const core::model_config& cfg = impl_->cfg_;
+  TROUPE_CHECK(slots > 0 && positions > 0 && positions <= cfg.seq_length,
+               "a key/value cache of " + std::to_string(slots) + " slots × " +
+                   std::to_string(positions) + " positions (1.." +
+                   std::to_string(cfg.seq_length) + " positions: the model's seq_length)");
+  kv_cache c;
+  c.slots = slots;
+  c.positions = positions;
+  const core::shape_t shape{slots, positions,
+                            static_cast<std::int64_t>(cfg.kv_heads()) * cfg.head_dim()};
+  for (int l = 0; l < impl_->spec_.num_layers; ++l)
+    c.layers.push_back({impl_->be_.empty(shape, impl_->act_), impl_->be_.empty(shape, impl_->act_)});
+  return c;
+}
+
+tensor chunk::forward_cached(const tensor& tokens, const cache_rows& at, kv_cache& cache,
+                             const std::vector<std::int64_t>& logit_rows) {
+  chunk_impl& m = *impl_;
+  const core::model_config& cfg = m.cfg_;
+  TROUPE_CHECK(m.spec_.has_embedding && m.spec_.has_head &&
+                   m.spec_.num_layers == cfg.num_layers,
+               "forward_cached needs the whole model in one chunk");
+  TROUPE_CHECK(static_cast<int>(cache.layers.size()) == m.spec_.num_layers,
+               "a key/value cache of " + std::to_string(cache.layers.size()) + " layers for " +
+                   std::to_string(m.spec_.num_layers));
+  const std::int64_t n = tokens.numel();
+  TROUPE_CHECK(n > 0 && tokens.type() == core::dtype::i32 && at.slots.numel() == n &&
+                   at.positions.numel() == n,
+               "forward_cached wants int32 tokens, slots and positions of one length");
+  const auto w = m.weights();
+  tensor x = m.ops_->alloc({n, cfg.hidden_size});
+  m.be_.embedding_forward_at(tokens, w.emb.wte, w.emb.wpe, at.positions, x);
+  for (int l = 0; l < m.spec_.num_layers; ++l)
+    x = m.ops_->forward_cached(w.layers[l], x, at, cache.layers[l]);
+  // The head reads only the rows whose next token is wanted (a prefill wants one per prompt).
+  const auto k = static_cast<std::int64_t>(logit_rows.size());
+  TROUPE_CHECK(k > 0, "forward_cached without rows to return logits of");
+  bool all = k == n;
+  for (std::int64_t i = 0; all && i < k; ++i) all = logit_rows[static_cast<std::size_t>(i)] == i;
+  head_acts h;
+  h.x = x;
+  if (!all) {
+    h.x = m.ops_->alloc({k, cfg.hidden_size});
+    for (std::int64_t i = 0; i < k; ++i) {
+      const std::int64_t r = logit_rows[static_cast<std::size_t>(i)];
+      TROUPE_CHECK(r >= 0 && r < n, "logit row " + std::to_string(r) + " of " + std::to_string(n));
+      tensor dst = h.x.rows(i, i + 1);
+      m.be_.copy(x.rows(r, r + 1), dst);
+    }
+  }
+  tensor logits = m.head_forward(w.head, h);
+  if (logits.type() == core::dtype::f32) return logits;
+  tensor out = m.be_.empty(logits.shape(), core::dtype::f32);
+  m.be_.convert(logits, out);
   return out;
 }
 

@@ -24,6 +24,7 @@
 #include "core/config.hpp"
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
+#include "model/layer.hpp"
 
 namespace troupe::model {
 
@@ -50,6 +51,14 @@ struct param_info {
   std::int64_t numel = 0;
   bool decay = true;        // weight decay applies (matrices yes; norms, biases no)
   bool tied = false;        // the LM head's copy of a tied embedding
+};
+
+/// Keys and values of earlier positions for chunk::forward_cached: one layer_cache per layer of
+/// the chunk, each [slots, positions, Hkv * D] in the compute dtype.
+struct kv_cache {
+  int slots = 0;
+  int positions = 0;
+  std::vector<layer_cache> layers;
 };
 
 class chunk_impl;
@@ -109,6 +118,16 @@ class chunk {
   void release(int mb);
   /// Inference on the last chunk: logits [rows, vocab] (fp32) for input rows; saves nothing.
   tensor forward_logits(const tensor& input);
+
+  /// A cache for `slots` sequences of up to `positions` tokens (at most seq_length).
+  kv_cache make_kv_cache(int slots, int positions);
+  /// Inference with a key/value cache (a chunk with embedding and head: the whole model): runs
+  /// tokens (int32 [R]) at the cache slots and positions `at` names (int32 [R] each; every tensor
+  /// on the backend's device), writes their keys and values into `cache`, and returns the fp32
+  /// logits [logit_rows.size(), V] of the rows listed (host indices into [0, R)). The rows of a
+  /// slot must be its next positions, with positions 0..p-1 of that slot already in the cache.
+  tensor forward_cached(const tensor& tokens, const cache_rows& at, kv_cache& cache,
+                        const std::vector<std::int64_t>& logit_rows);
 
   /// Bytes of saved activations currently held / the peak since construction.
   std::size_t saved_activation_bytes() const;

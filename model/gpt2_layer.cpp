@@ -13,7 +13,8 @@ class gpt2_layer_ops final : public layer_ops {
   using layer_ops::layer_ops;
 
  protected:
-  tensor qkv_forward(const layer_tensors& w, const tensor& n1) override {
+  // Positions enter GPT-2 through the embedding only.
+  tensor qkv_forward(const layer_tensors& w, const tensor& n1, const tensor*) override {
     tensor qkv = alloc({n1.dim(0), qkv_width_});
     be_.linear_forward(n1, w.qkv_w, w.qkv_b, qkv);
     return qkv;

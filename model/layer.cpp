@@ -66,21 +66,42 @@ void layer_ops::norm_backward_residual(const tensor& dy, const tensor& x, const 
   }
 }
 
-tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a) {
+void layer_ops::attention_input(const layer_tensors& w, const tensor& x, const tensor* positions,
+                                layer_acts& a) {
   const std::int64_t n = x.dim(0), c = cfg_.hidden_size;
   a.x = x;
   a.n1 = alloc({n, c});
   norm_stats(n, a.mean1, a.rstd1);
   norm_forward(x, w.norm1_w, w.norm1_b, a.n1, a.mean1, a.rstd1);
-  a.qkv = qkv_forward(w, a.n1);
-  recompute_attention(a);
+  a.qkv = qkv_forward(w, a.n1, positions);
+}
+
+tensor layer_ops::attention_output(const layer_tensors& w, layer_acts& a) {
+  const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
   tensor mid = alloc({n, c});
-  be_.linear_forward_residual(a.att, w.proj_w, w.proj_b, x, mid);
+  be_.linear_forward_residual(a.att, w.proj_w, w.proj_b, a.x, mid);
   a.mid = mid;
   a.n2 = alloc({n, c});
   norm_stats(n, a.mean2, a.rstd2);
   norm_forward(a.mid, w.norm2_w, w.norm2_b, a.n2, a.mean2, a.rstd2);
   return mlp_forward(w, a);
+}
+
+tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a) {
+  attention_input(w, x, nullptr, a);
+  recompute_attention(a);
+  return attention_output(w, a);
+}
+
+tensor layer_ops::forward_cached(const layer_tensors& w, const tensor& x, const cache_rows& at,
+                                 layer_cache& c) {
+  layer_acts a;
+  attention_input(w, x, &at.positions, a);
+  const kernels::attention_dims d{0, 0, cfg_.num_heads, cfg_.kv_heads(), cfg_.head_dim()};
+  be_.kv_cache_write(a.qkv, at.slots, at.positions, d, c.k, c.v);
+  a.att = alloc({x.dim(0), static_cast<std::int64_t>(d.heads) * d.head_dim});
+  be_.attention_decode(a.qkv, at.slots, at.positions, c.k, c.v, d, a.att);
+  return attention_output(w, a);
 }
 
 void layer_ops::recompute_attention(layer_acts& a) {

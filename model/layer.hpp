@@ -85,6 +85,17 @@ struct layer_stash {
   }
 };
 
+/// Where the rows of a cached forward (generation) sit: their cache slots and positions, int32
+/// [R] each on the backend's device (kernels/backend.hpp, "inference with a key/value cache").
+struct cache_rows {
+  tensor slots, positions;
+};
+
+/// One layer's key and value caches, [slots, positions, Hkv * D] in the activation dtype.
+struct layer_cache {
+  tensor k, v;
+};
+
 /// The ops of one model family. One instance serves all layers of a chunk; it holds only
 /// scratch, never per-micro-batch state.
 class layer_ops {
@@ -95,6 +106,11 @@ class layer_ops {
 
   /// Runs the layer on x [N, C] and returns its output; `a` receives every activation.
   tensor forward(const layer_tensors& w, const tensor& x, layer_acts& a);
+  /// Inference with a key/value cache: the layer on rows x [R, C] at the slots and positions
+  /// `at` names, their keys and values written into `c` and attention read from it. The same ops
+  /// as forward but for attention (and RoPE at the rows' positions); nothing is kept.
+  tensor forward_cached(const layer_tensors& w, const tensor& x, const cache_rows& at,
+                        layer_cache& c);
   /// Recomputes a.att and a.lse from a.qkv (selective recompute dropped them).
   void recompute_attention(layer_acts& a);
   /// Gradient w.r.t. the layer input from dy = d out; fills `s` for backward_weight. When
@@ -132,8 +148,10 @@ class layer_ops {
   core::dtype act() const { return act_; }
 
  protected:
-  /// qkv [N, (H + 2 Hkv) D] from the norm1 output, in the layout attention expects.
-  virtual tensor qkv_forward(const layer_tensors& w, const tensor& n1) = 0;
+  /// qkv [N, (H + 2 Hkv) D] from the norm1 output, in the layout attention expects; rows sit at
+  /// row % seq_length, or at `positions` (int32 [N]) when given.
+  virtual tensor qkv_forward(const layer_tensors& w, const tensor& n1,
+                             const tensor* positions) = 0;
   /// dn1 = gradient through the qkv projection from d qkv (dn1 is written, not accumulated);
   /// keeps its dy in s.d_qkv.
   virtual void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
@@ -153,6 +171,11 @@ class layer_ops {
   virtual void mlp_keep_for_weight(layer_acts& a) const;
 
   kernels::attention_dims dims(std::int64_t rows) const;
+  /// Norm1, then qkv (at `positions` when given); a receives x, n1 and its statistics, and qkv.
+  void attention_input(const layer_tensors& w, const tensor& x, const tensor* positions,
+                       layer_acts& a);
+  /// From the attention output a.att on: projection and residual, norm2, the MLP.
+  tensor attention_output(const layer_tensors& w, layer_acts& a);
 
   core::model_config cfg_;
   kernels::backend& be_;

@@ -18,12 +18,17 @@ class llama_layer_ops final : public layer_ops {
   using layer_ops::layer_ops;
 
  protected:
-  tensor qkv_forward(const layer_tensors& w, const tensor& n1) override {
+  tensor qkv_forward(const layer_tensors& w, const tensor& n1, const tensor* positions) override {
     const int heads = cfg_.num_heads, kv = cfg_.kv_heads();
     tensor qkv = alloc({n1.dim(0), qkv_width_});
     be_.linear_forward(n1, stacked(w), {}, qkv);
-    be_.rope_forward(qkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(),
-                     static_cast<float>(cfg_.rope_theta), qkv);
+    const auto theta = static_cast<float>(cfg_.rope_theta);
+    if (positions)
+      be_.rope_forward_at(qkv, *positions, heads + 2 * kv, heads + kv, cfg_.head_dim(), theta,
+                          qkv);
+    else
+      be_.rope_forward(qkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(), theta,
+                       qkv);
     return qkv;
   }
 
