@@ -1,23 +1,29 @@
-// `troupe generate CHECKPOINT --prompt TEXT [--tokens N] [--temperature T] [--top_k K] [--seed S]`:
-// samples a continuation from a checkpoint. The model's config comes from the checkpoint's
-// manifest; the tokenizer from its data.tokenizer_dir (or --tokenizer). Each new token runs the
-// whole model over the last seq_length tokens, right-padded to seq_length: attention is causal, so
-// the padding never reaches the position that is read, and one fixed shape serves every step.
-// Draws come from a stream keyed by (seed, position), so a seed names a sample.
+// `troupe generate CHECKPOINT (--prompt TEXT)... [--prompts FILE] [--max-new-tokens N]
+// [--temperature T] [--top-k K] [--top-p P] [--seed S] [--device D] [--dtype T]`: continues a batch
+// of prompts with a key/value cache (model/generate.hpp): one prefill of all prompts, then one
+// decode step per new token. The model's config comes from the checkpoint's manifest; the
+// tokenizer from its data.tokenizer_dir (or --tokenizer).
+//
+// Output: each prompt followed by its continuation and a newline, in prompt order; the prompt
+// being shown streams as its tokens arrive, the later ones are held until their turn. Text leaves
+// through a utf8_stream, so stdout never carries half a UTF-8 character. The prefill and decode
+// rates go to stderr.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "cli/command.hpp"
 #include "core/config.hpp"
-#include "core/rng.hpp"
 #include "model/checkpoint.hpp"
 #include "model/chunk.hpp"
+#include "model/generate.hpp"
 #include "model/tokenizer.hpp"
 #include "kernels/select.hpp"
 
@@ -26,44 +32,25 @@ namespace {
 
 struct generate_args {
   std::string checkpoint;
-  std::string prompt;
-  int tokens = 64;
+  std::vector<std::string> prompts;
+  std::string prompts_file;
+  int max_new_tokens = 64;
   double temperature = 0.8;
   int top_k = 40;
+  double top_p = 1.0;
   std::string seed = "0";  // parsed by parse_seed: CLI11 would wrap "-1" to 2^64 - 1
   std::string tokenizer_dir;
+  std::string device;      // "" = the checkpoint's runtime.device
+  std::string dtype = "fp32";
+  bool ignore_eos = false;
 };
-
-// Index drawn from softmax(logits / temperature) restricted to the top_k largest logits;
-// temperature <= 0 picks the largest (the first one on ties).
-int sample(const float* logits, int vocab, double temperature, int top_k, core::rng_stream& rng) {
-  if (temperature <= 0) return static_cast<int>(std::max_element(logits, logits + vocab) - logits);
-  float threshold = -INFINITY;
-  if (top_k > 0 && top_k < vocab) {
-    std::vector<float> sorted(logits, logits + vocab);
-    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
-    threshold = sorted[static_cast<std::size_t>(top_k - 1)];
-  }
-  const float top = *std::max_element(logits, logits + vocab);
-  std::vector<double> weights(static_cast<std::size_t>(vocab), 0.0);
-  double total = 0;
-  for (int i = 0; i < vocab; ++i)
-    if (logits[i] >= threshold) total += weights[i] = std::exp((logits[i] - top) / temperature);
-  double u = rng.uniform() * total;
-  for (int i = 0; i < vocab; ++i) {
-    u -= weights[i];
-    if (u < 0) return i;
-  }
-  return static_cast<int>(std::max_element(logits, logits + vocab) - logits);
-}
 
 int fail(const core::error& e) {
   print_error(e.to_string());
   return 1;
 }
 
-/// Each new token runs the whole model over seq_length positions: a million of them is days of
-/// CPU time already. Larger requests are refused rather than left to run without end.
+/// A bound on the request itself; a sequence also stops at the model's positions.
 constexpr int max_tokens = 1 << 20;
 /// exp(logit / T) stays a number for temperatures up to here; above, sampling is uniform anyway.
 constexpr double max_temperature = 1e6;
@@ -78,20 +65,72 @@ core::result<std::uint64_t> parse_seed(const std::string& text) {
   return v;
 }
 
+core::result<core::precision_kind> parse_dtype(const std::string& text) {
+  if (text == "fp32") return core::precision_kind::fp32;
+  if (text == "bf16") return core::precision_kind::bf16;
+  if (text == "fp16") return core::precision_kind::fp16;
+  return core::error::make("--dtype '" + text + "' is not one of fp32, bf16, fp16",
+                           "fp32 runs everywhere; bf16 and fp16 need --device cuda");
+}
+
 // Usage errors found after parsing (the numbers CLI11 lets through): exit 2.
 core::status check_args(const generate_args& a) {
-  if (a.tokens > max_tokens)
-    return core::error::make(
-        "--tokens " + std::to_string(a.tokens) + " is above the " + std::to_string(max_tokens) +
-            " one call generates",
-        "each token runs the whole model over seq_length positions; generate in several calls, "
-        "passing the text so far as --prompt");
+  if (a.prompts.empty() && a.prompts_file.empty())
+    return core::error::make("no prompt given",
+                             "pass --prompt TEXT (repeatable) and/or --prompts FILE");
+  if (a.max_new_tokens > max_tokens)
+    return core::error::make("--max-new-tokens " + std::to_string(a.max_new_tokens) +
+                                 " is above the " + std::to_string(max_tokens) +
+                                 " one call generates",
+                             "a sequence stops at the model's seq_length positions anyway; ask "
+                             "for at most that many");
   if (!std::isfinite(a.temperature) || a.temperature < 0 || a.temperature > max_temperature)
     return core::error::make("--temperature " + fmt::format("{}", a.temperature) +
                                  " is not a number in 0.." + fmt::format("{}", max_temperature),
                              "0 picks the most likely token; 0.8 is the usual sampling temperature");
+  if (!(a.top_p > 0 && a.top_p <= 1))
+    return core::error::make("--top-p " + fmt::format("{}", a.top_p) +
+                                 " is not a probability in (0, 1]",
+                             "1 keeps every token; 0.9 samples from the most likely 90 %");
   if (auto s = parse_seed(a.seed); !s) return s.err();
+  if (auto d = parse_dtype(a.dtype); !d) return d.err();
   return {};
+}
+
+/// The prompts of --prompts FILE: one per line (blank lines skipped), or for a name ending in
+/// ".jsonl" one JSON object per line with a string "prompt" (instruction data reads as is).
+core::result<std::vector<std::string>> read_prompts(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return core::error::at_file(path, "cannot open the prompts file",
+                                "check the path given to --prompts");
+  const bool jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
+  std::vector<std::string> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (!jsonl) {
+      out.push_back(line);
+      continue;
+    }
+    auto bad = [&](const std::string& what) {
+      core::error e = core::error::at_file(
+          path, what, "each line of a .jsonl prompts file is an object such as {\"prompt\": \"Hi\"}");
+      e.where.line = n;
+      return e;
+    };
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) return bad("not valid JSON");
+    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string())
+      return bad("no string \"prompt\" in this record");
+    out.push_back(j["prompt"].get<std::string>());
+  }
+  if (in.bad()) return core::error::at_file(path, "read error", "check the file");
+  if (out.empty())
+    return core::error::at_file(path, "the prompts file holds no prompt",
+                                "write one prompt per line");
+  return out;
 }
 
 // A checkpoint whose weights are not finite gives garbage (NaN logits sample token 0 forever):
@@ -118,12 +157,68 @@ core::status check_finite(model::chunk& net, kernels::backend& be, const std::st
   return {};
 }
 
+void write_out(const std::string& s) {
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fflush(stdout);
+}
+
+/// Prints the prompts and their continuations in prompt order: the first unfinished prompt
+/// streams, later ones collect their text until every earlier one is done.
+class ordered_printer {
+ public:
+  explicit ordered_printer(const std::vector<std::string>& prompts)
+      : prompts_(prompts), streams_(prompts.size()), held_(prompts.size()),
+        done_(prompts.size(), false) {
+    open(0);
+  }
+  void text(int i, const std::string& bytes) { emit(i, streams_[static_cast<std::size_t>(i)].push(bytes)); }
+  void stop(int i) {
+    const auto k = static_cast<std::size_t>(i);
+    emit(i, streams_[k].finish());
+    done_[k] = true;
+    while (current_ < prompts_.size() && done_[current_]) {
+      write_out("\n");
+      if (++current_ < prompts_.size()) open(current_);
+    }
+  }
+
+ private:
+  void open(std::size_t i) {
+    write_out(prompts_[i] + held_[i]);
+    held_[i].clear();
+  }
+  void emit(int i, const std::string& piece) {
+    if (static_cast<std::size_t>(i) == current_)
+      write_out(piece);
+    else
+      held_[static_cast<std::size_t>(i)] += piece;
+  }
+
+  const std::vector<std::string>& prompts_;
+  std::vector<model::utf8_stream> streams_;
+  std::vector<std::string> held_;
+  std::vector<bool> done_;
+  std::size_t current_ = 0;
+};
+
+std::string rate(double tokens, double seconds) {
+  return seconds > 0 ? fmt::format("{:.1f}", tokens / seconds) : std::string("-");
+}
+
 int run_generate(const generate_args& a) {
   if (auto st = check_args(a); !st) {
     print_error(st.err().to_string());
     return 2;
   }
   const std::uint64_t seed = parse_seed(a.seed).value();
+  const core::precision_kind precision = parse_dtype(a.dtype).value();
+  std::vector<std::string> texts = a.prompts;
+  if (!a.prompts_file.empty()) {
+    auto more = read_prompts(a.prompts_file);
+    if (!more) return fail(more.err());
+    texts.insert(texts.end(), more->begin(), more->end());
+  }
+
   auto dir = model::checkpoint::resolve(a.checkpoint);
   if (!dir) return fail(dir.err());
   auto ck = model::checkpoint::reader::open(dir.value());
@@ -138,67 +233,100 @@ int run_generate(const generate_args& a) {
   auto tok = model::tokenizer::load(tok_dir);
   if (!tok) return fail(tok.err());
 
+  const std::string device = a.device.empty() ? cfg->runtime.device : a.device;
+  if (device == "cpu" && precision != core::precision_kind::fp32)
+    return fail(core::error::make("--dtype " + a.dtype + " on the cpu device",
+                                  "the cpu backend computes in fp32; use --dtype fp32 or "
+                                  "--device cuda"));
+  std::vector<std::vector<int>> prompts;
+  for (const std::string& t : texts) {
+    std::vector<int> ids = tok->encode(t);
+    // An empty prompt starts a text from the end-of-text token, as training documents begin.
+    if (ids.empty()) ids.push_back(model::tokenizer::eot_id);
+    prompts.push_back(std::move(ids));
+  }
+  if (auto st = model::check_prompts(m, prompts); !st) return fail(st.err());
+
   kernels::set_cpu_threads(cfg->runtime.threads);
   kernels::set_gemm_tune_file(cfg->runtime.gemm_tune_file);
-  auto be = kernels::make_backend(cfg->runtime.device);
-  model::chunk net(m, model::partition(m, 1)[0], *be);
+  std::unique_ptr<kernels::backend> be;
+  try {
+    be = kernels::make_backend(device);
+  } catch (const core::failure& e) {
+    return fail(core::error::make(std::string("--device ") + device + ": " + e.what(),
+                                  "use --device cpu, or cuda on a machine with a GPU"));
+  }
+  model::chunk net(m, model::partition(m, 1)[0], *be, precision);
   if (auto st = model::checkpoint::restore(ck.value(), *be, m, net, nullptr); !st)
     return fail(st.err());
   if (auto st = check_finite(net, *be, dir.value()); !st) return fail(st.err());
 
-  std::vector<int> ids = tok->encode(a.prompt);
-  if (ids.empty()) ids.push_back(model::tokenizer::eot_id);
-  for (int id : ids)
-    if (id >= m.vocab_size)
-      return fail(core::error::make("prompt token " + std::to_string(id) +
-                                        " is outside the model's vocabulary of " +
-                                        std::to_string(m.vocab_size),
-                                    "the checkpoint was trained with a smaller vocabulary"));
-  const int vocab = std::min(m.vocab_size, tok->vocab_size());
-  const int T = m.seq_length;
+  model::generate_options o;
+  o.max_new_tokens = a.max_new_tokens;
+  o.eos = a.ignore_eos ? -1 : model::tokenizer::eot_id;
+  o.vocab = std::min(m.vocab_size, tok->vocab_size());
+  o.sample = {a.temperature, a.top_k, a.top_p, seed};
 
-  std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
-  std::fflush(stdout);
-  core::tensor input = core::tensor::zeros({T}, core::dtype::i32);
-  for (int n = 0; n < a.tokens; ++n) {
-    const std::size_t len = std::min<std::size_t>(ids.size(), static_cast<std::size_t>(T));
-    const int* window = ids.data() + (ids.size() - len);
-    std::int32_t* in = input.data<std::int32_t>();
-    for (int t = 0; t < T; ++t)
-      in[t] = t < static_cast<int>(len) ? window[t] : model::tokenizer::eot_id % m.vocab_size;
-    core::tensor logits = be->to_host(net.forward_logits(be->dev().is_cpu() ? input : be->from_host(input)));
-    const float* row = logits.data<float>() + (len - 1) * static_cast<std::size_t>(m.vocab_size);
-    core::rng_stream rng(core::stream_key(seed, 0x6e4e, ids.size()));
-    int next = sample(row, vocab, a.temperature, a.top_k, rng);
-    ids.push_back(next);
-    const std::string& bytes = tok->token_bytes(next);
-    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-    std::fflush(stdout);
-  }
-  std::printf("\n");
+  ordered_printer out(texts);
+  std::vector<int> made(prompts.size(), 0);
+  model::generate_sink sink;
+  sink.token = [&](int i, int id) {
+    ++made[static_cast<std::size_t>(i)];
+    out.text(i, tok->token_bytes(id));
+  };
+  sink.stop = [&](int i, model::stop_reason r) {
+    out.stop(i);
+    if (r == model::stop_reason::positions)
+      std::fprintf(stderr,
+                   "generate: prompt %d stopped after %d new tokens at the model's %d positions "
+                   "(model.seq_length)\n",
+                   i + 1, made[static_cast<std::size_t>(i)], m.seq_length);
+  };
+  const model::generate_stats st = model::generate(net, *be, m, prompts, o, sink);
+  std::fprintf(stderr,
+               "generate: %zu prompt(s) on %s (%s): prefill %lld tokens in %.3f s (%s tokens/s); "
+               "decode %lld tokens in %d steps, %.3f s (%s tokens/s)\n",
+               prompts.size(), be->name().c_str(), a.dtype.c_str(),
+               static_cast<long long>(st.prompt_tokens), st.prefill_seconds,
+               rate(static_cast<double>(st.prompt_tokens), st.prefill_seconds).c_str(),
+               static_cast<long long>(st.decode_tokens), st.decode_steps, st.decode_seconds,
+               rate(static_cast<double>(st.decode_tokens), st.decode_seconds).c_str());
   return 0;
 }
 
 const command_registrar reg{command{
-    "generate", "Sample text from a checkpoint", [](CLI::App& app) {
+    "generate", "Continue prompts with a checkpoint (KV cache, batched)", [](CLI::App& app) {
       auto a = std::make_shared<generate_args>();
       app.add_option("checkpoint", a->checkpoint, "checkpoint directory or run directory")
           ->required();
-      app.add_option("--prompt", a->prompt, "text to continue")->required();
-      app.add_option("--tokens", a->tokens, "tokens to generate (at most 1048576)")
+      app.add_option("--prompt", a->prompts, "text to continue (repeat for a batch)");
+      app.add_option("--prompts", a->prompts_file,
+                     "file of prompts: one per line, or JSON lines with \"prompt\" (.jsonl)");
+      app.add_option("--max-new-tokens,--tokens", a->max_new_tokens,
+                     "new tokens per prompt at most (a sequence also stops at EOS and at the "
+                     "model's seq_length positions)")
           ->check(CLI::NonNegativeNumber)
           ->capture_default_str();
       app.add_option("--temperature", a->temperature, "softmax temperature; 0 = greedy")
           ->check(CLI::NonNegativeNumber)
           ->capture_default_str();
-      app.add_option("--top_k", a->top_k, "sample among the K most likely tokens; 0 = all")
+      app.add_option("--top-k,--top_k", a->top_k, "sample among the K most likely tokens; 0 = all")
           ->check(CLI::NonNegativeNumber)
           ->capture_default_str();
-      app.add_option("--seed", a->seed, "seed of the sampling stream (0 .. 2^64-1)")
+      app.add_option("--top-p,--top_p", a->top_p,
+                     "then among the most likely tokens whose probability reaches P; 1 = all")
+          ->capture_default_str();
+      app.add_option("--seed", a->seed, "seed of the sampling streams (0 .. 2^64-1)")
           ->capture_default_str();
       app.add_option("--tokenizer", a->tokenizer_dir,
                      "folder with encoder.json and vocab.bpe (default: the run's "
                      "data.tokenizer_dir)");
+      app.add_option("--device", a->device,
+                     "cpu, cuda or cuda:N (default: the checkpoint's runtime.device)");
+      app.add_option("--dtype", a->dtype, "compute precision: fp32, bf16 or fp16 (cuda)")
+          ->capture_default_str();
+      app.add_flag("--ignore-eos", a->ignore_eos,
+                   "do not stop at the end-of-text token (benchmarks: a fixed length)");
       return [a] { return run_generate(*a); };
     }}};
 

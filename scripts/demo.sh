@@ -25,5 +25,5 @@ fi
 
 echo
 echo "demo: a sample from the trained model (troupe generate runs/tiny ...):"
-./build/troupe generate runs/tiny --prompt "Call me Ishmael. Some years ago" --tokens 60 \
-  --temperature 0.8 --top_k 40 --seed 1
+./build/troupe generate runs/tiny --prompt "Call me Ishmael. Some years ago" --max-new-tokens 50 \
+  --temperature 0.8 --top-k 40 --seed 1

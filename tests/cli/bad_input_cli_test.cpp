@@ -198,7 +198,7 @@ TEST_CASE("generate refuses a NaN temperature, a negative or huge seed and 2^31 
       {{"--temperature", "nan"}, "--temperature nan is not a number in 0.."},
       {{"--seed", "-1"}, "--seed '-1' is not a whole number in 0..18446744073709551615"},
       {{"--seed", "99999999999999999999999"}, "--seed '99999999999999999999999' is not a whole"},
-      {{"--tokens", "2147483647"}, "--tokens 2147483647 is above the 1048576"},
+      {{"--tokens", "2147483647"}, "--max-new-tokens 2147483647 is above the 1048576"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.says);
