@@ -2,7 +2,8 @@
 // [--temperature T] [--top-k K] [--top-p P] [--seed S] [--device D] [--dtype T]`: continues a batch
 // of prompts with a key/value cache (model/generate.hpp): one prefill of all prompts, then one
 // decode step per new token. The model's config comes from the checkpoint's manifest; the
-// tokenizer from its data.tokenizer_dir (or --tokenizer).
+// tokenizer (model/text_tokenizer.hpp: GPT-2's files or a tokenizer.json) from its
+// data.tokenizer_dir (or --tokenizer).
 //
 // Output: each prompt followed by its continuation and a newline, in prompt order; the prompt
 // being shown streams as its tokens arrive, the later ones are held until their turn. Text leaves
@@ -24,6 +25,7 @@
 #include "model/checkpoint.hpp"
 #include "model/chunk.hpp"
 #include "model/generate.hpp"
+#include "model/text_tokenizer.hpp"
 #include "model/tokenizer.hpp"
 #include "kernels/select.hpp"
 
@@ -230,8 +232,9 @@ int run_generate(const generate_args& a) {
   std::string tok_dir = a.tokenizer_dir;
   if (tok_dir.empty()) tok_dir = cfg->data.tokenizer_dir;
   if (tok_dir.empty()) tok_dir = model::tokenizer::default_dir;
-  auto tok = model::tokenizer::load(tok_dir);
-  if (!tok) return fail(tok.err());
+  auto loaded = model::load_tokenizer(tok_dir);
+  if (!loaded) return fail(loaded.err());
+  const model::text_tokenizer& tok = *loaded.value();
 
   const std::string device = a.device.empty() ? cfg->runtime.device : a.device;
   if (device == "cpu" && precision != core::precision_kind::fp32)
@@ -240,9 +243,18 @@ int run_generate(const generate_args& a) {
                                   "--device cuda"));
   std::vector<std::vector<int>> prompts;
   for (const std::string& t : texts) {
-    std::vector<int> ids = tok->encode(t);
-    // An empty prompt starts a text from the end-of-text token, as training documents begin.
-    if (ids.empty()) ids.push_back(model::tokenizer::eot_id);
+    std::vector<int> ids = tok.encode_for_model(t);
+    // An empty prompt starts a text where documents begin: at BOS, or (GPT-2) at the end-of-text
+    // token that separates them.
+    if (ids.empty()) {
+      const auto start = tok.bos_id() ? tok.bos_id() : tok.eos_id();
+      if (!start)
+        return fail(core::error::make("prompt " + std::to_string(prompts.size() + 1) +
+                                          " is empty and " + tok.describe() +
+                                          " has no BOS or EOS token to start from",
+                                      "give the prompt some text"));
+      ids.push_back(*start);
+    }
     prompts.push_back(std::move(ids));
   }
   if (auto st = model::check_prompts(m, prompts); !st) return fail(st.err());
@@ -263,16 +275,18 @@ int run_generate(const generate_args& a) {
 
   model::generate_options o;
   o.max_new_tokens = a.max_new_tokens;
-  o.eos = a.ignore_eos ? -1 : model::tokenizer::eot_id;
-  o.vocab = std::min(m.vocab_size, tok->vocab_size());
+  o.eos = a.ignore_eos ? -1 : tok.eos_id().value_or(-1);
+  o.vocab = std::min(m.vocab_size, tok.vocab_size());
   o.sample = {a.temperature, a.top_k, a.top_p, seed};
 
   ordered_printer out(texts);
   std::vector<int> made(prompts.size(), 0);
+  std::vector<model::token_text> pieces;
+  for (const auto& p : prompts) pieces.emplace_back(tok, p);
   model::generate_sink sink;
   sink.token = [&](int i, int id) {
     ++made[static_cast<std::size_t>(i)];
-    out.text(i, tok->token_bytes(id));
+    out.text(i, pieces[static_cast<std::size_t>(i)].next(id));
   };
   sink.stop = [&](int i, model::stop_reason r) {
     out.stop(i);
@@ -319,8 +333,8 @@ const command_registrar reg{command{
       app.add_option("--seed", a->seed, "seed of the sampling streams (0 .. 2^64-1)")
           ->capture_default_str();
       app.add_option("--tokenizer", a->tokenizer_dir,
-                     "folder with encoder.json and vocab.bpe (default: the run's "
-                     "data.tokenizer_dir)");
+                     "a tokenizer.json, a folder holding one, or a folder with GPT-2's "
+                     "encoder.json and vocab.bpe (default: the run's data.tokenizer_dir)");
       app.add_option("--device", a->device,
                      "cpu, cuda or cuda:N (default: the checkpoint's runtime.device)");
       app.add_option("--dtype", a->dtype, "compute precision: fp32, bf16 or fp16 (cuda)")

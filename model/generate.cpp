@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <span>
 
 #include "core/error.hpp"
 
@@ -133,6 +134,21 @@ std::string utf8_stream::finish() {
   if (!pending_.empty()) out += replacement;
   pending_.clear();
   return out;
+}
+
+// ---- token text ----------------------------------------------------------------------------------
+
+token_text::token_text(const text_tokenizer& tok, std::vector<int> prompt)
+    : tok_(&tok), ids_(std::move(prompt)) {}
+
+std::string token_text::next(int id) {
+  const std::size_t n = ids_.size(), from = n > context ? n - context : 0;
+  const std::string before = tok_->decode(std::span<const int>(ids_).subspan(from));
+  ids_.push_back(id);
+  const std::string after = tok_->decode(std::span<const int>(ids_).subspan(from));
+  std::size_t same = 0;
+  while (same < before.size() && same < after.size() && before[same] == after[same]) ++same;
+  return after.substr(same);
 }
 
 // ---- generation ----------------------------------------------------------------------------------

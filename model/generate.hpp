@@ -9,7 +9,8 @@
 //    token for token, for any batch of prompts of different lengths;
 //  - a draw depends on (seed, prompt index, position) and the logits only: the same seed gives the
 //    same text, and top_k = 1 gives the greedy text;
-//  - utf8_stream never lets part of a UTF-8 character out, whatever the token boundaries.
+//  - utf8_stream never lets part of a UTF-8 character out, whatever the token boundaries;
+//  - token_text's pieces add up to the decoder's text (GPT-2, LLaMA-2 and LLaMA-3 tokenizers).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include "core/rng.hpp"
 #include "kernels/backend.hpp"
 #include "model/chunk.hpp"
+#include "model/text_tokenizer.hpp"
 
 namespace troupe::model {
 
@@ -56,6 +58,22 @@ class utf8_stream {
 
  private:
   std::string pending_;
+};
+
+/// The bytes each new token adds to a sequence's text, through the tokenizer's decoder. A decoder
+/// may depend on what precedes a token (SentencePiece drops the space of a text's first word), so
+/// each token is decoded after a few tokens of context whose own bytes are taken off. The pieces
+/// of a sequence's tokens add up to the decoder's text of the whole sequence after the prompt.
+class token_text {
+ public:
+  /// REQUIRES: prompt not empty; tok outlives this.
+  token_text(const text_tokenizer& tok, std::vector<int> prompt);
+  std::string next(int id);
+
+ private:
+  static constexpr std::size_t context = 4;
+  const text_tokenizer* tok_;
+  std::vector<int> ids_;
 };
 
 /// Why a sequence stopped.

@@ -31,17 +31,25 @@ bool contains(const std::string& s, const std::string& part) {
 /// A two-layer GPT-2 over the real vocabulary with 32 positions, weights drawn wide enough that
 /// sampling at temperature 1 spreads over many tokens (byte tokens that split characters among
 /// them).
-std::string write_model(const scratch_dir& dir) {
+std::string write_model(const scratch_dir& dir,
+                        troupe::core::arch_kind arch = troupe::core::arch_kind::gpt2,
+                        int vocab = 50257, const std::string& tokenizer = kVocab) {
   troupe::core::config cfg;
+  cfg.model.arch = arch;
+  cfg.model.vocab_size = vocab;
+  if (arch == troupe::core::arch_kind::llama) {
+    cfg.model.num_kv_heads = 1;
+    cfg.model.tie_embeddings = false;
+  }
   cfg.model.num_layers = 2;
   cfg.model.hidden_size = 16;
   cfg.model.num_heads = 2;
   cfg.model.seq_length = 32;
   cfg.model.init_std = 0.2f;
-  cfg.data.tokenizer_dir = kVocab;
+  cfg.data.tokenizer_dir = tokenizer;
   cfg.runtime.threads = 1;
   auto parsed = troupe::core::parse_config(troupe::core::to_toml(cfg), "ckpt");
-  REQUIRE(parsed.ok());
+  REQUIRE_MESSAGE(parsed.ok(), (parsed.ok() ? "" : parsed.err().to_string()));
   auto be = troupe::kernels::make_backend("cpu");
   troupe::model::chunk net(parsed->model, troupe::model::partition(parsed->model, 1)[0], *be);
   net.init(3);
@@ -167,4 +175,37 @@ TEST_CASE("generate stops a prompt at the model's positions and says so") {
   REQUIRE_MESSAGE(r.code == 0, r.err);
   CHECK(contains(r.err, "prompt 1 stopped after 4 new tokens at the model's 32 positions"));
   CHECK(r.out.rfind(prompt, 0) == 0);
+}
+
+TEST_CASE("generate reads a tokenizer.json vocabulary: a LLaMA model with LLaMA-2's file") {
+  struct vocabulary {
+    const char* dir;
+    int size;
+  };
+  int tried = 0;
+  // (LLaMA-3's 128,256 tokens are above what model.vocab_size accepts.)
+  for (const vocabulary v : {vocabulary{"/data/llama2", 32000}}) {
+    const std::string tok = std::string(TROUPE_SOURCE_DIR) + v.dir;
+    if (!std::filesystem::exists(tok + "/tokenizer.json")) {
+      MESSAGE("skipped: no " << tok << "/tokenizer.json (scripts/setup.sh makes it)");
+      continue;
+    }
+    ++tried;
+    CAPTURE(v.dir);
+    scratch_dir dir("cli_generate_llama");
+    const std::string ck = write_model(dir, troupe::core::arch_kind::llama, v.size, tok);
+    auto run = [&](std::vector<std::string> prompts) {
+      std::vector<std::string> args = {"generate", ck, "--temperature", "0", "--max-new-tokens", "8"};
+      for (auto& p : prompts) args.insert(args.end(), {"--prompt", p});
+      return run_troupe(dir.path, args, 60s);
+    };
+    auto batch = run({"Hello world", "日本語のテキスト"});
+    REQUIRE_MESSAGE(batch.code == 0, batch.err);
+    auto a = run({"Hello world"}), b = run({"日本語のテキスト"});
+    CHECK(batch.out == a.out + b.out);
+    CHECK(a.out.rfind("Hello world", 0) == 0);
+    CHECK(a.out.size() > std::string("Hello world\n").size());
+    CHECK(whole_utf8(batch.out));
+  }
+  if (tried == 0) MESSAGE("no LLaMA-2 tokenizer file: nothing checked");
 }

@@ -318,3 +318,30 @@ TEST_CASE("cuda generation with the KV cache gives the CPU's greedy tokens, GPT-
     CHECK(run(on_gpu, *gpu, m, kPrompts, o).tokens == run(on_gpu, *gpu, m, kPrompts, o).tokens);
   }
 }
+
+TEST_CASE("token_text pieces add up to the decoder's text: GPT-2, LLaMA-2 (SentencePiece), LLaMA-3") {
+  const std::string text = "Call me Ishmael.  Some years ago — 日本語 🙂 naïve\n  indent, 12345 end";
+  int tried = 0;
+  for (const char* dir : {"/data/gpt2", "/data/llama2", "/data/llama3"}) {
+    CAPTURE(dir);
+    auto tok = load_tokenizer(std::string(TROUPE_SOURCE_DIR) + dir);
+    if (!tok) {
+      MESSAGE("skipped " << dir << ": " << tok.err().to_string());
+      continue;
+    }
+    ++tried;
+    const std::vector<int> ids = tok.value()->encode_for_model(text);
+    REQUIRE(ids.size() > 8);
+    for (std::size_t cut : {std::size_t{1}, std::size_t{3}, ids.size() / 2}) {
+      CAPTURE(cut);
+      const std::vector<int> prompt(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(cut));
+      token_text pieces(*tok.value(), prompt);
+      std::string streamed;
+      for (std::size_t i = cut; i < ids.size(); ++i) streamed += pieces.next(ids[i]);
+      const std::string whole = tok.value()->decode(ids), head = tok.value()->decode(prompt);
+      REQUIRE(whole.compare(0, head.size(), head) == 0);
+      CHECK(streamed == whole.substr(head.size()));
+    }
+  }
+  CHECK(tried >= 1);  // the GPT-2 vocabulary is always there (scripts/setup.sh)
+}
