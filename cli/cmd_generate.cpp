@@ -44,6 +44,7 @@ struct generate_args {
   std::string tokenizer_dir;
   std::string device;      // "" = the checkpoint's runtime.device
   std::string dtype = "fp32";
+  int batch_size = 32;
   bool ignore_eos = false;
 };
 
@@ -90,6 +91,9 @@ core::status check_args(const generate_args& a) {
     return core::error::make("--temperature " + fmt::format("{}", a.temperature) +
                                  " is not a number in 0.." + fmt::format("{}", max_temperature),
                              "0 picks the most likely token; 0.8 is the usual sampling temperature");
+  if (a.batch_size < 1)
+    return core::error::make("--batch-size " + std::to_string(a.batch_size) + " is not 1 or more",
+                             "32 sequences run side by side by default");
   if (!(a.top_p > 0 && a.top_p <= 1))
     return core::error::make("--top-p " + fmt::format("{}", a.top_p) +
                                  " is not a probability in (0, 1]",
@@ -296,7 +300,25 @@ int run_generate(const generate_args& a) {
                    "(model.seq_length)\n",
                    i + 1, made[static_cast<std::size_t>(i)], m.seq_length);
   };
-  const model::generate_stats st = model::generate(net, *be, m, prompts, o, sink);
+  // The prompts run in batches of --batch-size sequences, one after the other (each batch's
+  // cache holds only its own sequences); draws are keyed by the prompt's overall index.
+  model::generate_stats st;
+  for (std::size_t first = 0; first < prompts.size(); first += static_cast<std::size_t>(a.batch_size)) {
+    const std::size_t last = std::min(prompts.size(), first + static_cast<std::size_t>(a.batch_size));
+    const std::vector<std::vector<int>> part(prompts.begin() + static_cast<std::ptrdiff_t>(first),
+                                             prompts.begin() + static_cast<std::ptrdiff_t>(last));
+    o.index_base = static_cast<int>(first);
+    model::generate_sink shifted;
+    shifted.token = [&](int i, int id) { sink.token(o.index_base + i, id); };
+    shifted.stop = [&](int i, model::stop_reason r) { sink.stop(o.index_base + i, r); };
+    const model::generate_stats s = model::generate(net, *be, m, part, o, shifted);
+    st.prompt_tokens += s.prompt_tokens;
+    st.prefill_seconds += s.prefill_seconds;
+    st.decode_tokens += s.decode_tokens;
+    st.decode_steps += s.decode_steps;
+    st.decode_seconds += s.decode_seconds;
+    st.new_tokens += s.new_tokens;
+  }
   std::fprintf(stderr,
                "generate: %zu prompt(s) on %s (%s): prefill %lld tokens in %.3f s (%s tokens/s); "
                "decode %lld tokens in %d steps, %.3f s (%s tokens/s)\n",
@@ -338,6 +360,9 @@ const command_registrar reg{command{
       app.add_option("--device", a->device,
                      "cpu, cuda or cuda:N (default: the checkpoint's runtime.device)");
       app.add_option("--dtype", a->dtype, "compute precision: fp32, bf16 or fp16 (cuda)")
+          ->capture_default_str();
+      app.add_option("--batch-size", a->batch_size,
+                     "prompts run side by side at most; more run in further batches")
           ->capture_default_str();
       app.add_flag("--ignore-eos", a->ignore_eos,
                    "do not stop at the end-of-text token (benchmarks: a fixed length)");

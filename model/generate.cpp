@@ -239,7 +239,7 @@ generate_stats generate(chunk& net, kernels::backend& be, const core::model_conf
     for (std::size_t j = 0; j < active.size(); ++j) {
       const int i = active[j];
       const std::int64_t pos = length[i] + made[i];  // the new token's position
-      core::rng_stream rng = sample_stream(o.sample.seed, i, pos);
+      core::rng_stream rng = sample_stream(o.sample.seed, o.index_base + i, pos);
       const int id = sample_token(logits.data<float>() + j * static_cast<std::size_t>(cfg.vocab_size),
                                   vocab, o.sample, rng);
       ++made[i];

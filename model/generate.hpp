@@ -42,7 +42,8 @@ struct sampling {
 /// top-k order go to the lower id, so top_k = 1 is greedy whatever the temperature.
 int sample_token(const float* logits, int vocab, const sampling& s, core::rng_stream& rng);
 
-/// The random stream of the draw for prompt `prompt` at sequence position `position`.
+/// The random stream of the draw for prompt `prompt` (its index among all prompts) at sequence
+/// position `position`.
 core::rng_stream sample_stream(std::uint64_t seed, int prompt, std::int64_t position);
 
 /// Bytes in, valid UTF-8 out: push() returns the longest prefix of what it has been given that
@@ -92,6 +93,9 @@ struct generate_options {
   /// Tokens that may be drawn: ids [0, vocab) (0 = the model's vocab_size; a tokenizer with fewer
   /// tokens than the model's padded vocabulary passes its own size).
   int vocab = 0;
+  /// The index of the first prompt of this call among all prompts (a batch cut into several
+  /// calls): draws are keyed by index_base + i, so cutting does not change them.
+  int index_base = 0;
   sampling sample;
 };
 

@@ -117,6 +117,14 @@ TEST_CASE("generate: a seed names a sample and stdout never carries part of a ch
   REQUIRE_MESSAGE(a.code == 0, a.err);
   CHECK(a.out == b.out);
   CHECK(a.out != c.out);
+  // Run one prompt at a time, the draws and so the text stay those of the seed.
+  auto one_by_one = run_troupe(dir.path, {"generate", ck, "--prompt", "日本語 🙂", "--prompt", "é",
+                                          "--temperature", "1", "--top-k", "0", "--top-p", "0.999",
+                                          "--max-new-tokens", "30", "--seed", "7", "--ignore-eos",
+                                          "--batch-size", "1"},
+                               60s);
+  CHECK(one_by_one.out == a.out);
+  CHECK(contains(one_by_one.err, "2 prompt(s) on cpu"));
   // 60 tokens drawn from all 50,257 include byte tokens that are halves of characters; what
   // reaches stdout is whole UTF-8 all the same.
   for (const auto* r : {&a, &c}) CHECK(whole_utf8(r->out));
@@ -143,6 +151,7 @@ TEST_CASE("generate refuses bad input with a message: long prompt, flags, files,
       {{"--prompt", "Hi", "--max-new-tokens", "2147483647"}, 2,
        "--max-new-tokens 2147483647 is above the 1048576"},
       {{}, 2, "no prompt given"},
+      {{"--prompt", "Hi", "--batch-size", "0"}, 2, "--batch-size 0 is not 1 or more"},
       {{"--prompt", "Hi", "--dtype", "fp8"}, 2, "--dtype 'fp8' is not one of fp32, bf16, fp16"},
       {{"--prompt", "Hi", "--dtype", "bf16", "--device", "cpu"}, 1, "--dtype bf16 on the cpu device"},
       {{"--prompts", dir / "missing.txt"}, 1, "missing.txt: cannot open the prompts file"},
