@@ -3,7 +3,8 @@
 on the same GPT-2 124M weights, in one run on one GPU.
 
 The model is troupe's own: `troupe train` initialises GPT-2 124M (bench/configs/gpt2_124m_1gpu.toml
-with the 50,257-token vocabulary) and trains one step on random tokens, which writes a checkpoint;
+with the 50,257-token vocabulary, fp32) and trains one step on random tokens, which writes a
+checkpoint;
 the same tensors are loaded into transformers' GPT2LMHeadModel (troupe stores linear weights
 [out, in], GPT-2's Conv1D wants [in, out]). Both then continue a batch of identical prompts of
 --prompt-tokens tokens greedily for exactly --new-tokens tokens (EOS ignored), at batch 1 and 16,
@@ -45,7 +46,8 @@ def make_checkpoint(troupe, work):
         "--tokens", "400000", "--vocab", "50257"])
     run = os.path.join(work, "run")
     sh([troupe, "train", os.path.join(ROOT, "bench", "configs", "gpt2_124m_1gpu.toml"),
-        "--set", "model.vocab_size=50257", "--set", "train.steps=1",
+        "--set", "model.vocab_size=50257", "--set", "precision.compute=fp32",
+        "--set", "train.steps=1",
         "--set", "train.warmup_steps=0", "--set", "train.eval_interval=0",
         "--set", "parallel.micro_batch_size=4",
         "--set", "data.train=" + os.path.join(data, "train.bin"),
@@ -76,7 +78,8 @@ def hf_model(checkpoint, dtype):
             continue  # the tied copy of wte
         state["transformer." + name] = t.t().contiguous() if name.endswith(conv1d) else t
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if m != "lm_head.weight" and not m.endswith(".attn.bias")]
+    params = {n for n, _ in model.named_parameters()}  # buffers (causal masks) are not weights
+    missing = [m for m in missing if m in params and m != "lm_head.weight"]
     if missing or unexpected:
         sys.exit("generate_bench: weights did not map: missing %s, unexpected %s" %
                  (missing, unexpected))
