@@ -130,6 +130,33 @@ def troupe_generate(troupe, checkpoint, tokenizer, prompt, batch, new_tokens, dt
     return prefill + decode, prefill, decode, int(m.group(3)), wall, out.stdout
 
 
+
+class Gpt2Vocab:
+    """GPT-2's encoder.json read directly: token strings spell bytes through GPT-2's printable
+    alphabet (bytes that print as themselves keep their character; the others map to 256 + n in
+    order), so decoding needs no tokenizer library."""
+
+    def __init__(self, folder):
+        with open(os.path.join(folder, "encoder.json"), encoding="utf-8") as f:
+            self.ids = json.load(f)
+        self.strings = {i: s for s, i in self.ids.items()}
+        printable = [b for b in range(256)
+                     if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+        char_of = {b: chr(b) for b in printable}
+        extra = 0
+        for b in range(256):
+            if b not in char_of:
+                char_of[b] = chr(256 + extra)
+                extra += 1
+        self.byte_of = {c: b for b, c in char_of.items()}
+
+    def id(self, token):
+        return self.ids[token]
+
+    def decode(self, ids):
+        data = bytes(self.byte_of[c] for i in ids for c in self.strings[int(i)])
+        return data.decode("utf-8", errors="replace")
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--troupe", default="build-gpu/bin/troupe")
@@ -152,12 +179,9 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     checkpoint = a.checkpoint or make_checkpoint(troupe, os.path.abspath(a.work))
 
-    from transformers import GPT2TokenizerFast
-    tok = GPT2TokenizerFast(vocab_file=os.path.join(tokenizer, "encoder.json"),
-                            merges_file=os.path.join(tokenizer, "vocab.bpe"))
+    tok = Gpt2Vocab(tokenizer)
     prompt = " the" * a.prompt_tokens  # " the" is one GPT-2 token: the prompt has exactly that many
-    ids = tok(prompt)["input_ids"]
-    assert len(ids) == a.prompt_tokens, len(ids)
+    ids = [tok.id("\u0120the")] * a.prompt_tokens
 
     rows = []
     sink = open(a.out, "a") if a.out else None
@@ -186,7 +210,7 @@ def main():
                   "decode_tokens_per_s": batch * (a.new_tokens - 1) / (hf_total - hf_prefill),
                   "prefill_s": hf_prefill, "generate_s": hf_total})
             if dtype == "fp32" and batch == 1:
-                hf_text = prompt + tok.decode(hf_ids, clean_up_tokenization_spaces=False)
+                hf_text = prompt + tok.decode(hf_ids)
                 ours = text[:-1] if text.endswith("\n") else text
                 same = ours == hf_text
                 n = next((i for i, (x, y) in enumerate(zip(ours, hf_text)) if x != y),
