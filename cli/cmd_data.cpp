@@ -1,5 +1,9 @@
-// `troupe data prepare`: tokenizes text files with GPT-2's BPE into llm.c token shards,
-// DIR/train.bin and DIR/val.bin. Every document (one file) is preceded by <|endoftext|>; the token
+// `troupe data prepare`: tokenizes text files into llm.c token shards, DIR/train.bin and
+// DIR/val.bin, with the tokenizer --tokenizer or the config's data.tokenizer names (GPT-2's files
+// by default; any model/text_tokenizer.hpp reads). Document text is ordinary text: special-token
+// spellings in it are not matched. Every document (one file) is preceded by the tokenizer's BOS
+// (GPT-2's <|endoftext|>, LLaMA-3's <|begin_of_text|>, LLaMA-2's <s>), or its EOS if it has no
+// BOS. Shards hold uint16 ids up to 65,536 ids and uint32 above (model/shards.hpp). The token
 // stream is cut into chunks of --chunk-tokens and a --val-fraction share of the chunks, spread
 // evenly through the stream, forms the validation split. Validation text is therefore drawn from
 // the same mix of documents as training text: a split taken from a different text measures
@@ -19,7 +23,9 @@
 #include "cli/command.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
+#include "core/config.hpp"
 #include "model/shards.hpp"
+#include "model/text_tokenizer.hpp"
 #include "model/tokenizer.hpp"
 
 namespace troupe::cli {
@@ -31,7 +37,8 @@ struct prepare_args {
   std::vector<std::string> inputs;
   std::string out;
   double val_fraction = 0.05;
-  std::string tokenizer_dir = model::tokenizer::default_dir;
+  std::string tokenizer;  // "" = the config's data.tokenizer, else data/gpt2
+  std::string config;
   int chunk_tokens = 1024;
 };
 
@@ -117,11 +124,41 @@ int run_prepare(const prepare_args& a) {
                     .to_string());
     return 2;
   }
-  auto tok = model::tokenizer::load(a.tokenizer_dir);
-  if (!tok) {
-    print_error(tok.err().to_string());
+  std::string spec = a.tokenizer;
+  int model_vocab = 0;
+  if (!a.config.empty()) {
+    auto cfg = core::load_config(a.config);
+    if (!cfg) {
+      print_error(cfg.err().to_string());
+      return 2;
+    }
+    if (spec.empty()) spec = cfg->data.tokenizer_spec();
+    model_vocab = cfg->model.vocab_size;
+  }
+  if (spec.empty()) spec = model::tokenizer::default_dir;
+  auto loaded = model::load_tokenizer(spec);
+  if (!loaded) {
+    print_error(loaded.err().to_string());
     return 1;
   }
+  const model::text_tokenizer& tok = *loaded.value();
+  if (model_vocab > 0 && tok.vocab_size() > model_vocab) {
+    print_error(core::error::at_key(a.config, "model.vocab_size", 0, 0,
+                                    "the tokenizer " + spec + " has " +
+                                        std::to_string(tok.vocab_size()) +
+                                        " ids, more than model.vocab_size " +
+                                        std::to_string(model_vocab),
+                                    "set model.vocab_size to at least " +
+                                        std::to_string(tok.vocab_size()) +
+                                        ", or use the model's tokenizer")
+                    .to_string());
+    return 2;
+  }
+  const std::optional<int> separator = tok.bos_id() ? tok.bos_id() : tok.eos_id();
+  if (!separator)
+    std::fprintf(stderr, "troupe: warning: %s names neither BOS nor EOS: documents are joined "
+                         "without a separator\n", spec.c_str());
+  std::fprintf(stderr, "prepare: %s\n", tok.describe().c_str());
   auto files = collect_inputs(a.inputs);
   if (!files) {
     print_error(files.err().to_string());
@@ -162,10 +199,10 @@ int run_prepare(const prepare_args& a) {
     if (replaced > 0)
       std::fprintf(stderr, "\ntroupe: warning: %s: %zu invalid UTF-8 sequences read as U+FFFD\n",
                    f.string().c_str(), replaced);
-    stream.push_back(model::tokenizer::eot_id);
+    if (separator) stream.push_back(*separator);
     std::vector<int> ids;
     try {
-      ids = tok->encode(text.value());
+      ids = tok.encode(text.value(), model::specials_in_text::plain);
     } catch (const core::failure& e) {
       bar.finish();
       print_error(core::error::at_file(f.string(), e.what(), "please report this input").to_string());
@@ -179,7 +216,7 @@ int run_prepare(const prepare_args& a) {
 
   // Training predicts each token from those before it: with fewer than two tokens of text
   // there is nothing to learn, and no config's shard would be usable.
-  const std::size_t text_tokens = stream.size() - files->size();
+  const std::size_t text_tokens = stream.size() - (separator ? files->size() : 0);
   if (text_tokens < 2) {
     print_error(core::error::at_file(files->size() == 1 ? files->front().string() : "--input",
                                      "the input holds " + std::to_string(text_tokens) +
@@ -208,7 +245,7 @@ int run_prepare(const prepare_args& a) {
   const std::string train_path = (fs::path(a.out) / "train.bin").string();
   const std::string val_path = (fs::path(a.out) / "val.bin").string();
   for (auto [path, data] : {std::pair{&train_path, &train}, std::pair{&val_path, &val}}) {
-    if (auto s = model::write_tokens(*path, *data, tok->vocab_size()); !s) {
+    if (auto s = model::write_tokens(*path, *data, tok.vocab_size()); !s) {
       print_error(s.err().to_string());
       return 1;
     }
@@ -235,8 +272,7 @@ const command_registrar registrar{command{
       app.require_subcommand(1);
       auto args = std::make_shared<prepare_args>();
       CLI::App* prep = app.add_subcommand(
-          "prepare", "Tokenize text files with GPT-2 BPE into llm.c shards DIR/train.bin and "
-                     "DIR/val.bin");
+          "prepare", "Tokenize text files into llm.c shards DIR/train.bin and DIR/val.bin");
       prep->add_option("--input", args->inputs,
                        "Text files, or folders searched recursively for *.txt (sorted)")
           ->required();
@@ -245,9 +281,13 @@ const command_registrar registrar{command{
                        "Share of the token chunks kept for validation, drawn evenly from the "
                        "whole stream")
           ->capture_default_str();
-      prep->add_option("--tokenizer", args->tokenizer_dir,
-                       "Folder with GPT-2's encoder.json and vocab.bpe")
-          ->capture_default_str();
+      prep->add_option("--tokenizer", args->tokenizer,
+                       "A tokenizer.json, a folder holding one, or a folder with GPT-2's "
+                       "encoder.json and vocab.bpe (default: the config's data.tokenizer, else "
+                       "data/gpt2)");
+      prep->add_option("--config", args->config,
+                       "A run config: its data.tokenizer is the default tokenizer, and the "
+                       "tokenizer must fit its model.vocab_size");
       prep->add_option("--chunk-tokens", args->chunk_tokens,
                        "Size of the chunks the train/validation split is made of")
           ->capture_default_str()

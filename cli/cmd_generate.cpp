@@ -3,7 +3,7 @@
 // of prompts with a key/value cache (model/generate.hpp): one prefill of all prompts, then one
 // decode step per new token. The model's config comes from the checkpoint's manifest; the
 // tokenizer (model/text_tokenizer.hpp: GPT-2's files or a tokenizer.json) from its
-// data.tokenizer_dir (or --tokenizer).
+// data.tokenizer (or --tokenizer).
 //
 // Output: each prompt followed by its continuation and a newline, in prompt order; the prompt
 // being shown streams as its tokens arrive, the later ones are held until their turn. Text leaves
@@ -234,7 +234,7 @@ int run_generate(const generate_args& a) {
   const core::model_config& m = cfg->model;
 
   std::string tok_dir = a.tokenizer_dir;
-  if (tok_dir.empty()) tok_dir = cfg->data.tokenizer_dir;
+  if (tok_dir.empty()) tok_dir = cfg->data.tokenizer_spec();
   if (tok_dir.empty()) tok_dir = model::tokenizer::default_dir;
   auto loaded = model::load_tokenizer(tok_dir);
   if (!loaded) return fail(loaded.err());
@@ -356,7 +356,7 @@ const command_registrar reg{command{
           ->capture_default_str();
       app.add_option("--tokenizer", a->tokenizer_dir,
                      "a tokenizer.json, a folder holding one, or a folder with GPT-2's "
-                     "encoder.json and vocab.bpe (default: the run's data.tokenizer_dir)");
+                     "encoder.json and vocab.bpe (default: the run's data.tokenizer)");
       app.add_option("--device", a->device,
                      "cpu, cuda or cuda:N (default: the checkpoint's runtime.device)");
       app.add_option("--dtype", a->dtype, "compute precision: fp32, bf16 or fp16 (cuda)")

@@ -388,6 +388,11 @@ status resolve_and_check(config& c) {
   if (c.schedule.name.empty() && c.schedule.file.empty())
     return config_error(c, "schedule.name", "no schedule: name and file are both empty",
                         "name a built-in schedule such as \"1f1b\" or set schedule.file");
+  if (!c.data.tokenizer.empty() && !c.data.tokenizer_dir.empty())
+    return config_error(c, "data.tokenizer_dir",
+                        "data.tokenizer and data.tokenizer_dir both name a tokenizer",
+                        "keep data.tokenizer (a tokenizer.json or a folder); tokenizer_dir is its "
+                        "older name");
   if (c.train.eval_interval > 0 && c.data.val.empty())
     return config_error(c, "train.eval_interval",
                         fmt::format("eval_interval {} needs a validation shard, but data.val is empty",

@@ -107,7 +107,11 @@ struct train_config {
 struct data_config {
   std::string train;            // token shard (llm.c format) or a directory / glob of shards
   std::string val;
-  std::string tokenizer_dir;    // folder with encoder.json and vocab.bpe
+  std::string tokenizer;        // tokenizer.json, a folder holding one, or GPT-2's files' folder
+  std::string tokenizer_dir;    // the older name: a folder (encoder.json + vocab.bpe, or tokenizer.json)
+
+  /// The tokenizer the config names (data.tokenizer, else data.tokenizer_dir), or "".
+  const std::string& tokenizer_spec() const { return tokenizer.empty() ? tokenizer_dir : tokenizer; }
 
   bool operator==(const data_config&) const = default;
 };

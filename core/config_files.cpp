@@ -53,12 +53,20 @@ status check_files(const config& c) {
   if (auto s = need(c, "data.train", c.data.train, "training data", prepare); !s) return s;
   if (!c.data.val.empty())
     if (auto s = need(c, "data.val", c.data.val, "validation data", prepare); !s) return s;
-  if (!c.data.tokenizer_dir.empty()) {
-    const std::string remedy = "the folder needs encoder.json and vocab.bpe (scripts/setup.sh puts "
-                               "them in data/gpt2)";
-    for (const char* file : {"encoder.json", "vocab.bpe"}) {
-      const std::string path = (fs::path(c.data.tokenizer_dir) / file).string();
-      if (auto s = need(c, "data.tokenizer_dir", path, "tokenizer file", remedy); !s) return s;
+  if (!c.data.tokenizer_spec().empty()) {
+    const char* key = c.data.tokenizer.empty() ? "data.tokenizer_dir" : "data.tokenizer";
+    const std::string& spec = c.data.tokenizer_spec();
+    const std::string remedy = "name a tokenizer.json, a folder holding one, or a folder holding "
+                               "GPT-2's encoder.json and vocab.bpe (scripts/setup.sh writes "
+                               "data/gpt2, data/llama2, data/llama3)";
+    std::error_code ec;
+    if (fs::is_directory(spec, ec)) {
+      const fs::path dir(spec);
+      if (!fs::exists(dir / "tokenizer.json", ec))
+        for (const char* file : {"encoder.json", "vocab.bpe"})
+          if (auto s = need(c, key, (dir / file).string(), "tokenizer file", remedy); !s) return s;
+    } else if (auto s = need(c, key, spec, "tokenizer", remedy); !s) {
+      return s;
     }
   }
   if (!c.schedule.file.empty())

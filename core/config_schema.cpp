@@ -142,8 +142,9 @@ std::vector<key_spec> make_specs() {
   s.push_back(int_key("model", "ffn_hidden_size", &C::model, &M::ffn_hidden_size, 0, 1 << 22,
                       "0 means 4 * hidden_size for gpt2 and the LLaMA rule for llama"));
   s.push_back(int_key("model", "seq_length", &C::model, &M::seq_length, 1, 1 << 24));
-  s.push_back(int_key("model", "vocab_size", &C::model, &M::vocab_size, 1, 65536,
-                      "token shards store uint16 ids (llm.c format), so at most 65536 tokens"));
+  s.push_back(int_key("model", "vocab_size", &C::model, &M::vocab_size, 1, 1 << 24,
+                      "LLaMA-3 has 128256 tokens; token shards hold uint16 ids up to 65536 "
+                      "tokens and uint32 ids above"));
   s.push_back(bool_key("model", "tie_embeddings", &C::model, &M::tie_embeddings));
   s.push_back(float_key("model", "rope_theta", &C::model, &M::rope_theta, 0, true, inf, false));
   s.push_back(float_key("model", "norm_eps", &C::model, &M::norm_eps, 0, true, 1, false));
@@ -199,6 +200,7 @@ std::vector<key_spec> make_specs() {
 
   s.push_back(string_key("data", "train", &C::data, &data_config::train));
   s.push_back(string_key("data", "val", &C::data, &data_config::val));
+  s.push_back(string_key("data", "tokenizer", &C::data, &data_config::tokenizer));
   s.push_back(string_key("data", "tokenizer_dir", &C::data, &data_config::tokenizer_dir));
 
   s.push_back(string_key("checkpoint", "dir", &C::checkpoint, &checkpoint_config::dir));

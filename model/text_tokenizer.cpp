@@ -71,15 +71,17 @@ core::result<std::unique_ptr<text_tokenizer>> load_tokenizer(const std::string& 
       "data/llama3)";
   if (spec.empty()) return core::error::make("no tokenizer given", hint);
   if (fs::is_directory(spec, ec)) {
+    // GPT-2's own files first: data/gpt2 holds both, and its encoder.json path is the one checked
+    // against OpenAI's ids on the whole corpus.
     const fs::path json = fs::path(spec) / "tokenizer.json";
-    if (fs::exists(json, ec)) return load_tokenizer_json(json.string());
     if (fs::exists(fs::path(spec) / "encoder.json", ec) ||
-        fs::exists(fs::path(spec) / "vocab.bpe", ec)) {
+        (fs::exists(fs::path(spec) / "vocab.bpe", ec) && !fs::exists(json, ec))) {
       auto t = tokenizer::load(spec);
       if (!t) return t.err();
       return std::unique_ptr<text_tokenizer>(
           std::make_unique<gpt2_files>(std::move(t.value()), spec));
     }
+    if (fs::exists(json, ec)) return load_tokenizer_json(json.string());
     return core::error::at_file(spec, "folder holds neither tokenizer.json nor encoder.json + "
                                       "vocab.bpe", hint);
   }

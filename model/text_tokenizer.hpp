@@ -62,9 +62,9 @@ class text_tokenizer {
                                     specials_in_text specials = specials_in_text::match) const;
 };
 
-/// Loads the tokenizer `spec` names: a tokenizer.json file, a folder holding tokenizer.json, or a
-/// folder holding GPT-2's encoder.json and vocab.bpe. Errors name the file (and key or line) and
-/// say how to get the files.
+/// Loads the tokenizer `spec` names: a tokenizer.json file, a folder holding GPT-2's encoder.json
+/// and vocab.bpe (preferred where both kinds are present), or a folder holding tokenizer.json.
+/// Errors name the file (and key or line) and say how to get the files.
 core::result<std::unique_ptr<text_tokenizer>> load_tokenizer(const std::string& spec);
 
 /// Loads a Hugging Face tokenizer.json file (see the top of this header for what is supported).

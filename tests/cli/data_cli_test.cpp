@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "model/shards.hpp"
+#include "model/text_tokenizer.hpp"
 #include "model/tokenizer.hpp"
 #include "tests/cli/cli_harness.hpp"
 
@@ -121,5 +123,51 @@ TEST_CASE("data prepare refuses missing inputs, a missing vocabulary and a bad f
   r = run_troupe(dir, "data prepare --out '" + (dir / "out").string() + "'");
   CHECK(r.code != 0);
   CHECK(contains(r.err, "--input"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("data prepare with LLaMA-3's tokenizer.json writes uint32 shards, <|begin_of_text|> first") {
+  auto dir = scratch_dir("llama3");
+  const std::string a = "Call me Ishmael. <|eot_id|> is plain text in a document.\n";
+  const std::string b = "東京は晴れです。 12345 tokens 👋\n";
+  std::ofstream(dir / "a.txt") << a;
+  std::ofstream(dir / "b.txt") << b;
+  const std::string llama3 = TROUPE_SOURCE_DIR "/data/llama3/tokenizer.json";
+  auto r = run_troupe(dir, "data prepare --input '" + (dir / "a.txt").string() + "' '" +
+                           (dir / "b.txt").string() + "' --out '" + (dir / "out").string() +
+                           "' --val-fraction 0 --tokenizer '" + llama3 + "'");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto tok = load_tokenizer(llama3);
+  REQUIRE(tok.ok());
+  std::vector<std::uint32_t> want;
+  for (const auto* text : {&a, &b}) {
+    want.push_back(128000);
+    for (int id : tok.value()->encode(*text, specials_in_text::plain))
+      want.push_back(static_cast<std::uint32_t>(id));
+  }
+  auto s = shard::open((dir / "out" / "train.bin").string());
+  REQUIRE(s.ok());
+  CHECK(s->width() == 4);
+  CHECK(std::vector<std::uint32_t>(s->tokens32().begin(), s->tokens32().end()) == want);
+  CHECK(std::find(want.begin(), want.end(), 128009u) == want.end());  // <|eot_id|> stayed text
+
+  // The config names the tokenizer; a model.vocab_size below its 128,256 ids is refused.
+  const auto cfg = dir / "run.toml";
+  std::ofstream(cfg) << "[model]\nvocab_size = 50304\n[data]\ntokenizer = '" << llama3 << "'\n";
+  r = run_troupe(dir, "data prepare --input '" + (dir / "a.txt").string() + "' --out '" +
+                      (dir / "out2").string() + "' --config '" + cfg.string() + "'");
+  CHECK(r.code == 2);
+  CHECK(contains(r.err, "run.toml"));
+  CHECK(contains(r.err, "has 128256 ids, more than model.vocab_size 50304"));
+  std::ofstream(cfg) << "[model]\nvocab_size = 128256\n[data]\ntokenizer = '" << llama3 << "'\n";
+  r = run_troupe(dir, "data prepare --input '" + (dir / "a.txt").string() + "' --out '" +
+                      (dir / "out2").string() + "' --config '" + cfg.string() + "' --val-fraction 0");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto s2 = shard::open((dir / "out2" / "train.bin").string());
+  REQUIRE(s2.ok());
+  CHECK(s2->width() == 4);
+  CHECK(s2->id(0) == 128000u);
   fs::remove_all(dir);
 }

@@ -260,9 +260,10 @@ TEST_CASE("out-of-range values give the range and a hint") {
   CHECK(contains(parse_bad("[optimizer]\nlr = -0.1\n").message, "out of range"));
   CHECK(contains(parse_bad("[model]\nseq_length = -1\n").message, "out of range"));
   CHECK(contains(parse_bad("[train]\nsteps = 3000000000\n").message, "out of range"));
-  const core::error vocab = parse_bad("[model]\nvocab_size = 100000\n");
-  CHECK(vocab.message == "value 100000 is out of range [1, 65536]");
-  CHECK(contains(vocab.hint, "uint16"));
+  const core::error vocab = parse_bad("[model]\nvocab_size = 20000000\n");
+  CHECK(vocab.message == "value 20000000 is out of range [1, 16777216]");
+  CHECK(contains(vocab.hint, "uint32"));
+  CHECK(parse_ok("[model]\nvocab_size = 128256\n").model.vocab_size == 128256);
 }
 
 TEST_CASE("an enum value outside its set lists the allowed values") {
@@ -479,6 +480,20 @@ TEST_CASE("check_files reports a missing data file at its key") {
   CHECK(tok.err().where.key == "data.tokenizer_dir");
   CHECK(contains(tok.err().message, "encoder.json"));
 
+  // data.tokenizer: a tokenizer.json file, or a folder holding one; checked at its own key.
+  dir.touch("llama/tokenizer.json");
+  CHECK(core::check_files(parse_ok(head + "tokenizer = '" + dir.path.string() + "/llama'\n")).ok());
+  CHECK(core::check_files(
+            parse_ok(head + "tokenizer = '" + dir.path.string() + "/llama/tokenizer.json'\n"))
+            .ok());
+  CHECK(core::check_files(parse_ok(head + "tokenizer_dir = '" + dir.path.string() + "/llama'\n")).ok());
+  const core::status absent = core::check_files(
+      parse_ok(head + "tokenizer = '" + dir.path.string() + "/nope/tokenizer.json'\n"));
+  REQUIRE_FALSE(absent.ok());
+  CHECK(absent.err().where.key == "data.tokenizer");
+  CHECK(contains(absent.err().message, "does not exist"));
+  CHECK(contains(absent.err().hint, "tokenizer.json"));
+
   SUBCASE("a glob must match at least one shard") {
     CHECK(core::check_files(parse_ok("[data]\ntrain = '" + dir.path.string() + "/*.bin'\n")).ok());
     const core::status none =
@@ -533,4 +548,14 @@ TEST_CASE("keys without a second behaviour are refused, not ignored: offload and
   CHECK(contains(nd.hint, "deterministic = true"));
   const core::error set = parse_bad("", {"optimizer.offload=true"});
   CHECK(set.where.file == "--set optimizer.offload=true");
+}
+
+TEST_CASE("data.tokenizer and data.tokenizer_dir name one tokenizer; setting both is refused") {
+  auto c = parse_ok("[data]\ntokenizer = 'data/llama3'\n");
+  CHECK(c.data.tokenizer_spec() == "data/llama3");
+  CHECK(parse_ok("[data]\ntokenizer_dir = 'data/gpt2'\n").data.tokenizer_spec() == "data/gpt2");
+  auto both = core::parse_config("[data]\ntokenizer = 'a'\ntokenizer_dir = 'b'\n", "both.toml");
+  REQUIRE_FALSE(both.ok());
+  CHECK(both.err().where.key == "data.tokenizer_dir");
+  CHECK(contains(both.err().message, "both name a tokenizer"));
 }

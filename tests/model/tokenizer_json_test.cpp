@@ -131,8 +131,8 @@ TEST_CASE("GPT-2's tokenizer.json gives the ids of encoder.json + vocab.bpe on t
   // Written in text, <|endoftext|> is the special id in match mode and text in plain mode.
   CHECK(js->encode("a<|endoftext|>b") == std::vector<int>{64, 50256, 65});
   CHECK(js->encode("a<|endoftext|>b", specials_in_text::plain) == files->encode("a<|endoftext|>b"));
-  auto folder = load_or_fail(kData + "/gpt2");  // a folder with tokenizer.json loads the file
-  CHECK(folder->describe().find("tokenizer.json") != std::string::npos);
+  auto folder = load_or_fail(kData + "/gpt2");  // GPT-2's own files win in a folder with both
+  CHECK(folder->describe().find("encoder.json + vocab.bpe") != std::string::npos);
   CHECK(js->bos_id() == 50256);
   CHECK(js->eos_id() == 50256);
   CHECK(!js->add_bos());
