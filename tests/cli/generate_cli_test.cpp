@@ -186,14 +186,13 @@ TEST_CASE("generate stops a prompt at the model's positions and says so") {
   CHECK(r.out.rfind(prompt, 0) == 0);
 }
 
-TEST_CASE("generate reads a tokenizer.json vocabulary: a LLaMA model with LLaMA-2's file") {
+TEST_CASE("generate reads tokenizer.json vocabularies: a LLaMA model with the LLaMA-2 and -3 files") {
   struct vocabulary {
     const char* dir;
     int size;
   };
   int tried = 0;
-  // (LLaMA-3's 128,256 tokens are above what model.vocab_size accepts.)
-  for (const vocabulary v : {vocabulary{"/data/llama2", 32000}}) {
+  for (const vocabulary v : {vocabulary{"/data/llama2", 32000}, vocabulary{"/data/llama3", 128256}}) {
     const std::string tok = std::string(TROUPE_SOURCE_DIR) + v.dir;
     if (!std::filesystem::exists(tok + "/tokenizer.json")) {
       MESSAGE("skipped: no " << tok << "/tokenizer.json (scripts/setup.sh makes it)");
@@ -216,5 +215,5 @@ TEST_CASE("generate reads a tokenizer.json vocabulary: a LLaMA model with LLaMA-
     CHECK(a.out.size() > std::string("Hello world\n").size());
     CHECK(whole_utf8(batch.out));
   }
-  if (tried == 0) MESSAGE("no LLaMA-2 tokenizer file: nothing checked");
+  if (tried == 0) MESSAGE("no LLaMA tokenizer files: nothing checked");
 }
