@@ -6,9 +6,11 @@
 // (temporary directory, fsync, rename), then tells the coordinator.
 #include <cstring>
 #include <algorithm>
+#include <optional>
 
 #include "actors/actors.hpp"
 #include "model/checkpoint.hpp"
+#include "model/lora.hpp"
 #include "model/params.hpp"
 
 namespace troupe::actors {
@@ -25,6 +27,7 @@ struct pending {
 struct writer_state {
   std::map<std::int64_t, pending> steps;
   std::int64_t step = -1;  // of the last message, for failure reports
+  std::optional<model::base_identity> base;  // the frozen base ([lora]), made once
 };
 
 /// Parts whose moments the writer gets: ZeRO-0 shards hold everything, only replica 0's is sent.
@@ -53,8 +56,10 @@ core::tensor join(const job& j, const std::map<std::pair<int, int>, core::tensor
 }
 
 core::result<std::string> write(const job& j, const std::string& root, std::int64_t step,
-                                 pending& p) {
+                                 pending& p, const model::base_identity& base) {
   model::checkpoint::save_request req;
+  req.base_source = base.source;
+  req.base_xxh64 = base.xxh64;
   req.step = static_cast<int>(step) + 1;
   req.seed = j.cfg.train.seed;
   req.config_toml = core::to_toml(j.cfg);
@@ -99,7 +104,9 @@ void write_when_complete(caf::stateful_actor<writer_state>* self, const job& j,
   if (!complete(j, p)) return;
   checkpoint_written done{step, "", ""};
   try {
-    auto r = write(j, root, step, p);
+    if (!self->state.base)
+      self->state.base = j.cfg.model.lora.partial() ? model::identify_base(j.cfg) : model::base_identity{};
+    auto r = write(j, root, step, p, *self->state.base);
     if (r.ok()) done.path = r.value();
     else done.error = r.err().to_string();
   } catch (const std::exception& e) {

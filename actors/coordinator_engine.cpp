@@ -44,6 +44,9 @@ coordinator_engine::coordinator_engine(const core::config& cfg, job_layout layou
     be_ = kernels::make_backend(cfg_.runtime.device);
     eval_model_ = std::make_unique<model::chunk>(cfg_.model, model::partition(cfg_.model, 1)[0],
                                                  *be_, cfg_.precision.compute);
+    // Snapshots carry the trainable parameters only; frozen base weights ([lora]) are the
+    // stages' own start, made the same way.
+    if (!eval_model_->frozen_params().empty()) eval_model_->init(cfg_.train.seed);
   }
 }
 

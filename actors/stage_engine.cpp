@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "model/optimizer.hpp"
+#include "model/params.hpp"
 
 namespace troupe::actors {
 
@@ -12,11 +13,6 @@ using schedules::op_kind;
 namespace {
 
 double seconds(stage_engine::clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-/// Name of the embedding parameter a tied LM head copies.
-std::string embedding_name(const core::model_config& m) {
-  return m.arch == core::arch_kind::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
-}
 
 /// A copy of t made by `be` (so the backend counts it, and `troupe plan`'s dry run on the meta
 /// backend sees it).
@@ -259,12 +255,12 @@ bool stage_engine::reduce_grad(int c) {
   reduce_progress& state = reduce_state_[c];
   if (state == reduce_progress::slices_sent) return true;
   const int last = layout_.chunks() - 1;
-  const bool tied = cfg_.model.tie_embeddings && (c == 0 || c == last);
+  const bool tied = model::tied_gradients(cfg_.model) && (c == 0 || c == last);
   if (!tied) {
     send_slices(c);
     return true;
   }
-  const std::string emb = embedding_name(cfg_.model);
+  const std::string emb = model::embedding_name(cfg_.model);
   if (last == 0) {  // one chunk holds both uses
     core::tensor g_wte = chunk_for(0).grad(emb), g_head = chunk_for(0).grad("lm_head.weight");
     model::tie_gradients(be_, g_wte, g_head);
@@ -357,7 +353,7 @@ bool stage_engine::finish_step() {
         if (hi > lo) be_.copy(src, gdst);
       }
     }
-    ch.params_updated();
+    ch.trainable_updated();
   }
   record("STEP", event_cat::comm, t0, clock::now());
   return true;

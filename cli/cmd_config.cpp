@@ -13,6 +13,7 @@
 #include "cli/command.hpp"
 #include "core/config.hpp"
 #include "core/machine.hpp"
+#include "model/params.hpp"
 #include "runtime/preflight.hpp"
 
 namespace troupe::cli {
@@ -62,6 +63,15 @@ json error_json(const core::error& e) {
           {"line", e.where.line}, {"column", e.where.column}, {"hint", e.hint}};
 }
 
+// Parameters that train ([lora]: adapters and the modules lora.trainable names), the tied head
+// copy counted once.
+std::int64_t trainable_parameters(const core::config& c) {
+  std::int64_t n = 0;
+  for (const auto& d : model::define_params(c.model, model::partition(c.model, 1)[0]))
+    if (!d.info.tied) n += d.info.numel;
+  return n;
+}
+
 void print_text(const check_options& o, const core::config& c, const core::derived_values& d) {
   std::printf("%s: valid%s\n", o.path.c_str(),
               o.no_file_check ? " (data files not checked)" : "");
@@ -98,6 +108,12 @@ void print_text(const check_options& o, const core::config& c, const core::deriv
   row("parameters", with_commas(d.parameters),
       short_count(d.parameters) +
           (c.model.tie_embeddings ? " (embedding and head tied, counted once)" : ""));
+  if (c.model.lora.partial()) {
+    const std::int64_t t = trainable_parameters(c);
+    row("trainable_parameters", with_commas(t),
+        fmt::format("{} of the model's with [lora]: adapters and lora.trainable; the rest is frozen",
+                    short_count(t)));
+  }
 }
 
 void print_json(const check_options& o, const core::config& c, const core::derived_values& d) {
@@ -116,7 +132,8 @@ void print_json(const check_options& o, const core::config& c, const core::deriv
         {"tokens_per_step", d.tokens_per_step},
         {"workers", d.workers},
         {"layers_per_stage", d.layers_per_stage},
-        {"parameters", d.parameters}}}};
+        {"parameters", d.parameters},
+        {"trainable_parameters", trainable_parameters(c)}}}};
   std::printf("%s\n", out.dump(2).c_str());
 }
 

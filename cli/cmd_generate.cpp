@@ -273,6 +273,8 @@ int run_generate(const generate_args& a) {
                                   "use --device cpu, or cuda on a machine with a GPU"));
   }
   model::chunk net(m, model::partition(m, 1)[0], *be, precision);
+  // A LoRA checkpoint holds the trainable weights; the frozen base is remade from the seed.
+  if (!net.frozen_params().empty()) net.init(cfg->train.seed);
   if (auto st = model::checkpoint::restore(ck.value(), *be, m, net, nullptr); !st)
     return fail(st.err());
   if (auto st = check_finite(net, *be, dir.value()); !st) return fail(st.err());

@@ -98,6 +98,7 @@ error unknown_table(const location& where, const std::string& name) {
 std::string example(const key_spec& k) {
   config defaults;
   if (k.kind == value_kind::choice) return k.name + " = " + detail::toml_literal(k.choices.front());
+  if (k.kind == value_kind::list) return k.name + " = [\"q_proj\", \"v_proj\"]";
   return k.name + " = " + detail::toml_literal(k.get(defaults));
 }
 
@@ -165,6 +166,35 @@ status apply(const setting& s, config& c) {
       v = std::move(text);
       break;
     }
+    case value_kind::list: {
+      // An array of strings; a plain string is a comma-separated list (--set lora.targets=a,b).
+      std::vector<std::string> items;
+      if (const toml::array* arr = n.as_array()) {
+        for (std::size_t i = 0; i < arr->size(); ++i) {
+          const toml::node& item = *arr->get(i);
+          if (!item.is_string())
+            return located(s.where,
+                           "item " + std::to_string(i) + " of the list is " + describe(item) +
+                               ", expected a string",
+                           "write a list of names, e.g. " + example(k));
+          std::string text(*item.value<std::string_view>());
+          if (text.empty() || text.find_first_of(", \t") != std::string::npos ||
+              text.find('\0') != std::string::npos)
+            return located(s.where,
+                           "item " + std::to_string(i) + " of the list, " +
+                               detail::toml_literal(text) + ", is not a name",
+                           "each item is one module name without blanks or commas, e.g. " +
+                               example(k));
+          items.push_back(std::move(text));
+        }
+      } else if (n.is_string()) {
+        items = detail::split_list(*n.value<std::string_view>());
+      } else {
+        return type_error(s, "a list of strings");
+      }
+      v = detail::join_list(items);
+      break;
+    }
     case value_kind::choice: {
       if (!n.is_string()) return type_error(s, "a string");
       const std::string text(*n.value<std::string_view>());
@@ -228,7 +258,9 @@ result<setting> parse_override(const std::string& text, std::deque<toml::table>&
     // not a TOML value: a bare word, taken as a string below
   }
   const bool wants_text = spec->kind == value_kind::string || spec->kind == value_kind::choice;
-  if (!parsed || (wants_text && !parsed->get("v")->is_string())) {
+  const bool wants_list = spec->kind == value_kind::list;
+  if (!parsed || (wants_text && !parsed->get("v")->is_string()) ||
+      (wants_list && !parsed->get("v")->is_string() && !parsed->get("v")->is_array())) {
     parsed.emplace();
     parsed->insert("v", raw);
   }
@@ -300,6 +332,67 @@ std::string nearby_multiples(std::int64_t m, std::int64_t v) {
   return lo > 0 ? fmt::format("{} or {}", lo, hi) : std::to_string(hi);
 }
 
+// The [lora] table: names checked against the family's modules, defaults filled in.
+status check_lora(config& c) {
+  lora_config& l = c.model.lora;
+  const std::string arch = c.model.arch == arch_kind::gpt2 ? "gpt2" : "llama";
+  // A resolved config (to_toml) writes every key, so rank 0 comes with alpha 0 and no targets.
+  if (l.rank == 0 && (l.alpha != 0 || !l.targets.empty())) {
+    const char* k = l.alpha != 0 ? "lora.alpha" : "lora.targets";
+    return config_error(c, k, std::string(k) + " is set but lora.rank is 0: there are no adapters",
+                        "set lora.rank (e.g. 8) to add adapters, or remove the key");
+  }
+  if (!l.freeze.empty() && l.rank > 0)
+    return config_error(c, "lora.freeze",
+                        "lora.freeze is set together with lora.rank: with adapters every base "
+                        "weight is frozen already",
+                        "to train base modules beside the adapters list them in lora.trainable; "
+                        "lora.freeze is for full fine-tuning of all but the named modules");
+  if (!l.freeze.empty() && !l.trainable.empty())
+    return config_error(c, "lora.freeze",
+                        "lora.freeze and lora.trainable are both set",
+                        "name either the modules that train (lora.trainable) or those that do "
+                        "not (lora.freeze)");
+  const auto check_names = [&](const char* key, const std::vector<std::string>& names,
+                               const std::vector<std::string>& valid) -> status {
+    for (const auto& n : names)
+      if (std::find(valid.begin(), valid.end(), n) == valid.end()) {
+        const std::string guess = detail::nearest(n, valid);
+        return config_error(c, key,
+                            fmt::format("'{}' is not a {} module{}", n, arch,
+                                        guess.empty() ? "" : "; did you mean '" + guess + "'?"),
+                            fmt::format("{} names one of: {}", key, join(valid, ", ")));
+      }
+    return {};
+  };
+  if (auto st = check_names("lora.targets", l.targets, lora_target_names(c.model.arch)); !st) return st;
+  if (auto st = check_names("lora.trainable", l.trainable, lora_module_names(c.model.arch)); !st)
+    return st;
+  if (auto st = check_names("lora.freeze", l.freeze, lora_module_names(c.model.arch)); !st) return st;
+  if (l.rank > 0) {
+    // PEFT's defaults for the two families; alpha = rank scales the adapters by 1.
+    if (l.targets.empty())
+      l.targets = c.model.arch == arch_kind::gpt2 ? std::vector<std::string>{"c_attn"}
+                                                   : std::vector<std::string>{"q_proj", "v_proj"};
+    if (l.alpha == 0) l.alpha = l.rank;
+  }
+  if (!l.freeze.empty()) {
+    // Freezing every module leaves nothing to train.
+    std::vector<std::string> left;
+    for (const auto& m : lora_module_names(c.model.arch))
+      if (m.find('.') == std::string::npos && m != "c_proj" &&
+          std::find(l.freeze.begin(), l.freeze.end(), m) == l.freeze.end())
+        left.push_back(m);
+    const bool both_proj = std::find(l.freeze.begin(), l.freeze.end(), "c_proj") != l.freeze.end() ||
+                           (std::find(l.freeze.begin(), l.freeze.end(), "attn.c_proj") != l.freeze.end() &&
+                            std::find(l.freeze.begin(), l.freeze.end(), "mlp.c_proj") != l.freeze.end());
+    if (left.empty() && (c.model.arch != arch_kind::gpt2 || both_proj))
+      return config_error(c, "lora.freeze", "lora.freeze names every module: nothing would train",
+                          "leave at least one module out of lora.freeze");
+  }
+  return {};
+}
+
 status resolve_and_check(config& c) {
   model_config& m = c.model;
   const parallel_config& p = c.parallel;
@@ -336,6 +429,7 @@ status resolve_and_check(config& c) {
                         "RoPE rotates pairs of dimensions, so llama needs an even head_dim");
   m.ffn_hidden_size = m.ffn_size();
   if (!set("model.tie_embeddings")) m.tie_embeddings = gpt2;
+  if (auto st = check_lora(c); !st) return st;
   if (!set("precision.dynamic_loss_scale"))
     c.precision.dynamic_loss_scale = c.precision.compute == precision_kind::fp16;
 
@@ -434,6 +528,23 @@ status resolve_and_check(config& c) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& lora_target_names(arch_kind arch) {
+  static const std::vector<std::string> gpt2{"c_attn", "c_proj", "attn.c_proj", "mlp.c_proj", "c_fc"};
+  static const std::vector<std::string> llama{"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                              "gate_proj", "up_proj", "down_proj"};
+  return arch == arch_kind::gpt2 ? gpt2 : llama;
+}
+
+const std::vector<std::string>& lora_module_names(arch_kind arch) {
+  static const std::vector<std::string> gpt2{"wte",  "wpe",  "ln_1",       "c_attn",     "c_proj",
+                                             "attn.c_proj", "mlp.c_proj", "ln_2", "c_fc",
+                                             "ln_f", "lm_head"};
+  static const std::vector<std::string> llama{
+      "embed_tokens", "input_layernorm", "q_proj",    "k_proj",  "v_proj",    "o_proj",
+      "post_attention_layernorm",        "gate_proj", "up_proj", "down_proj", "norm", "lm_head"};
+  return arch == arch_kind::gpt2 ? gpt2 : llama;
+}
 
 result<config> parse_config(const std::string& text, const std::string& name,
                             const std::vector<std::string>& overrides) {

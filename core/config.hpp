@@ -17,6 +17,26 @@ enum class arch_kind { gpt2, llama };
 enum class recompute_mode { none, full, selective };
 enum class precision_kind { fp32, bf16, fp16 };
 
+/// LoRA adapters and partial training ([lora], docs/finetune.md): which weights train. Base
+/// weights that do not train are frozen: no gradient, no optimizer state, never sent.
+struct lora_config {
+  int rank = 0;                        // adapter rank r; 0 = no adapters
+  double alpha = 0;                    // adapters add (alpha / rank) · B·A·x; default rank (validation)
+  std::vector<std::string> targets;    // linear modules with adapters; default per family (validation)
+  std::vector<std::string> trainable;  // base modules trained in full (with adapters: besides them)
+  std::vector<std::string> freeze;     // base modules frozen, the rest trained (no adapters)
+
+  /// Some base weights are frozen: adapters, or a subset trained in full.
+  bool partial() const { return rank > 0 || !trainable.empty() || !freeze.empty(); }
+  bool operator==(const lora_config&) const = default;
+};
+
+/// The linear modules a LoRA adapter may target in `arch` ("c_proj" names both GPT-2 projections,
+/// "attn.c_proj" and "mlp.c_proj" one each).
+const std::vector<std::string>& lora_target_names(arch_kind arch);
+/// The base modules `lora.trainable` and `lora.freeze` may name in `arch`.
+const std::vector<std::string>& lora_module_names(arch_kind arch);
+
 struct model_config {
   arch_kind arch = arch_kind::gpt2;
   int num_layers = 4;
@@ -30,6 +50,7 @@ struct model_config {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   float init_std = 0.02f;
+  lora_config lora;            // the [lora] table
 
   int head_dim() const { return hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }

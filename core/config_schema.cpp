@@ -126,6 +126,32 @@ key_spec choice_key(std::string table, std::string name, S config::*section,
   return k;
 }
 
+// A key of the [lora] table, stored in model_config::lora.
+template <class T>
+key_spec lora_key(std::string name, value_kind kind, T lora_config::*member) {
+  key_spec k;
+  k.table = "lora";
+  k.name = std::move(name);
+  k.kind = kind;
+  k.set = [member](config& c, const config_value& v) {
+    if constexpr (std::is_same_v<T, int>)
+      c.model.lora.*member = static_cast<int>(std::get<std::int64_t>(v));
+    else if constexpr (std::is_same_v<T, double>)
+      c.model.lora.*member = std::get<double>(v);
+    else
+      c.model.lora.*member = split_list(std::get<std::string>(v));
+  };
+  k.get = [member](const config& c) -> config_value {
+    if constexpr (std::is_same_v<T, int>)
+      return static_cast<std::int64_t>(c.model.lora.*member);
+    else if constexpr (std::is_same_v<T, double>)
+      return c.model.lora.*member;
+    else
+      return join_list(c.model.lora.*member);
+  };
+  return k;
+}
+
 std::vector<key_spec> make_specs() {
   using C = config;
   using M = model_config;
@@ -149,6 +175,20 @@ std::vector<key_spec> make_specs() {
   s.push_back(float_key("model", "rope_theta", &C::model, &M::rope_theta, 0, true, inf, false));
   s.push_back(float_key("model", "norm_eps", &C::model, &M::norm_eps, 0, true, 1, false));
   s.push_back(float_key("model", "init_std", &C::model, &M::init_std, 0, true, 1, false));
+
+  key_spec rank = lora_key("rank", value_kind::integer, &lora_config::rank);
+  rank.min_int = 0;
+  rank.max_int = 1 << 16;
+  rank.range_hint = "the rank of the adapters B·A; 0 = no adapters";
+  s.push_back(std::move(rank));
+  key_spec alpha = lora_key("alpha", value_kind::floating, &lora_config::alpha);
+  alpha.min_float = 0;
+  alpha.max_float = inf;
+  alpha.range_hint = "the adapters' output is scaled by alpha / rank; 0 means alpha = rank";
+  s.push_back(std::move(alpha));
+  s.push_back(lora_key("targets", value_kind::list, &lora_config::targets));
+  s.push_back(lora_key("trainable", value_kind::list, &lora_config::trainable));
+  s.push_back(lora_key("freeze", value_kind::list, &lora_config::freeze));
 
   s.push_back(int_key("parallel", "data_parallel", &C::parallel, &P::data_parallel, 1, 1 << 16));
   s.push_back(int_key("parallel", "model_parallel", &C::parallel, &P::model_parallel, 1, 1024));
@@ -305,6 +345,36 @@ std::string nearest_key(std::string_view dotted) {
     }
   }
   return best;
+}
+
+std::vector<std::string> split_list(std::string_view joined) {
+  std::vector<std::string> out;
+  std::size_t from = 0;
+  while (from <= joined.size()) {
+    std::size_t to = joined.find(',', from);
+    if (to == std::string_view::npos) to = joined.size();
+    std::string_view item = joined.substr(from, to - from);
+    const auto b = item.find_first_not_of(" \t");
+    if (b != std::string_view::npos) {
+      const auto e = item.find_last_not_of(" \t");
+      out.emplace_back(item.substr(b, e - b + 1));
+    }
+    from = to + 1;
+  }
+  return out;
+}
+
+std::string join_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ",") + i;
+  return out;
+}
+
+std::string toml_list_literal(const config_value& v) {
+  std::string out = "[";
+  for (const auto& item : split_list(std::get<std::string>(v)))
+    out += (out.size() > 1 ? ", " : "") + toml_literal(item);
+  return out + "]";
 }
 
 std::string toml_literal(const config_value& v) {

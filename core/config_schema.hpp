@@ -14,7 +14,9 @@
 
 namespace troupe::core::detail {
 
-enum class value_kind { integer, floating, boolean, string, choice };
+// A list is a TOML array of strings (or, on the command line, one string of comma-separated
+// items); its config_value is the items joined by commas.
+enum class value_kind { integer, floating, boolean, string, choice, list };
 
 /// One key of the schema. Integers are checked against [min_int, max_int], floats against
 /// [min_float, max_float] with either end open when its flag says so; choices must be one of
@@ -62,6 +64,12 @@ status check_toml_depth(std::string_view text, const std::string& name, int max_
 inline constexpr int max_toml_depth = 32;
 /// Longest config text parse_config reads (a config file, a --set value, a manifest's config).
 inline constexpr std::size_t max_config_bytes = std::size_t(1) << 22;
+
+/// A list value's items (split at commas, blanks trimmed, empty items dropped) and back.
+std::vector<std::string> split_list(std::string_view joined);
+std::string join_list(const std::vector<std::string>& items);
+/// A list value as a TOML array of strings.
+std::string toml_list_literal(const config_value& v);
 
 /// The value as TOML writes it (strings quoted and escaped, floats in their shortest round-trip form).
 std::string toml_literal(const config_value& v);

@@ -16,7 +16,10 @@ std::string to_toml(const config& c) {
       table = k.table;
       out += "\n[" + table + "]\n";
     }
-    out += k.name + " = " + detail::toml_literal(k.get(c)) + "\n";
+    out += k.name + " = " +
+           (k.kind == detail::value_kind::list ? detail::toml_list_literal(k.get(c))
+                                               : detail::toml_literal(k.get(c))) +
+           "\n";
   }
   return out;
 }

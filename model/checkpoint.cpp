@@ -123,6 +123,10 @@ core::result<manifest> parse_manifest(const std::string& path) {
         whole(j.at("data_position").at("next_step"), "data_position.next_step", 0, int_max));
     m.seed = whole_unsigned(j.at("seed"), "seed");
     m.config_toml = j.at("config").get<std::string>();
+    if (j.contains("base")) {
+      m.base_source = j.at("base").at("source").get<std::string>();
+      m.base_xxh64 = j.at("base").at("xxh64").get<std::string>();
+    }
     bool ok = true;
     for (auto& f : j.at("files")) {
       file_record r{f.at("path").get<std::string>(), f.at("kind").get<std::string>(),
@@ -201,6 +205,7 @@ core::result<std::string> save(const std::string& root, const save_request& req,
   j["data_position"] = {{"next_step", req.step}};
   j["seed"] = req.seed;
   j["config"] = req.config_toml;
+  if (!req.base_xxh64.empty()) j["base"] = {{"source", req.base_source}, {"xxh64", req.base_xxh64}};
   j["files"] = std::move(files);
   j["tensors"] = std::move(tensors);
   if (auto st = write_file_synced((tmp_dir / manifest_name).string(), j.dump(1) + "\n"); !st)

@@ -6,6 +6,7 @@
 //                   "data_position": {"next_step": 300}, // the loader cut to continue from
 //                   "seed": 1234,
 //                   "config": "<resolved TOML>",
+//                   "base": {"source", "xxh64"},        // only with frozen weights ([lora])
 //                   "files":   [{"path", "kind": "model"|"optimizer", "bytes", "xxh64"}, ...],
 //                   "tensors": {"<name>": {"file", "dtype", "shape", "xxh64"}, ...}}
 //
@@ -53,6 +54,10 @@ struct save_request {
   std::uint64_t seed = 0;
   std::string config_toml;      // core::to_toml of the run's config
   std::vector<shard_spec> shards;
+  /// The frozen base weights the trainable ones belong to ([lora]; model::base_identity): where
+  /// they came from and their hash. Empty when every weight trains (no "base" in the manifest).
+  std::string base_source;
+  std::string base_xxh64;
 };
 
 /// "step_000300".
@@ -83,6 +88,7 @@ struct manifest {
   int next_step = 0;
   std::uint64_t seed = 0;
   std::string config_toml;
+  std::string base_source, base_xxh64;  // "" when the manifest names no frozen base
   std::vector<file_record> files;
   std::map<std::string, tensor_record> tensors;
 };

@@ -9,6 +9,7 @@
 #include "model/chunk.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -92,9 +93,14 @@ class chunk_impl {
                      std::to_string(cfg.num_heads) + ", kv heads " +
                      std::to_string(cfg.kv_heads()) + " do not divide");
     defs_ = define_params(cfg, spec);
+    frozen_defs_ = define_frozen_params(cfg, spec);
     for (std::size_t i = 0; i < defs_.size(); ++i) {
       infos_.push_back(defs_[i].info);
-      index_[defs_[i].info.name] = i;
+      index_[defs_[i].info.name] = {false, i};
+    }
+    for (std::size_t i = 0; i < frozen_defs_.size(); ++i) {
+      frozen_infos_.push_back(frozen_defs_[i].info);
+      index_[frozen_defs_[i].info.name] = {true, i};
     }
     const std::int64_t n = flat_numel(defs_);
     params_ = be_.empty({n}, core::dtype::f32);
@@ -105,6 +111,16 @@ class chunk_impl {
       low_ = be_.empty({n}, act_);
       be_.zero(low_);
     }
+    // Frozen base weights: no gradient, no optimizer state; a compute-dtype copy when mixed.
+    if (!frozen_defs_.empty()) {
+      const std::int64_t nf = flat_numel(frozen_defs_);
+      frozen_ = be_.empty({nf}, core::dtype::f32);
+      be_.zero(frozen_);
+      if (act_ != core::dtype::f32) {
+        frozen_low_ = be_.empty({nf}, act_);
+        be_.zero(frozen_low_);
+      }
+    }
     ops_ = make_layer_ops(cfg_, be_, act_);
   }
 
@@ -112,17 +128,18 @@ class chunk_impl {
   chunk_spec spec_;
   kernels::backend& be_;
   core::dtype act_;
-  std::vector<param_def> defs_;
-  std::vector<param_info> infos_;
-  std::unordered_map<std::string, std::size_t> index_;
+  std::vector<param_def> defs_, frozen_defs_;     // trainable (flat params_) and frozen
+  std::vector<param_info> infos_, frozen_infos_;
+  std::unordered_map<std::string, std::pair<bool, std::size_t>> index_;  // name → (frozen, i)
   tensor params_, grads_, low_;
+  tensor frozen_, frozen_low_;
   std::unique_ptr<layer_ops> ops_;
   core::recompute_mode recompute_ = core::recompute_mode::none;
   std::map<int, mb_state> states_;
   std::map<int, tensor> losses_;  // per-row losses of each micro-batch, on the device
   std::size_t bytes_ = 0, peak_ = 0;
 
-  const param_info& info(const std::string& name) const {
+  std::pair<bool, const param_info*> info(const std::string& name) const {
     auto it = index_.find(name);
     if (it == index_.end())
       throw core::failure("no parameter '" + name + "' in the chunk of layers [" +
@@ -130,33 +147,51 @@ class chunk_impl {
                           std::to_string(spec_.first_layer + spec_.num_layers) + ")" +
                           (spec_.has_embedding ? " with embedding" : "") +
                           (spec_.has_head ? " with head" : ""));
-    return infos_[it->second];
+    const auto [frozen, i] = it->second;
+    return {frozen, frozen ? &frozen_infos_[i] : &infos_[i]};
   }
-  tensor view(const tensor& flat, const std::string& name) const {
-    const param_info& p = info(name);
-    return flat.slice(p.offset, p.shape);
+  /// The fp32 master weight `name`, trainable or frozen.
+  tensor param_view(const std::string& name) const {
+    const auto [frozen, p] = info(name);
+    return (frozen ? frozen_ : params_).slice(p->offset, p->shape);
+  }
+  tensor grad_view(const std::string& name) const {
+    const auto [frozen, p] = info(name);
+    if (frozen)
+      throw core::failure("parameter '" + name + "' is frozen ([lora]): it has no gradient");
+    return grads_.slice(p->offset, p->shape);
   }
 
-  /// Parameter views for the ops (compute dtype) or for gradients (fp32).
+  /// Parameter views for the ops (compute dtype) or for gradients (fp32; frozen ones undefined).
   struct views {
     embedding_tensors emb;
     std::vector<layer_tensors> layers;
     head_tensors head;
   };
-  views make_views(const tensor& flat) const {
-    TROUPE_CHECK(flat.numel() == flat_numel(defs_),
-                 "flat buffer of " + std::to_string(flat.numel()) + " elements, expected " +
-                     std::to_string(flat_numel(defs_)));
-    auto lookup = [&](const std::string& name) { return view(flat, name); };
+  template <class Lookup>
+  views make_views(Lookup lookup) const {
     views v;
-    if (spec_.has_embedding) v.emb = embedding_views(cfg_, lookup);
+    const std::function<tensor(const std::string&)> f = lookup;
+    if (spec_.has_embedding) v.emb = embedding_views(cfg_, f);
     for (int l = 0; l < spec_.num_layers; ++l)
-      v.layers.push_back(layer_views(cfg_, spec_.first_layer + l, lookup));
-    if (spec_.has_head) v.head = head_views(cfg_, lookup);
+      v.layers.push_back(layer_views(cfg_, spec_.first_layer + l, f));
+    if (spec_.has_head) v.head = head_views(cfg_, f);
     return v;
   }
-  views weights() const { return make_views(low_.defined() ? low_ : params_); }
-  views gradients() const { return make_views(grads_); }
+  views weights() const {
+    const tensor& t = low_.defined() ? low_ : params_;
+    const tensor& f = frozen_low_.defined() ? frozen_low_ : frozen_;
+    return make_views([&](const std::string& name) {
+      const auto [frozen, p] = info(name);
+      return (frozen ? f : t).slice(p->offset, p->shape);
+    });
+  }
+  views gradients() const {
+    return make_views([&](const std::string& name) {
+      const auto [frozen, p] = info(name);
+      return frozen ? tensor{} : grads_.slice(p->offset, p->shape);
+    });
+  }
 
   /// Bytes held by st (each storage once: a layer's output is the next layer's input).
   void account(mb_state& st) {
@@ -341,9 +376,10 @@ class chunk_impl {
       dy = std::move(dx);
     }
     if (spec_.has_embedding) {
-      if (with_weights)
+      const bool wanted = g.emb.wte.defined() || g.emb.wpe.defined();
+      if (with_weights && wanted)
         be_.embedding_backward(dy, st.tokens, cfg_.seq_length, g.emb.wte, g.emb.wpe);
-      else
+      else if (wanted)
         st.d_emb = dy;
       dy = {};
     }
@@ -366,7 +402,7 @@ class chunk_impl {
     if (spec_.has_head) head_backward_weight(st, w.head, g.head);
     for (int l = spec_.num_layers - 1; l >= 0; --l)
       ops_->backward_weight(w.layers[l], st.layers[l], st.stash[l], g.layers[l]);
-    if (spec_.has_embedding)
+    if (spec_.has_embedding && st.d_emb.defined())
       be_.embedding_backward(st.d_emb, st.tokens, cfg_.seq_length, g.emb.wte, g.emb.wpe);
     drop(it);
   }
@@ -381,10 +417,11 @@ class chunk_impl {
     if (norm_grads) {
       dw = norm_grads->norm_w, db = norm_grads->norm_b;
     } else {
-      dw = ops_->zeros({c}, core::dtype::f32);
-      if (w.norm_b.defined()) db = ops_->zeros({c}, core::dtype::f32);
       st.head_dn = dn;
     }
+    // Scratch where the weight gradient is not wanted now, or never (a frozen norm).
+    if (!dw.defined()) dw = ops_->zeros({c}, core::dtype::f32);
+    if (w.norm_b.defined() && !db.defined()) db = ops_->zeros({c}, core::dtype::f32);
     ops_->norm_backward(dn, h.x, w.norm_w, h.mean, h.rstd, dx, dw, db);
     st.head_norm_done = norm_grads != nullptr;
     return dx;
@@ -393,8 +430,8 @@ class chunk_impl {
   void head_backward_weight(mb_state& st, const head_tensors& w, head_tensors& g) {
     head_acts& h = st.head;
     tensor none;
-    be_.linear_backward_weight(h.dlogits, h.n, g.head_w, none);
-    if (!st.head_norm_done) {
+    if (g.head_w.defined()) be_.linear_backward_weight(h.dlogits, h.n, g.head_w, none);
+    if (!st.head_norm_done && g.norm_w.defined()) {
       tensor dx_scratch = ops_->zeros(h.x.shape());
       ops_->norm_backward(st.head_dn, h.x, w.norm_w, h.mean, h.rstd, dx_scratch, g.norm_w,
                           g.norm_b);
@@ -415,21 +452,34 @@ chunk& chunk::operator=(chunk&&) noexcept = default;
 
 const chunk_spec& chunk::spec() const { return impl_->spec_; }
 const std::vector<param_info>& chunk::params() const { return impl_->infos_; }
+const std::vector<param_info>& chunk::frozen_params() const { return impl_->frozen_infos_; }
 tensor& chunk::flat_params() { return impl_->params_; }
 tensor& chunk::flat_grads() { return impl_->grads_; }
 tensor& chunk::flat_low() { return impl_->low_; }
-tensor chunk::param(const std::string& name) { return impl_->view(impl_->params_, name); }
-tensor chunk::grad(const std::string& name) { return impl_->view(impl_->grads_, name); }
+tensor& chunk::flat_frozen() { return impl_->frozen_; }
+tensor& chunk::flat_frozen_low() { return impl_->frozen_low_; }
+tensor chunk::param(const std::string& name) { return impl_->param_view(name); }
+tensor chunk::grad(const std::string& name) { return impl_->grad_view(name); }
+bool chunk::frozen(const std::string& name) const { return impl_->info(name).first; }
 
 void chunk::init(std::uint64_t seed) {
-  tensor host = tensor::zeros({flat_numel(impl_->defs_)});
-  for (const auto& d : impl_->defs_)
-    init_param(d, impl_->cfg_, seed, host.data<float>() + d.info.offset);
-  impl_->be_.copy(host, impl_->params_);
+  for (auto [defs, flat] : {std::pair{&impl_->defs_, &impl_->params_},
+                            std::pair{&impl_->frozen_defs_, &impl_->frozen_}}) {
+    if (defs->empty()) continue;
+    tensor host = tensor::zeros({flat_numel(*defs)});
+    for (const auto& d : *defs)
+      init_param(d, impl_->cfg_, seed, host.data<float>() + d.info.offset);
+    impl_->be_.copy(host, *flat);
+  }
   params_updated();
 }
 
 void chunk::params_updated() {
+  trainable_updated();
+  if (impl_->frozen_low_.defined()) impl_->be_.convert(impl_->frozen_, impl_->frozen_low_);
+}
+
+void chunk::trainable_updated() {
   if (impl_->low_.defined()) impl_->be_.convert(impl_->params_, impl_->low_);
 }
 

@@ -72,24 +72,38 @@ class chunk {
   chunk& operator=(chunk&&) noexcept;
 
   const chunk_spec& spec() const;
+  /// The trainable parameters: every parameter without a [lora] table; with one, the LoRA
+  /// adapters and the base parameters lora.trainable names (model::define_params). The optimizer,
+  /// gradient reduction, ZeRO shards and checkpoints see only these.
   const std::vector<param_info>& params() const;
-  /// Flat fp32 master parameters / gradients (padded; padding stays zero).
+  /// The frozen base parameters ([lora]): no gradient, no optimizer state; empty without [lora].
+  const std::vector<param_info>& frozen_params() const;
+  /// Flat fp32 master parameters / gradients of params() (padded; padding stays zero).
   tensor& flat_params();
   tensor& flat_grads();
   /// The low-precision working copy of flat_params() (bf16/fp16, same layout) the layers read;
   /// undefined in fp32. Whoever writes it keeps it equal to flat_params() rounded.
   tensor& flat_low();
-  /// View of one parameter / its gradient by name. Throws core::failure for unknown names.
+  /// Flat fp32 frozen parameters (frozen_params() layout) and their low-precision copy; undefined
+  /// when none (the copy: also in fp32).
+  tensor& flat_frozen();
+  tensor& flat_frozen_low();
+  /// View of one parameter (trainable or frozen) / its gradient (trainable only) by name. Throws
+  /// core::failure for unknown names, and grad() for a frozen one.
   tensor param(const std::string& name);
   tensor grad(const std::string& name);
+  /// Whether parameter `name` is frozen. Throws for unknown names.
+  bool frozen(const std::string& name) const;
 
   /// Deterministic initialisation: each parameter draws from the stream keyed by
   /// (seed, hash of its name), so a parameter's initial value does not depend on the split.
   /// GPT-2: N(0, init_std), residual projections N(0, init_std/sqrt(2L)), norms 1, biases 0.
   void init(std::uint64_t seed);
-  /// After the master weights changed (optimizer step, checkpoint load): refresh any
-  /// low-precision copy.
+  /// After the master weights changed (checkpoint load, any write through param()): refresh the
+  /// low-precision copies, frozen weights included.
   void params_updated();
+  /// After only the trainable weights changed (an optimizer step): refresh their copy.
+  void trainable_updated();
   void zero_grads();
 
   void set_recompute(core::recompute_mode mode);

@@ -17,17 +17,21 @@ class gpt2_layer_ops final : public layer_ops {
   tensor qkv_forward(const layer_tensors& w, const tensor& n1, const tensor*) override {
     tensor qkv = alloc({n1.dim(0), qkv_width_});
     be_.linear_forward(n1, w.qkv_w, w.qkv_b, qkv);
+    lora_forward(w.qkv_l, n1, qkv);
     return qkv;
   }
 
   void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
                           layer_stash& s) override {
     be_.linear_backward_input_write(dqkv, w.qkv_w, dn1);
+    lora_backward_input(w.qkv_l, dqkv, dn1);
     s.d_qkv = dqkv;
   }
 
-  void qkv_backward_weight(const layer_acts& a, const layer_stash& s, layer_tensors& g) override {
-    be_.linear_backward_weight(s.d_qkv, a.n1, g.qkv_w, g.qkv_b);
+  void qkv_backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
+                           layer_tensors& g) override {
+    if (g.qkv_w.defined()) be_.linear_backward_weight(s.d_qkv, a.n1, g.qkv_w, g.qkv_b);
+    lora_backward_weight(w.qkv_l, a.n1, s.d_qkv, g.qkv_l);
   }
 
   // Only the pre-activation fc is kept; act = gelu(fc) lives from the c_fc GEMM to the c_proj
@@ -36,9 +40,16 @@ class gpt2_layer_ops final : public layer_ops {
     const std::int64_t n = a.n2.dim(0);
     a.fc = alloc({n, ffn_});
     tensor act = alloc({n, ffn_});
-    be_.linear_gelu_forward(a.n2, w.fc_w, w.fc_b, a.fc, act);
+    if (w.fc_l.defined()) {  // the adapter adds to the pre-activation: no fused GELU epilogue
+      be_.linear_forward(a.n2, w.fc_w, w.fc_b, a.fc);
+      lora_forward(w.fc_l, a.n2, a.fc);
+      be_.gelu_forward(a.fc, act);
+    } else {
+      be_.linear_gelu_forward(a.n2, w.fc_w, w.fc_b, a.fc, act);
+    }
     tensor out = alloc({n, cfg_.hidden_size});
     be_.linear_forward_residual(act, w.out_w, w.out_b, a.mid, out);
+    lora_forward(w.out_l, act, out);
     return out;
   }
 
@@ -46,17 +57,31 @@ class gpt2_layer_ops final : public layer_ops {
                           tensor& dn2, layer_stash& s) override {
     const std::int64_t n = a.n2.dim(0);
     tensor dfc = alloc({n, ffn_});
-    be_.linear_backward_input_gelu(dy, w.out_w, a.fc, dfc);
+    if (w.out_l.defined()) {  // the adapter adds to d act before the GELU's derivative
+      tensor dact = alloc({n, ffn_});
+      be_.linear_backward_input_write(dy, w.out_w, dact);
+      lora_backward_input(w.out_l, dy, dact);
+      be_.zero(dfc);
+      be_.gelu_backward(dact, a.fc, dfc);
+    } else {
+      be_.linear_backward_input_gelu(dy, w.out_w, a.fc, dfc);
+    }
     be_.linear_backward_input_write(dfc, w.fc_w, dn2);
+    lora_backward_input(w.fc_l, dfc, dn2);
     s.d_out = dy;
     s.d_fc = dfc;
   }
 
-  void mlp_backward_weight(const layer_acts& a, const layer_stash& s, layer_tensors& g) override {
-    tensor act = alloc(a.fc.shape());
-    be_.gelu_forward(a.fc, act);
-    be_.linear_backward_weight(s.d_out, act, g.out_w, g.out_b);
-    be_.linear_backward_weight(s.d_fc, a.n2, g.fc_w, g.fc_b);
+  void mlp_backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
+                           layer_tensors& g) override {
+    if (g.out_w.defined() || g.out_l.defined()) {
+      tensor act = alloc(a.fc.shape());
+      be_.gelu_forward(a.fc, act);
+      if (g.out_w.defined()) be_.linear_backward_weight(s.d_out, act, g.out_w, g.out_b);
+      lora_backward_weight(w.out_l, act, s.d_out, g.out_l);
+    }
+    if (g.fc_w.defined()) be_.linear_backward_weight(s.d_fc, a.n2, g.fc_w, g.fc_b);
+    lora_backward_weight(w.fc_l, a.n2, s.d_fc, g.fc_l);
   }
 
   // The weight phase recomputes act from fc, so fc stays (as large as the act it replaces).

@@ -12,7 +12,8 @@ layer_ops::layer_ops(const core::model_config& cfg, kernels::backend& be, core::
       be_(be),
       act_(act),
       qkv_width_(static_cast<std::int64_t>(cfg.num_heads + 2 * cfg.kv_heads()) * cfg.head_dim()),
-      ffn_(ffn_hidden(cfg)) {}
+      ffn_(ffn_hidden(cfg)),
+      lora_scale_(lora_scale(cfg)) {}
 
 tensor layer_ops::alloc(const core::shape_t& shape, core::dtype t) { return be_.empty(shape, t); }
 
@@ -80,6 +81,7 @@ tensor layer_ops::attention_output(const layer_tensors& w, layer_acts& a) {
   const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
   tensor mid = alloc({n, c});
   be_.linear_forward_residual(a.att, w.proj_w, w.proj_b, a.x, mid);
+  lora_forward(w.proj_l, a.att, mid);
   a.mid = mid;
   a.n2 = alloc({n, c});
   norm_stats(n, a.mean2, a.rstd2);
@@ -126,10 +128,12 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   if (norm_grads) {
     dw1 = norm_grads->norm1_w, db1 = norm_grads->norm1_b;
     dw2 = norm_grads->norm2_w, db2 = norm_grads->norm2_b;
-  } else {
-    const bool bias = w.norm1_b.defined();
-    dw1 = zeros({c}, core::dtype::f32), dw2 = zeros({c}, core::dtype::f32);
-    if (bias) db1 = zeros({c}, core::dtype::f32), db2 = zeros({c}, core::dtype::f32);
+  }
+  // Scratch where the weight gradients are not wanted now, or never (a frozen norm).
+  const bool bias = w.norm1_b.defined();
+  for (auto [dw, db] : {std::pair{&dw1, &db1}, std::pair{&dw2, &db2}}) {
+    if (!dw->defined()) *dw = zeros({c}, core::dtype::f32);
+    if (bias && !db->defined()) *db = zeros({c}, core::dtype::f32);
   }
 
   // Buffers an op writes whole are allocated, not zeroed; only accumulated ones are zeroed.
@@ -143,6 +147,7 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   if (!a.att.defined()) recompute_attention(a);
   tensor datt = alloc({n, a.att.dim(1)});
   be_.linear_backward_input_write(d_mid, w.proj_w, datt);
+  lora_backward_input(w.proj_l, d_mid, datt);
   s.d_mid = d_mid;
   tensor dqkv = alloc({n, qkv_width_});
   be_.attention_backward_write(datt, a.qkv, a.att, a.lse, dims(n), dqkv);
@@ -158,14 +163,18 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
 void layer_ops::backward_weight(const layer_tensors& w, const layer_acts& a,
                                 const layer_stash& s, layer_tensors& g) {
   const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
-  mlp_backward_weight(a, s, g);
-  be_.linear_backward_weight(s.d_mid, a.att, g.proj_w, g.proj_b);
-  qkv_backward_weight(a, s, g);
+  mlp_backward_weight(w, a, s, g);
+  if (g.proj_w.defined()) be_.linear_backward_weight(s.d_mid, a.att, g.proj_w, g.proj_b);
+  lora_backward_weight(w.proj_l, a.att, s.d_mid, g.proj_l);
+  qkv_backward_weight(w, a, s, g);
   if (s.norms_done) return;
   // The input gradient was produced in backward_input; this pass only wants dw and db.
+  if (!g.norm1_w.defined() && !g.norm2_w.defined()) return;
   tensor dx_scratch = zeros({n, c});
-  norm_backward(s.d_n2, a.mid, w.norm2_w, a.mean2, a.rstd2, dx_scratch, g.norm2_w, g.norm2_b);
-  norm_backward(s.d_n1, a.x, w.norm1_w, a.mean1, a.rstd1, dx_scratch, g.norm1_w, g.norm1_b);
+  if (g.norm2_w.defined())
+    norm_backward(s.d_n2, a.mid, w.norm2_w, a.mean2, a.rstd2, dx_scratch, g.norm2_w, g.norm2_b);
+  if (g.norm1_w.defined())
+    norm_backward(s.d_n1, a.x, w.norm1_w, a.mean1, a.rstd1, dx_scratch, g.norm1_w, g.norm1_b);
 }
 
 void layer_ops::keep_for_weight(layer_acts& a) const {

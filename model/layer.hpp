@@ -21,8 +21,16 @@ namespace troupe::model {
 
 using core::tensor;
 
+/// A LoRA adapter of one linear module W [out, in]: A [r, in], B [out, r]; the module computes
+/// x·Wᵀ + scale·(x·Aᵀ)·Bᵀ. Undefined when the module has none.
+struct lora_pair {
+  tensor a, b;
+  bool defined() const { return a.defined(); }
+};
+
 /// Parameters of one layer as views into a flat buffer: weights in the compute dtype for the
-/// ops, or fp32 gradients. Fields a family does not use stay undefined.
+/// ops, or fp32 gradients. Fields a family does not use, and gradients of frozen weights, stay
+/// undefined.
 struct layer_tensors {
   tensor norm1_w, norm1_b;  // ln_1 / input_layernorm (bias: GPT-2 only)
   tensor qkv_w, qkv_b;      // GPT-2 attn.c_attn
@@ -32,6 +40,10 @@ struct layer_tensors {
   tensor fc_w, fc_b;        // mlp.c_fc / mlp.gate_proj
   tensor up_w;              // LLaMA mlp.up_proj
   tensor out_w, out_b;      // mlp.c_proj / mlp.down_proj
+  // LoRA adapters of the linear modules above (their names plus .lora_A / .lora_B).
+  lora_pair qkv_l;          // GPT-2 c_attn
+  lora_pair q_l, k_l, v_l;  // LLaMA q/k/v_proj
+  lora_pair proj_l, fc_l, up_l, out_l;
 };
 
 /// Final norm and LM head.
@@ -156,16 +168,16 @@ class layer_ops {
   /// keeps its dy in s.d_qkv.
   virtual void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
                                   layer_stash& s) = 0;
-  virtual void qkv_backward_weight(const layer_acts& a, const layer_stash& s,
-                                   layer_tensors& g) = 0;
+  virtual void qkv_backward_weight(const layer_tensors& w, const layer_acts& a,
+                                   const layer_stash& s, layer_tensors& g) = 0;
   /// The MLP of the norm2 output a.n2 plus the residual a.mid: returns a.mid + MLP(a.n2) [N, C]
   /// and keeps the MLP's activations in a.
   virtual tensor mlp_forward(const layer_tensors& w, layer_acts& a) = 0;
   /// dn2 = gradient through the MLP from dy (written, not accumulated); keeps the dys in s.
   virtual void mlp_backward_input(const layer_tensors& w, const layer_acts& a, const tensor& dy,
                                   tensor& dn2, layer_stash& s) = 0;
-  virtual void mlp_backward_weight(const layer_acts& a, const layer_stash& s,
-                                   layer_tensors& g) = 0;
+  virtual void mlp_backward_weight(const layer_tensors& w, const layer_acts& a,
+                                   const layer_stash& s, layer_tensors& g) = 0;
   /// keep_for_weight's MLP part: drops the MLP activations mlp_backward_weight does not read
   /// (by default the pre-activations fc and up).
   virtual void mlp_keep_for_weight(layer_acts& a) const;
@@ -177,11 +189,29 @@ class layer_ops {
   /// From the attention output a.att on: projection and residual, norm2, the MLP.
   tensor attention_output(const layer_tensors& w, layer_acts& a);
 
+  // LoRA (model/lora.cpp): an adapter on a linear module whose output is columns
+  // [col, col + out) of y [N, Y] (col > 0 only for LLaMA's q/k/v inside the fused qkv).
+  /// y[:, col:col+out] += scale·(x·Aᵀ)·Bᵀ.
+  void lora_forward(const lora_pair& w, const tensor& x, tensor& y, std::int64_t col = 0);
+  /// dx += scale·(dy[:, col:col+out]·B)·A.
+  void lora_backward_input(const lora_pair& w, const tensor& dy, tensor& dx, std::int64_t col = 0);
+  /// g.a += scale·(dy·B)ᵀ·x; g.b += dyᵀ·(scale·x·Aᵀ) (columns [col, col + out) of dy). Gradients of
+  /// frozen modules are undefined and skipped, so with `w` undefined this does nothing.
+  void lora_backward_weight(const lora_pair& w, const tensor& x, const tensor& dy, lora_pair& g,
+                            std::int64_t col = 0);
+
   core::model_config cfg_;
   kernels::backend& be_;
   core::dtype act_;
   std::int64_t qkv_width_;  // (H + 2 Hkv) * D
   int ffn_;
+  float lora_scale_;        // lora.alpha / lora.rank
+
+ private:
+  /// B placed at rows [col, col + out) of a zero [Y, r] scratch (B itself when it fills y).
+  tensor padded_b(const tensor& b, std::int64_t y_cols, std::int64_t col);
+  tensor b_pad_;            // compute dtype
+  tensor db_pad_;           // fp32
 };
 
 /// The ops of cfg.arch.

@@ -22,6 +22,10 @@ class llama_layer_ops final : public layer_ops {
     const int heads = cfg_.num_heads, kv = cfg_.kv_heads();
     tensor qkv = alloc({n1.dim(0), qkv_width_});
     be_.linear_forward(n1, stacked(w), {}, qkv);
+    const std::int64_t q = std::int64_t(heads) * cfg_.head_dim(), k = std::int64_t(kv) * cfg_.head_dim();
+    lora_forward(w.q_l, n1, qkv, 0);
+    lora_forward(w.k_l, n1, qkv, q);
+    lora_forward(w.v_l, n1, qkv, q + k);
     const auto theta = static_cast<float>(cfg_.rope_theta);
     if (positions)
       be_.rope_forward_at(qkv, *positions, heads + 2 * kv, heads + kv, cfg_.head_dim(), theta,
@@ -39,19 +43,30 @@ class llama_layer_ops final : public layer_ops {
     be_.rope_backward(dqkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(),
                       static_cast<float>(cfg_.rope_theta), d_proj);
     be_.linear_backward_input_write(d_proj, stacked(w), dn1);
+    const std::int64_t q = std::int64_t(heads) * cfg_.head_dim(), k = std::int64_t(kv) * cfg_.head_dim();
+    lora_backward_input(w.q_l, d_proj, dn1, 0);
+    lora_backward_input(w.k_l, d_proj, dn1, q);
+    lora_backward_input(w.v_l, d_proj, dn1, q + k);
     s.d_qkv = d_proj;
   }
 
-  void qkv_backward_weight(const layer_acts& a, const layer_stash& s, layer_tensors& g) override {
+  void qkv_backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
+                           layer_tensors& g) override {
+    const std::int64_t q = std::int64_t(cfg_.num_heads) * cfg_.head_dim(),
+                       k = std::int64_t(cfg_.kv_heads()) * cfg_.head_dim();
+    lora_backward_weight(w.q_l, a.n1, s.d_qkv, g.q_l, 0);
+    lora_backward_weight(w.k_l, a.n1, s.d_qkv, g.k_l, q);
+    lora_backward_weight(w.v_l, a.n1, s.d_qkv, g.v_l, q + k);
+    if (!g.q_w.defined() && !g.k_w.defined() && !g.v_w.defined()) return;
     if (!dstacked_.defined())
       dstacked_ = alloc({qkv_width_, cfg_.hidden_size}, core::dtype::f32);
     be_.zero(dstacked_);
     tensor none;
     be_.linear_backward_weight(s.d_qkv, a.n1, dstacked_, none);
     std::int64_t row = 0;
-    for (tensor* gw : {&g.q_w, &g.k_w, &g.v_w}) {
-      be_.accumulate(dstacked_.rows(row, row + gw->dim(0)), *gw);
-      row += gw->dim(0);
+    for (auto [gw, rows] : {std::pair{&g.q_w, q}, std::pair{&g.k_w, k}, std::pair{&g.v_w, k}}) {
+      if (gw->defined()) be_.accumulate(dstacked_.rows(row, row + rows), *gw);
+      row += rows;
     }
   }
 
@@ -59,12 +74,15 @@ class llama_layer_ops final : public layer_ops {
     const std::int64_t n = a.n2.dim(0);
     a.fc = alloc({n, ffn_});
     be_.linear_forward(a.n2, w.fc_w, {}, a.fc);
+    lora_forward(w.fc_l, a.n2, a.fc);
     a.up = alloc({n, ffn_});
     be_.linear_forward(a.n2, w.up_w, {}, a.up);
+    lora_forward(w.up_l, a.n2, a.up);
     a.act = alloc({n, ffn_});
     be_.swiglu_forward(a.fc, a.up, a.act);
     tensor out = alloc({n, cfg_.hidden_size});
     be_.linear_forward_residual(a.act, w.out_w, {}, a.mid, out);
+    lora_forward(w.out_l, a.act, out);
     return out;
   }
 
@@ -73,20 +91,27 @@ class llama_layer_ops final : public layer_ops {
     const std::int64_t n = a.n2.dim(0);
     tensor dact = alloc({n, ffn_});
     be_.linear_backward_input_write(dy, w.out_w, dact);
+    lora_backward_input(w.out_l, dy, dact);
     tensor dgate = zeros({n, ffn_}), dup = zeros({n, ffn_});
     be_.swiglu_backward(dact, a.fc, a.up, dgate, dup);
     be_.linear_backward_input_write(dgate, w.fc_w, dn2);
+    lora_backward_input(w.fc_l, dgate, dn2);
     be_.linear_backward_input(dup, w.up_w, dn2);
+    lora_backward_input(w.up_l, dup, dn2);
     s.d_out = dy;
     s.d_fc = dgate;
     s.d_up = dup;
   }
 
-  void mlp_backward_weight(const layer_acts& a, const layer_stash& s, layer_tensors& g) override {
+  void mlp_backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
+                           layer_tensors& g) override {
     tensor none;
-    be_.linear_backward_weight(s.d_out, a.act, g.out_w, none);
-    be_.linear_backward_weight(s.d_fc, a.n2, g.fc_w, none);
-    be_.linear_backward_weight(s.d_up, a.n2, g.up_w, none);
+    if (g.out_w.defined()) be_.linear_backward_weight(s.d_out, a.act, g.out_w, none);
+    lora_backward_weight(w.out_l, a.act, s.d_out, g.out_l);
+    if (g.fc_w.defined()) be_.linear_backward_weight(s.d_fc, a.n2, g.fc_w, none);
+    lora_backward_weight(w.fc_l, a.n2, s.d_fc, g.fc_l);
+    if (g.up_w.defined()) be_.linear_backward_weight(s.d_up, a.n2, g.up_w, none);
+    lora_backward_weight(w.up_l, a.n2, s.d_up, g.up_l);
   }
 
  private:

@@ -26,7 +26,8 @@ enum class init_rule {
   normal,    // N(0, init_std)
   residual,  // N(0, init_std / sqrt(2 * num_layers)): projections that write into the residual
   ones,      // norm weights
-  zeros,     // biases
+  zeros,     // biases, LoRA B
+  lora_a,    // LoRA A [r, in]: uniform in ±1/sqrt(in), PEFT's kaiming_uniform(a = sqrt(5))
 };
 
 /// A parameter with its place in the flat buffer and its initialisation.
@@ -36,8 +37,23 @@ struct param_def {
   std::string stream_name;  // whose random stream it draws from (the embedding's for a tied head)
 };
 
-/// Every parameter of the chunk, in flat-buffer order, offsets assigned.
+/// Every trainable parameter of the chunk (the flat_params() buffer), in flat-buffer order,
+/// offsets assigned: all base parameters without a [lora] table; with one, the LoRA adapters and
+/// the base parameters cfg.lora lets train.
 std::vector<param_def> define_params(const core::model_config& cfg, const chunk_spec& spec);
+/// The chunk's frozen base parameters (the flat_frozen() buffer), offsets in that buffer; empty
+/// without a [lora] table.
+std::vector<param_def> define_frozen_params(const core::model_config& cfg, const chunk_spec& spec);
+/// Whether base parameter `name` trains under cfg.lora. A tied embedding and its head copy are one
+/// weight: naming either module in lora.trainable trains both, in lora.freeze freezes both.
+bool base_trainable(const core::model_config& cfg, const std::string& name);
+/// The factor the adapters' output is scaled by: lora.alpha / lora.rank (0 without adapters).
+float lora_scale(const core::model_config& cfg);
+/// Whether the tied embedding's two gradients exist (tie_embeddings and the embedding trains).
+bool tied_gradients(const core::model_config& cfg);
+/// "<module>.lora_A.weight" / "<module>.lora_B.weight" for a base weight "<module>.weight".
+std::string lora_a_name(const std::string& weight_name);
+std::string lora_b_name(const std::string& weight_name);
 /// Elements of the flat buffer that holds `defs` (the last tensor padded to a whole block).
 std::int64_t flat_numel(const std::vector<param_def>& defs);
 /// Writes the initial value of `def` (numel floats) into `out`.

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/files.hpp"
+#include "model/lora.hpp"
 
 namespace troupe::model {
 
@@ -33,6 +34,18 @@ core::status check_resume_config(const core::config& cfg, const checkpoint::read
     return core::error::at_file(where, "the checkpoint holds a different model than the config",
                                 "resume with the config the checkpoint was trained with (its "
                                 "text is in manifest.json), or fix the [model] table");
+  // Adapters belong to the base they were trained on: the same frozen weights, bit for bit.
+  if (current->model.lora.partial()) {
+    const base_identity base = identify_base(*current);
+    if (base.xxh64 != ck.info().base_xxh64)
+      return core::error::at_file(
+          where,
+          "the checkpoint's trainable weights belong to another frozen base (" +
+              (ck.info().base_xxh64.empty() ? std::string("none recorded")
+                                            : ck.info().base_source + ", xxh64 " + ck.info().base_xxh64) +
+              ") than this run's (" + base.source + ", xxh64 " + base.xxh64 + ")",
+          "resume with the checkpoint's own config (train.seed and the base it names)");
+  }
   if (saved->train.seed != cfg.train.seed)
     note(log, "note: train.seed differs from the checkpoint's; the data order will not continue "
               "the original run");

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "model/metrics.hpp"
+#include "model/lora.hpp"
 #include "model/params.hpp"
 #include "kernels/select.hpp"
 
@@ -52,6 +53,11 @@ core::result<std::unique_ptr<trainer>> trainer::create(const core::config& cfg,
     t->val_.emplace(std::move(val.value()));
   }
   t->scaler_ = loss_scaler::from(cfg.precision);
+  if (cfg.model.lora.partial()) {
+    const base_identity base = identify_base(cfg);
+    t->base_source_ = base.source;
+    t->base_xxh64_ = base.xxh64;
+  }
   t->micro_batches_ = lo.micro_batches;
   t->tokens_per_step_ = static_cast<std::int64_t>(lo.micro_batches) *
                         cfg.parallel.micro_batch_size * cfg.model.seq_length;
@@ -239,6 +245,8 @@ checkpoint::save_request trainer::snapshot(int steps_done) {
   req.step = steps_done;
   req.seed = cfg_.train.seed;
   req.config_toml = core::to_toml(cfg_);
+  req.base_source = base_source_;
+  req.base_xxh64 = base_xxh64_;
   checkpoint::shard_spec model{"model.safetensors", "model", {}};
   checkpoint::shard_spec opt{"optimizer.safetensors", "optimizer", {}};
   for (std::size_t i = 0; i < chunks_.size(); ++i) {

@@ -116,6 +116,7 @@ class trainer {
   std::vector<chunk> chunks_;
   std::vector<optimizer_state> states_;
   loss_scaler scaler_;
+  std::string base_source_, base_xxh64_;  // the frozen base ([lora]), named in checkpoints
   device_clip clip_;  // steps 4-7 on the device, without dynamic loss scaling
   struct device_inputs {
     tensor tokens, targets;  // int32 [B*T] on the device: the graph's inputs

@@ -59,6 +59,7 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
   out.params.assign(l.pp, 0);
   out.grads.assign(l.pp, 0);
   out.low.assign(l.pp, 0);
+  out.frozen.assign(l.pp, 0);
   out.saved_per_microbatch.assign(l.pp, 0);
   const auto specs = model::partition(cfg.model, l.chunks());
   const auto epoch = std::chrono::steady_clock::now();
@@ -81,6 +82,8 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
             out.params[p] += wp.stage_be->rounded(c.flat_params().bytes());
             out.grads[p] += wp.stage_be->rounded(c.flat_grads().bytes());
             if (c.flat_low().defined()) out.low[p] += wp.stage_be->rounded(c.flat_low().bytes());
+            for (const core::tensor* f : {&c.flat_frozen(), &c.flat_frozen_low()})
+              if (f->defined()) out.frozen[p] += wp.stage_be->rounded(f->bytes());
           }
           chunks.push_back(std::move(c));
         }

@@ -33,6 +33,8 @@ struct dry_run_result {
   /// Static bytes of a stage (per pipeline rank): fp32 parameters, fp32 gradients, the
   /// low-precision working copy (0 in fp32), as the chunks allocate them.
   std::vector<std::uint64_t> params, grads, low;
+  /// Per pipeline rank: bytes of the frozen base weights ([lora]) and their low-precision copy.
+  std::vector<std::uint64_t> frozen;
   /// Saved activations of one micro-batch per pipeline rank (all its chunks), after the forward.
   std::vector<std::uint64_t> saved_per_microbatch;
 };

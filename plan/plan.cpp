@@ -128,6 +128,7 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
           add_term(r.terms, "fp32 parameters", d.params[pp]);
           add_term(r.terms, "fp32 gradients", d.grads[pp]);
           add_term(r.terms, "low-precision weights", d.low[pp]);
+          add_term(r.terms, "frozen base weights", d.frozen[pp]);
         } else if (label == "logits") {
           add_term(r.terms, "logits and cross-entropy", bytes);
         } else if (label == "communication") {

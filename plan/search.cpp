@@ -15,17 +15,20 @@ namespace troupe::plan {
 namespace {
 
 /// A lower bound of one worker's bytes without a dry run: its chunks' fp32 parameters and
-/// gradients, low-precision copy, and its shard's optimizer state.
+/// gradients, low-precision copy, frozen weights ([lora]), and its shard's optimizer state.
 std::uint64_t static_bound(const core::config& c) {
   const int pp = c.parallel.pipeline_stage, v = c.parallel.virtual_pipeline;
   const auto specs = model::partition(c.model, pp * v);
   std::uint64_t worst = 0;
   const std::uint64_t low = c.precision.compute == core::precision_kind::fp32 ? 0 : 2;
   for (int p = 0; p < pp; ++p) {
-    std::uint64_t n = 0;
-    for (int i = 0; i < v; ++i) n += model::flat_numel(model::define_params(c.model, specs[p + i * pp]));
+    std::uint64_t n = 0, frozen = 0;  // trainable and frozen ([lora]) elements
+    for (int i = 0; i < v; ++i) {
+      n += model::flat_numel(model::define_params(c.model, specs[p + i * pp]));
+      frozen += model::flat_numel(model::define_frozen_params(c.model, specs[p + i * pp]));
+    }
     const std::uint64_t shard = c.optimizer.zero_stage == 0 ? n : n / c.parallel.data_parallel;
-    worst = std::max(worst, n * (8 + low) + shard * 16);
+    worst = std::max(worst, n * (8 + low) + frozen * (4 + low) + shard * 16);
   }
   return worst;
 }

@@ -147,3 +147,21 @@ TEST_CASE("config check names a bad override") {
   CHECK(m.code == 1);
   CHECK(contains(m.err, "missing.toml: cannot open the config file"));
 }
+
+TEST_CASE("config check reads [lora], prints the trainable parameters and names a bad target") {
+  work_dir dir("lora");
+  const std::string good = dir.write("lora.toml", "[lora]\nrank = 8\n");
+  const run_result r = config_check(dir, "'" + good + "' --json --no-file-check");
+  CHECK(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["config"]["lora"]["rank"] == 8);
+  CHECK(j["config"]["lora"]["targets"] == "c_attn");
+  CHECK(j["config"]["lora"]["alpha"] == 8.0);
+  // 4 layers of c_attn adapters: A [8, 128] and B [384, 8].
+  CHECK(j["derived"]["trainable_parameters"] == 4 * (8 * 128 + 384 * 8));
+  const std::string bad = dir.write("bad.toml", "[lora]\nrank = 8\ntargets = [\"c_atn\"]\n");
+  const run_result b = config_check(dir, "'" + bad + "' --no-file-check");
+  CHECK(b.code == 1);
+  CHECK(contains(b.err, bad + ":3:11: lora.targets: 'c_atn' is not a gpt2 module; did you mean 'c_attn'?"));
+  CHECK(contains(b.err, "hint: lora.targets names one of: c_attn, c_proj"));
+}

@@ -559,3 +559,58 @@ TEST_CASE("data.tokenizer and data.tokenizer_dir name one tokenizer; setting bot
   CHECK(both.err().where.key == "data.tokenizer_dir");
   CHECK(contains(both.err().message, "both name a tokenizer"));
 }
+
+TEST_CASE("[lora]: PEFT's default targets, alpha = rank, lists from arrays and --set") {
+  const core::config g = parse_ok("[lora]\nrank = 8\n");
+  CHECK(g.model.lora.targets == std::vector<std::string>{"c_attn"});
+  CHECK(g.model.lora.alpha == 8);
+  const core::config l = parse_ok("[model]\narch = \"llama\"\n[lora]\nrank = 4\nalpha = 16\n");
+  CHECK(l.model.lora.targets == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(l.model.lora.alpha == 16);
+  const core::config t = parse_ok("[lora]\nrank = 2\ntargets = [\"c_attn\", \"mlp.c_proj\"]\n"
+                                  "trainable = [\"ln_f\"]\n");
+  CHECK(t.model.lora.targets == std::vector<std::string>{"c_attn", "mlp.c_proj"});
+  CHECK(t.model.lora.trainable == std::vector<std::string>{"ln_f"});
+  CHECK(parse_ok("", {"lora.rank=2", "lora.targets=c_fc, c_proj"}).model.lora.targets ==
+        std::vector<std::string>{"c_fc", "c_proj"});
+  CHECK(parse_ok("", {"lora.freeze=[\"wte\"]"}).model.lora.freeze == std::vector<std::string>{"wte"});
+  // No table: nothing partial.
+  CHECK_FALSE(parse_ok("").model.lora.partial());
+  // The resolved config reads back equal, lists written as arrays.
+  const std::string text = core::to_toml(t);
+  CHECK(contains(text, "targets = [\"c_attn\", \"mlp.c_proj\"]"));
+  CHECK(parse_ok(text) == t);
+  CHECK(parse_ok(core::to_toml(parse_ok(""))) == parse_ok(""));
+}
+
+TEST_CASE("[lora]: bad keys are refused with the key, the valid names and a hint") {
+  const core::error name = parse_bad("[lora]\nrank = 4\ntargets = [\"q_porj\"]\n");
+  CHECK(name.where.key == "lora.targets");
+  CHECK(name.where.line == 3);
+  CHECK(contains(name.message, "'q_porj' is not a gpt2 module"));
+  CHECK(contains(name.hint, "c_attn"));
+  const core::error llama = parse_bad("[model]\narch = \"llama\"\n[lora]\nrank = 4\ntargets = [\"q_porj\"]\n");
+  CHECK(contains(llama.message, "did you mean 'q_proj'?"));
+  CHECK(contains(parse_bad("[lora]\nrank = -1\n").message, "out of range [0, 65536]"));
+  const core::error no_rank = parse_bad("[lora]\ntargets = [\"c_attn\"]\n");
+  CHECK(no_rank.where.key == "lora.targets");
+  CHECK(contains(no_rank.message, "lora.rank is 0"));
+  CHECK(contains(parse_bad("[lora]\nalpha = 16\n").message, "lora.rank is 0"));
+  const core::error both = parse_bad("[lora]\nrank = 4\nfreeze = [\"wte\"]\n");
+  CHECK(both.where.key == "lora.freeze");
+  CHECK(contains(both.hint, "lora.trainable"));
+  CHECK(contains(parse_bad("[lora]\nfreeze = [\"wte\"]\ntrainable = [\"ln_f\"]\n").message,
+                 "both set"));
+  CHECK(contains(parse_bad("[lora]\ntrainable = [\"ln_3\"]\n").message, "'ln_3' is not a gpt2 module"));
+  CHECK(contains(parse_bad("[lora]\nrank = 2\ntargets = [\"ln_1\"]\n").message, "not a gpt2 module"));
+  CHECK(contains(parse_bad("[lora]\nrank = 2\ntargets = [4]\n").message, "item 0 of the list is an integer"));
+  CHECK(contains(parse_bad("[lora]\nrank = 2\ntargets = \"c_attn\"\nalpha = \"x\"\n").message,
+                 "expected a number"));
+  CHECK(contains(parse_bad("[lora]\nrank = 2\ntargets = 3\n").message, "expected a list of strings"));
+  const core::error all = parse_bad(
+      "[model]\narch = \"llama\"\n[lora]\nfreeze = [\"embed_tokens\", \"input_layernorm\", \"q_proj\", "
+      "\"k_proj\", \"v_proj\", \"o_proj\", \"post_attention_layernorm\", \"gate_proj\", \"up_proj\", "
+      "\"down_proj\", \"norm\", \"lm_head\"]\n");
+  CHECK(contains(all.message, "nothing would train"));
+  CHECK(contains(parse_bad("[lora]\nrank = 2\nrnak = 3\n").message, "did you mean 'lora.rank'?"));
+}

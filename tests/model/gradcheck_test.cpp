@@ -40,6 +40,22 @@ struct reference {
   core::model_config cfg;
   int ffn;
 
+  /// Linear module `module` (weight [out, in], optional bias) plus its LoRA adapter when the
+  /// parameters hold one: y += (alpha / rank) · (x·Aᵀ)·Bᵀ.
+  vec lin(const params_t& p, const std::string& module, const vec& x, std::int64_t rows,
+          std::int64_t in, std::int64_t out, bool bias) const {
+    vec y = linear(x, rows, in, p.at(module + ".weight"), out,
+                   bias ? &p.at(module + ".bias") : nullptr);
+    auto a = p.find(module + ".lora_A.weight");
+    if (a == p.end()) return y;
+    const std::int64_t r = cfg.lora.rank;
+    const double s = cfg.lora.alpha / r;
+    vec h = linear(x, rows, in, a->second, r);
+    vec d = linear(h, rows, r, p.at(module + ".lora_B.weight"), out);
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] += s * d[i];
+    return y;
+  }
+
   vec norm(const params_t& p, const std::string& prefix, const vec& x, std::int64_t rows) const {
     const std::int64_t c = cfg.hidden_size;
     const vec& w = p.at(prefix + "weight");
@@ -128,8 +144,7 @@ struct reference {
       vec a = norm(p, pre + (gpt2 ? "ln_1." : "input_layernorm."), x, n);
       vec q, k, v;
       if (gpt2) {
-        vec qkv = linear(a, n, c, p.at(pre + "attn.c_attn.weight"), 3 * c,
-                         &p.at(pre + "attn.c_attn.bias"));
+        vec qkv = lin(p, pre + "attn.c_attn", a, n, c, 3 * c, true);
         q.resize(n * c), k.resize(n * c), v.resize(n * c);
         for (std::int64_t r = 0; r < n; ++r)
           for (std::int64_t j = 0; j < c; ++j) {
@@ -138,32 +153,30 @@ struct reference {
             v[r * c + j] = qkv[r * 3 * c + 2 * c + j];
           }
       } else {
-        q = linear(a, n, c, p.at(pre + "self_attn.q_proj.weight"), h_n * d);
-        k = linear(a, n, c, p.at(pre + "self_attn.k_proj.weight"), kv_n * d);
-        v = linear(a, n, c, p.at(pre + "self_attn.v_proj.weight"), kv_n * d);
+        q = lin(p, pre + "self_attn.q_proj", a, n, c, h_n * d, false);
+        k = lin(p, pre + "self_attn.k_proj", a, n, c, kv_n * d, false);
+        v = lin(p, pre + "self_attn.v_proj", a, n, c, kv_n * d, false);
         for (std::int64_t r = 0; r < n; ++r) {
           for (int h = 0; h < h_n; ++h) rope(&q[(r * h_n + h) * d], static_cast<int>(r % t_len));
           for (int h = 0; h < kv_n; ++h) rope(&k[(r * kv_n + h) * d], static_cast<int>(r % t_len));
         }
       }
       vec att = attention(q, k, v, batch);
-      vec proj = gpt2 ? linear(att, n, c, p.at(pre + "attn.c_proj.weight"), c,
-                               &p.at(pre + "attn.c_proj.bias"))
-                      : linear(att, n, c, p.at(pre + "self_attn.o_proj.weight"), c);
+      vec proj = gpt2 ? lin(p, pre + "attn.c_proj", att, n, c, c, true)
+                      : lin(p, pre + "self_attn.o_proj", att, n, c, c, false);
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
       vec m = norm(p, pre + (gpt2 ? "ln_2." : "post_attention_layernorm."), x, n);
       vec out;
       if (gpt2) {
-        vec h = linear(m, n, c, p.at(pre + "mlp.c_fc.weight"), ffn, &p.at(pre + "mlp.c_fc.bias"));
+        vec h = lin(p, pre + "mlp.c_fc", m, n, c, ffn, true);
         for (auto& e : h)
           e = 0.5 * e * (1 + std::tanh(std::sqrt(2 / M_PI) * (e + 0.044715 * e * e * e)));
-        out = linear(h, n, ffn, p.at(pre + "mlp.c_proj.weight"), c,
-                     &p.at(pre + "mlp.c_proj.bias"));
+        out = lin(p, pre + "mlp.c_proj", h, n, ffn, c, true);
       } else {
-        vec g = linear(m, n, c, p.at(pre + "mlp.gate_proj.weight"), ffn);
-        vec u = linear(m, n, c, p.at(pre + "mlp.up_proj.weight"), ffn);
+        vec g = lin(p, pre + "mlp.gate_proj", m, n, c, ffn, false);
+        vec u = lin(p, pre + "mlp.up_proj", m, n, c, ffn, false);
         for (std::size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-        out = linear(g, n, ffn, p.at(pre + "mlp.down_proj.weight"), c);
+        out = lin(p, pre + "mlp.down_proj", g, n, ffn, c, false);
       }
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += out[i];
     }
@@ -185,7 +198,9 @@ struct reference {
 /// Parameters far from the usual tiny init, so that every path carries a sizeable gradient.
 void randomise(chunk& c, kernels::backend& be, std::uint64_t seed) {
   core::rng_stream rng(seed);
-  for (const auto& p : c.params()) {
+  std::vector<param_info> all = c.params();
+  all.insert(all.end(), c.frozen_params().begin(), c.frozen_params().end());
+  for (const auto& p : all) {
     tensor h = tensor::zeros(p.shape);
     const bool norm_w = p.shape.size() == 1 && p.name.find("bias") == std::string::npos;
     const float scale = p.shape.size() == 2 ? 0.3f : 0.2f;
@@ -197,9 +212,10 @@ void randomise(chunk& c, kernels::backend& be, std::uint64_t seed) {
   c.params_updated();
 }
 
-void check_gradients(core::arch_kind arch) {
+void check_gradients(core::arch_kind arch, const core::lora_config& lora = {}) {
   auto be = kernels::make_backend("cpu");
   core::model_config cfg = model::testing::tiny_config(arch);
+  cfg.lora = lora;
   chunk whole(cfg, partition(cfg, 1)[0], *be);
   randomise(whole, *be, 99);
   const int batch = 2;
@@ -219,6 +235,10 @@ void check_gradients(core::arch_kind arch) {
   std::vector<chunk> one;
   one.push_back(std::move(whole));
   for (auto& [name, v] : model::testing::by_name(one, *be, false)) p[name] = vec(v.begin(), v.end());
+  for (const auto& f : one[0].frozen_params()) {
+    tensor t = be->to_host(one[0].param(f.name));
+    p[f.name] = vec(t.data<float>(), t.data<float>() + t.numel());
+  }
   const auto grads = model::testing::by_name(one, *be, true);
   std::vector<int> tok(tokens.data<std::int32_t>(), tokens.data<std::int32_t>() + n);
   std::vector<int> tgt(targets.data<std::int32_t>(), targets.data<std::int32_t>() + n);
@@ -230,8 +250,8 @@ void check_gradients(core::arch_kind arch) {
   const double h = 1e-5;
   double worst = 0;
   std::string worst_name;
-  for (auto& [name, values] : p) {
-    const auto& g = grads.at(name);
+  for (auto& [name, g] : grads) {
+    vec& values = p.at(name);
     // Sampled entries plus the largest-gradient one.
     std::vector<std::size_t> idx;
     for (int i = 0; i < 6; ++i) idx.push_back(pick.below(values.size()));
@@ -265,6 +285,26 @@ TEST_CASE("gpt2 analytic gradients match float64 finite differences for every te
 
 TEST_CASE("llama analytic gradients match float64 finite differences for every tensor") {
   check_gradients(core::arch_kind::llama);
+}
+
+// LoRA: the adapters of every linear module (and, trained in full beside them, the norms) against
+// the float64 model with y = x·Wᵀ + (alpha/r)·(x·Aᵀ)·Bᵀ; the frozen base weights get no gradient.
+TEST_CASE("gpt2 LoRA adapter gradients match float64 finite differences") {
+  core::lora_config l;
+  l.rank = 3;
+  l.alpha = 5;
+  l.targets = {"c_attn", "c_proj", "c_fc"};
+  l.trainable = {"ln_1", "ln_f"};
+  check_gradients(core::arch_kind::gpt2, l);
+}
+
+TEST_CASE("llama LoRA adapter gradients match float64 finite differences") {
+  core::lora_config l;
+  l.rank = 2;
+  l.alpha = 3;
+  l.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  l.trainable = {"post_attention_layernorm"};
+  check_gradients(core::arch_kind::llama, l);
 }
 
 }  // namespace
