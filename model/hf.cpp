@@ -13,6 +13,7 @@
 #include "model/checkpoint.hpp"
 #include "model/params.hpp"
 #include "model/safetensors.hpp"
+#include "model/text_tokenizer.hpp"
 
 namespace troupe::model::hf {
 namespace {
@@ -538,22 +539,34 @@ core::result<std::uint64_t> parse_size(const std::string& text) {
 
 core::result<export_options> tokenizer_export(const core::config& run, const core::model_config& m) {
   export_options o;
-  const std::string& dir = run.data.tokenizer_dir;
-  if (dir.empty()) return o;
-  // GPT-2's byte-level BPE: encoder.json and vocab.bpe are the files transformers calls vocab.json
-  // and merges.txt, byte for byte.
-  for (const auto& [from, to] : {std::pair<const char*, const char*>{"encoder.json", "vocab.json"},
-                                 {"vocab.bpe", "merges.txt"}}) {
-    const std::string src = (fs::path(dir) / from).string();
-    std::error_code ec;
-    if (!fs::is_regular_file(src, ec))
-      return key_error(src, "data.tokenizer_dir", "does not exist",
-                       "the config's data.tokenizer_dir must hold encoder.json and vocab.bpe; pass "
-                       "--tokenizer DIR to name another folder");
-    o.tokenizer.push_back({src, to});
+  const std::string& spec = run.data.tokenizer_dir;
+  if (spec.empty()) return o;
+  auto tok = load_tokenizer(spec);
+  if (!tok) return tok.err();
+  if ((*tok)->vocab_size() > m.vocab_size)
+    return key_error(spec, "data.tokenizer_dir",
+                     "the tokenizer has " + std::to_string((*tok)->vocab_size()) +
+                         " tokens, the model's vocab_size is " + std::to_string(m.vocab_size),
+                     "pass --tokenizer with the tokenizer the model was trained with");
+  std::error_code ec;
+  const fs::path p(spec);
+  const fs::path json_file = fs::is_regular_file(p, ec) ? p : p / "tokenizer.json";
+  if (fs::is_regular_file(json_file, ec)) o.tokenizer.push_back({json_file.string(), "tokenizer.json"});
+  // GPT-2's encoder.json and vocab.bpe are, byte for byte, the vocab.json and merges.txt
+  // transformers' GPT2Tokenizer reads.
+  const fs::path folder = fs::is_directory(p, ec) ? p : p.parent_path();
+  if (fs::is_regular_file(folder / "encoder.json", ec) && fs::is_regular_file(folder / "vocab.bpe", ec)) {
+    o.tokenizer.push_back({(folder / "encoder.json").string(), "vocab.json"});
+    o.tokenizer.push_back({(folder / "vocab.bpe").string(), "merges.txt"});
+    o.tokenizer_class = "GPT2Tokenizer";
+  } else {
+    o.tokenizer_class = "PreTrainedTokenizerFast";
   }
-  o.tokenizer_class = "GPT2Tokenizer";
-  if (m.vocab_size > 50256) o.tokens.bos = o.tokens.eos = 50256;  // <|endoftext|>
+  if (auto b = (*tok)->bos_id()) o.tokens.bos = *b;
+  if (auto e = (*tok)->eos_id()) o.tokens.eos = *e;
+  if (auto pd = (*tok)->pad_id()) o.tokens.pad = *pd;
+  if (o.tokenizer_class == "GPT2Tokenizer" && o.tokens.eos < 0)
+    if (auto eot = (*tok)->token_id("<|endoftext|>")) o.tokens.bos = o.tokens.eos = *eot;
   return o;
 }
 

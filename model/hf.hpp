@@ -104,10 +104,9 @@ struct export_options {
   std::string tokenizer_class;                    // tokenizer_config.json's, "" = none written
 };
 
-/// The tokenizer files a run's config points at, and the special tokens they define: GPT-2's
-/// vocab.json and merges.txt from data.tokenizer_dir (its encoder.json and vocab.bpe, which are
-/// the same files). Empty when the config names none. (Further tokenizer kinds, e.g. a
-/// tokenizer.json, are added here.)
+/// The tokenizer files of a run's data.tokenizer_dir (model/text_tokenizer.hpp) and the special
+/// tokens it defines: its tokenizer.json, and GPT-2's encoder.json and vocab.bpe as the vocab.json
+/// and merges.txt transformers reads. Empty when the config names none.
 core::result<export_options> tokenizer_export(const core::config& run, const core::model_config& m);
 
 /// "5GB", "500MB", "10GiB", "1000" (bytes) as bytes; decimal units as transformers reads them.

@@ -139,22 +139,24 @@ TEST_CASE("export, import and --init: a fine-tuning run starts from exactly the 
 }
 
 TEST_CASE("export writes GPT-2's tokenizer files and shards past --max-shard-size") {
+  REQUIRE_MESSAGE(fs::exists(TROUPE_SOURCE_DIR "/data/gpt2/vocab.bpe"), "scripts/setup.sh fetches data/gpt2");
   scratch_dir tmp("hfcli_tok");
   auto cfg = troupe::model::testing::tiny_run(tmp);
   cfg.train.steps = 1;
   cfg.train.eval_interval = 0;
-  fs::create_directories(tmp / "tok");
-  std::ofstream(tmp / "tok/encoder.json") << "{\"a\": 0}";
-  std::ofstream(tmp / "tok/vocab.bpe") << "#version: 0.2\n";
-  cfg.data.tokenizer_dir = tmp / "tok";
+  const std::string gpt2 = TROUPE_SOURCE_DIR "/data/gpt2";
+  cfg.model.vocab_size = 50257;  // GPT-2's tokenizer
+  cfg.data.tokenizer_dir = gpt2;
   std::ofstream(tmp / "run.toml") << troupe::core::to_toml(cfg);
   REQUIRE(run_troupe(tmp.path, "train " + q(tmp / "run.toml") + " --single-rank").code == 0);
   auto e = run_troupe(tmp.path, "export " + q(cfg.runtime.run_dir) + " --out " + q(tmp / "hf") +
-                                    " --max-shard-size 20KB --dtype bf16");
+                                    " --max-shard-size 1MB --dtype bf16");
   REQUIRE_MESSAGE(e.code == 0, e.err);
-  CHECK(slurp(tmp / "hf/vocab.json") == "{\"a\": 0}");
-  CHECK(slurp(tmp / "hf/merges.txt") == "#version: 0.2\n");
+  CHECK(slurp(tmp / "hf/vocab.json") == slurp(gpt2 + "/encoder.json"));
+  CHECK(slurp(tmp / "hf/merges.txt") == slurp(gpt2 + "/vocab.bpe"));
   CHECK(contains(slurp(tmp / "hf/tokenizer_config.json"), "GPT2Tokenizer"));
+  CHECK(contains(slurp(tmp / "hf/generation_config.json"), "\"eos_token_id\": 50256"));
+  // The bf16 embedding alone (50257 x 32 x 2 bytes) passes 1MB: it gets a file of its own.
   CHECK(fs::exists(tmp / "hf/model.safetensors.index.json"));
   CHECK(fs::exists(tmp / "hf/model-00001-of-00002.safetensors"));
   CHECK_FALSE(fs::exists(tmp / "hf/model.safetensors"));
