@@ -42,7 +42,10 @@ int run_export(const export_args& a) {
   // The weights exported are the checkpoint's; a rewrite of them (e.g. folding LoRA adapters in)
   // maps `params` to the tensors to write here, before the options below.
   core::config tok_cfg = cfg;
-  if (!a.tokenizer_dir.empty()) tok_cfg.data.tokenizer_dir = a.tokenizer_dir;
+  if (!a.tokenizer_dir.empty()) {
+    tok_cfg.data.tokenizer = a.tokenizer_dir;
+    tok_cfg.data.tokenizer_dir.clear();
+  }
   auto opt = hf::tokenizer_export(tok_cfg, cfg.model);
   if (!opt) return fail(opt.err());
   opt->dtype = a.dtype == "bf16" ? core::dtype::bf16 : core::dtype::f32;
@@ -53,7 +56,7 @@ int run_export(const export_args& a) {
   std::printf("exported %zu tensors (%.2fM parameters, %s) to %s\n", params.size(), elems / 1e6,
               a.dtype.c_str(), a.out.c_str());
   if (opt->tokenizer.empty())
-    std::printf("note: no tokenizer files written (the run's config names no data.tokenizer_dir; "
+    std::printf("note: no tokenizer files written (the run's config names no data.tokenizer; "
                 "pass --tokenizer DIR)\n");
   return 0;
 }
@@ -70,7 +73,7 @@ const command_registrar reg{command{
                      "largest safetensors file before the weights are sharded with an index "
                      "(default 5GB, as transformers)");
       app.add_option("--tokenizer", a->tokenizer_dir,
-                     "tokenizer folder to copy from (default: the run's data.tokenizer_dir)");
+                     "tokenizer.json or tokenizer folder to copy from (default: the run's data.tokenizer)");
       return [a] { return run_export(*a); };
     }}};
 

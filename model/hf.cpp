@@ -539,12 +539,12 @@ core::result<std::uint64_t> parse_size(const std::string& text) {
 
 core::result<export_options> tokenizer_export(const core::config& run, const core::model_config& m) {
   export_options o;
-  const std::string& spec = run.data.tokenizer_dir;
+  const std::string& spec = run.data.tokenizer_spec();
   if (spec.empty()) return o;
   auto tok = load_tokenizer(spec);
   if (!tok) return tok.err();
   if ((*tok)->vocab_size() > m.vocab_size)
-    return key_error(spec, "data.tokenizer_dir",
+    return key_error(spec, "data.tokenizer",
                      "the tokenizer has " + std::to_string((*tok)->vocab_size()) +
                          " tokens, the model's vocab_size is " + std::to_string(m.vocab_size),
                      "pass --tokenizer with the tokenizer the model was trained with");

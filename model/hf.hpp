@@ -104,7 +104,7 @@ struct export_options {
   std::string tokenizer_class;                    // tokenizer_config.json's, "" = none written
 };
 
-/// The tokenizer files of a run's data.tokenizer_dir (model/text_tokenizer.hpp) and the special
+/// The tokenizer files of a run's data.tokenizer (or data.tokenizer_dir) (model/text_tokenizer.hpp) and the special
 /// tokens it defines: its tokenizer.json, and GPT-2's encoder.json and vocab.bpe as the vocab.json
 /// and merges.txt transformers reads. Empty when the config names none.
 core::result<export_options> tokenizer_export(const core::config& run, const core::model_config& m);
