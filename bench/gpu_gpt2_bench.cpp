@@ -196,10 +196,11 @@ class profiling_backend final : public kernels::backend {
     timed("accumulate", [&] { in_.accumulate(x, y); });
   }
   void scale(tensor& x, float s) override { timed("scale", [&] { in_.scale(x, s); }); }
-  void rope_forward(const tensor& x, int seq, int ht, int rh, int hd, float th, tensor& y) override {
+  void rope_forward(const tensor& x, int seq, int ht, int rh, int hd, const kernels::rope_spec& th,
+                    tensor& y) override {
     timed("rope_forward", [&] { in_.rope_forward(x, seq, ht, rh, hd, th, y); });
   }
-  void rope_backward(const tensor& dy, int seq, int ht, int rh, int hd, float th,
+  void rope_backward(const tensor& dy, int seq, int ht, int rh, int hd, const kernels::rope_spec& th,
                      tensor& dx) override {
     timed("rope_backward", [&] { in_.rope_backward(dy, seq, ht, rh, hd, th, dx); });
   }

@@ -52,6 +52,7 @@ struct launch_args {
   std::string config;
   std::vector<std::string> sets;
   std::string resume;
+  std::string init;
   int steps = -1;
   int max_restarts = 0;
   std::string device_memory;  // for the plan check (cli/plan_check.hpp)
@@ -599,6 +600,9 @@ const command_registrar reg{command{
       app.add_option("--resume", a->resume,
                      "continue from a run directory or checkpoint directory (passed to every "
                      "worker)");
+      app.add_option("--init", a->init,
+                     "start from the weights of a Hugging Face model directory or a troupe "
+                     "checkpoint (= --set model.init=DIR, passed to every worker)");
       app.add_option("--device-memory", a->device_memory,
                      "bytes of one device for the plan check, e.g. 80GiB (default: the GPU's own "
                      "size on CUDA; no check on the CPU)");
@@ -646,7 +650,19 @@ Exit status: 0 when every worker exited 0 (in the last attempt); 2 for a usage o
   otherwise the first failed worker's exit code (128 + N when killed by signal N), or 128 + N
   when the launcher itself received signal N first.
 See docs/launch.md.)");
-      return [a] { return run_launch(*a); };
+      return [a] {
+        if (!a->init.empty()) {
+          if (!a->resume.empty()) {
+            print_error(core::error::make("--init and --resume together",
+                                          "--init starts a fresh run from weights (step 0, new "
+                                          "optimizer); --resume continues a run: pass one")
+                            .to_string());
+            return usage_error;
+          }
+          a->sets.push_back("model.init=" + a->init);
+        }
+        return run_launch(*a);
+      };
     }}};
 
 }  // namespace

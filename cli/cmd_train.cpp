@@ -1,8 +1,10 @@
-// `troupe train CONFIG [--set key=value]... [--resume RUN_DIR|CKPT_DIR] [--steps N] [--single-rank]`:
+// `troupe train CONFIG [--set key=value]... [--resume RUN_DIR|CKPT_DIR] [--init DIR] [--steps N]
+// [--single-rank]`:
 // trains the job as actors (runtime/runtime.hpp): every stage, optimizer shard, data loader and the
 // checkpoint writer of the data_parallel × pipeline_stage layout, in this process. --single-rank
 // runs the plain loop of model/trainer.hpp instead — the oracle the actors match bit for bit.
 // With --resume and no CONFIG, the config saved in the checkpoint is used (--set applies on top).
+// --init DIR is --set model.init=DIR: start from those weights (docs/finetune.md).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -26,6 +28,7 @@ struct train_args {
   std::string config;
   std::vector<std::string> sets;
   std::string resume;
+  std::string init;
   int steps = -1;
   bool single_rank = false;
   std::string device_memory;  // for the plan check (cli/plan_check.hpp)
@@ -46,6 +49,13 @@ int run_train(const train_args& a) {
     print_error(core::error::make("train needs a CONFIG file",
                                   "troupe train configs/tiny.toml, or --resume RUN_DIR to continue "
                                   "with the config saved in its checkpoint")
+                    .to_string());
+    return 2;
+  }
+  if (!a.init.empty() && !a.resume.empty()) {
+    print_error(core::error::make("--init and --resume together",
+                                  "--init starts a fresh run from weights (step 0, new optimizer); "
+                                  "--resume continues a run with its optimizer: pass one")
                     .to_string());
     return 2;
   }
@@ -111,6 +121,9 @@ const command_registrar reg{command{
           ->allow_extra_args(false);
       app.add_option("--resume", a->resume,
                      "continue from a run directory or checkpoint directory, bit for bit");
+      app.add_option("--init", a->init,
+                     "start from the weights of a Hugging Face model directory or a troupe "
+                     "checkpoint (= --set model.init=DIR): step 0, fresh optimizer");
       app.add_option("--steps", a->steps,
                      "stop after N steps in this invocation (the learning-rate schedule still "
                      "spans train.steps)")
@@ -123,7 +136,10 @@ const command_registrar reg{command{
       app.add_flag("--single-rank", a->single_rank,
                    "run the plain single-rank loop (the reference the actor runtime matches bit "
                    "for bit) over the same global batch");
-      return [a] { return run_train(*a); };
+      return [a] {
+        if (!a->init.empty()) a->sets.push_back("model.init=" + a->init);
+        return run_train(*a);
+      };
     }}};
 
 }  // namespace

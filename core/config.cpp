@@ -427,6 +427,24 @@ status resolve_and_check(config& c) {
                         fmt::format("head_dim = hidden_size / num_heads = {} / {} = {} is odd",
                                     m.hidden_size, m.num_heads, m.head_dim()),
                         "RoPE rotates pairs of dimensions, so llama needs an even head_dim");
+  if (gpt2 && m.rope_scaling != rope_scaling_kind::none)
+    return config_error(c, "model.rope_scaling",
+                        "gpt2 has learned position embeddings, no rotary ones to scale",
+                        "remove model.rope_scaling, or set arch = \"llama\"");
+  if (m.rope_scaling == rope_scaling_kind::none)
+    for (const auto& k : detail::key_specs())
+      if (k.applies && !k.applies(c) && set(k.dotted().c_str()))
+        return config_error(c, k.dotted(),
+                            "set while model.rope_scaling = \"none\", where it has no effect",
+                            "set model.rope_scaling = \"llama3\" or remove the key");
+  if (m.rope_scaling == rope_scaling_kind::llama3 &&
+      !(m.rope_high_freq_factor > m.rope_low_freq_factor))
+    return config_error(c, set("model.rope_high_freq_factor") ? "model.rope_high_freq_factor"
+                                                                : "model.rope_low_freq_factor",
+                        fmt::format("rope_high_freq_factor {} must be above rope_low_freq_factor {}",
+                                    m.rope_high_freq_factor, m.rope_low_freq_factor),
+                        "llama3 scaling interpolates between the two wavelengths they define "
+                        "(Llama 3.1 uses 1 and 4)");
   m.ffn_hidden_size = m.ffn_size();
   if (!set("model.tie_embeddings")) m.tie_embeddings = gpt2;
   if (auto st = check_lora(c); !st) return st;

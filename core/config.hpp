@@ -16,6 +16,7 @@ namespace troupe::core {
 enum class arch_kind { gpt2, llama };
 enum class recompute_mode { none, full, selective };
 enum class precision_kind { fp32, bf16, fp16 };
+enum class rope_scaling_kind { none, llama3 };
 
 /// LoRA adapters and partial training ([lora], docs/finetune.md): which weights train. Base
 /// weights that do not train are frozen: no gradient, no optimizer state, never sent.
@@ -48,9 +49,20 @@ struct model_config {
   int vocab_size = 50257;
   bool tie_embeddings = true;  // default: true for gpt2, false for llama (set during validation)
   double rope_theta = 10000.0;
+  // RoPE frequency scaling (Hugging Face `rope_scaling`); llama only. llama3: wavelengths longer
+  // than original_max_positions / low_freq_factor are stretched by `factor`, shorter than
+  // original_max_positions / high_freq_factor kept, the band between interpolated smoothly.
+  rope_scaling_kind rope_scaling = rope_scaling_kind::none;
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int rope_original_max_positions = 8192;
   double norm_eps = 1e-5;
   float init_std = 0.02f;
   lora_config lora;            // the [lora] table
+  /// Weights to start from ("" = random init): a Hugging Face model directory or a troupe
+  /// checkpoint (model/hf.hpp). Only the parameters are taken: step 0, fresh optimizer.
+  std::string init;
 
   int head_dim() const { return hidden_size / num_heads; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
@@ -64,6 +76,13 @@ struct model_config {
   }
 
   bool operator==(const model_config&) const = default;
+  /// Same architecture and shapes (every field but `init`, where the weights come from).
+  bool same_model(const model_config& o) const {
+    model_config a = *this, b = o;
+    a.init.clear();
+    b.init.clear();
+    return a == b;
+  }
 };
 
 struct parallel_config {
@@ -214,7 +233,8 @@ struct config_entry {
   config_value value;
   std::string origin;  // "file", "--set" or "default"
 };
-/// Every key a config accepts, in documentation order, with its value in `c`.
+/// Every key a config accepts, in documentation order, with its value in `c` (keys that do not
+/// apply to `c`, such as the llama3 rope factors without rope_scaling, left out).
 std::vector<config_entry> config_entries(const config& c);
 /// An error located where `key` was set in `c` (file, line, column; or the override), or at the
 /// config file without a line when the key kept its default.

@@ -69,6 +69,12 @@ status check_files(const config& c) {
       return s;
     }
   }
+  if (!c.model.init.empty())
+    if (auto s = need(c, "model.init", c.model.init, "initial weights",
+                      "name a Hugging Face model directory (config.json + model.safetensors) or a "
+                      "troupe run or checkpoint directory");
+        !s)
+      return s;
   if (!c.schedule.file.empty())
     if (auto s = need(c, "schedule.file", c.schedule.file, "schedule file",
                       "fix the path, or remove schedule.file to use schedule.name");

@@ -173,8 +173,23 @@ std::vector<key_spec> make_specs() {
                       "tokens and uint32 ids above"));
   s.push_back(bool_key("model", "tie_embeddings", &C::model, &M::tie_embeddings));
   s.push_back(float_key("model", "rope_theta", &C::model, &M::rope_theta, 0, true, inf, false));
+  s.push_back(choice_key("model", "rope_scaling", &C::model, &M::rope_scaling, {"none", "llama3"}));
+  const auto llama3 = [](const config& c) { return c.model.rope_scaling == rope_scaling_kind::llama3; };
+  s.push_back(float_key("model", "rope_scaling_factor", &C::model, &M::rope_scaling_factor, 1,
+                        false, inf, false));
+  s.back().applies = llama3;
+  s.push_back(float_key("model", "rope_low_freq_factor", &C::model, &M::rope_low_freq_factor, 0,
+                        true, inf, false));
+  s.back().applies = llama3;
+  s.push_back(float_key("model", "rope_high_freq_factor", &C::model, &M::rope_high_freq_factor, 0,
+                        true, inf, false));
+  s.back().applies = llama3;
+  s.push_back(int_key("model", "rope_original_max_position_embeddings", &C::model,
+                      &M::rope_original_max_positions, 1, 1 << 24));
+  s.back().applies = llama3;
   s.push_back(float_key("model", "norm_eps", &C::model, &M::norm_eps, 0, true, 1, false));
   s.push_back(float_key("model", "init_std", &C::model, &M::init_std, 0, true, 1, false));
+  s.push_back(string_key("model", "init", &C::model, &M::init));
 
   key_spec rank = lora_key("rank", value_kind::integer, &lora_config::rank);
   rank.min_int = 0;
@@ -423,6 +438,7 @@ bool operator==(const config& a, const config& b) {
 std::vector<config_entry> config_entries(const config& c) {
   std::vector<config_entry> out;
   for (const auto& k : detail::key_specs()) {
+    if (k.applies && !k.applies(c)) continue;
     const std::string key = k.dotted();
     std::string origin = "default";
     if (auto it = c.origins.find(key); it != c.origins.end())

@@ -35,6 +35,9 @@ struct key_spec {
   std::string range_hint;  // said after an out-of-range value: what the range means
   std::function<void(config&, const config_value&)> set;
   std::function<config_value(const config&)> get;
+  /// When set: the key means something only where this holds (e.g. the llama3 rope factors need
+  /// model.rope_scaling = "llama3"); elsewhere setting it is an error and to_toml leaves it out.
+  std::function<bool(const config&)> applies;
 
   std::string dotted() const { return table + "." + name; }
 };

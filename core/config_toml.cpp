@@ -16,6 +16,7 @@ std::string to_toml(const config& c) {
       table = k.table;
       out += "\n[" + table + "]\n";
     }
+    if (k.applies && !k.applies(c)) continue;
     out += k.name + " = " +
            (k.kind == detail::value_kind::list ? detail::toml_list_literal(k.get(c))
                                                : detail::toml_literal(k.get(c))) +

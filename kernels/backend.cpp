@@ -46,7 +46,8 @@ void backend::embedding_forward_at(const tensor&, const tensor&, const tensor&, 
                                    tensor&) {
   no_generation(*this, "embedding_forward_at");
 }
-void backend::rope_forward_at(const tensor&, const tensor&, int, int, int, float, tensor&) {
+void backend::rope_forward_at(const tensor&, const tensor&, int, int, int, const rope_spec&,
+                              tensor&) {
   no_generation(*this, "rope_forward_at");
 }
 void backend::kv_cache_write(const tensor&, const tensor&, const tensor&, const attention_dims&,

@@ -23,6 +23,7 @@
 
 #include "core/error.hpp"
 #include "core/tensor.hpp"
+#include "kernels/rope_freq.hpp"
 
 namespace troupe::kernels {
 
@@ -174,12 +175,13 @@ class backend {
   // --- attention ------------------------------------------------------------------------------
   /// Rotary position embedding, rotate-half convention (Hugging Face LLaMA): the first
   /// `rot_heads` heads of each row of qkv[B*T, heads_total*D] are rotated by position t = row % T;
-  /// the other heads are copied. y may alias x.
+  /// the other heads are copied; `rope` gives the frequencies (kernels/rope_freq.hpp). y may
+  /// alias x.
   virtual void rope_forward(const tensor& x, int seq, int heads_total, int rot_heads, int head_dim,
-                            float theta, tensor& y) = 0;
+                            const rope_spec& rope, tensor& y) = 0;
   /// dx += Rᵀ dy for rotated heads, dx += dy for the rest.
   virtual void rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
-                             int head_dim, float theta, tensor& dx) = 0;
+                             int head_dim, const rope_spec& rope, tensor& dx) = 0;
   /// Causal attention on fused qkv[B*T, (H + 2*Hkv)*D] (query heads, then key heads, then value
   /// heads), scale 1/sqrt(D). out[B*T, H*D]; lse[B, H, T] (fp32) is the log-sum-exp of each
   /// query's scores, the only statistic saved: the T×T matrix is never kept.
@@ -208,7 +210,7 @@ class backend {
   /// rope_forward with row r turned by the angle of positions[r] instead of row % T (the same
   /// angles, so the same bits as rope_forward at that position). y may alias x.
   virtual void rope_forward_at(const tensor& x, const tensor& positions, int heads_total,
-                               int rot_heads, int head_dim, float theta, tensor& y);
+                               int rot_heads, int head_dim, const rope_spec& rope, tensor& y);
   /// Copies the key and value heads of each row of qkv [R, (H + 2*Hkv)*D] to
   /// k_cache / v_cache [slots[r], positions[r]].
   virtual void kv_cache_write(const tensor& qkv, const tensor& slots, const tensor& positions,

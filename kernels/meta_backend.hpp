@@ -90,8 +90,8 @@ class meta_backend final : public backend {
   void add(const tensor&, const tensor&, tensor&) override {}
   void accumulate(const tensor&, tensor&) override {}
   void scale(tensor&, float) override {}
-  void rope_forward(const tensor&, int, int, int, int, float, tensor&) override {}
-  void rope_backward(const tensor&, int, int, int, int, float, tensor&) override {}
+  void rope_forward(const tensor&, int, int, int, int, const rope_spec&, tensor&) override {}
+  void rope_backward(const tensor&, int, int, int, int, const rope_spec&, tensor&) override {}
   void attention_forward(const tensor&, const attention_dims&, tensor&, tensor&) override {}
   void attention_backward(const tensor&, const tensor&, const tensor&, const tensor&,
                           const attention_dims&, tensor&) override {}

@@ -9,6 +9,7 @@
 // it can never go stale when someone writes the parameters; the weight gradient goes through one
 // fused scratch GEMM and is then added to the three gradients.
 #include "model/layer.hpp"
+#include "model/params.hpp"
 
 namespace troupe::model {
 namespace {
@@ -26,13 +27,11 @@ class llama_layer_ops final : public layer_ops {
     lora_forward(w.q_l, n1, qkv, 0);
     lora_forward(w.k_l, n1, qkv, q);
     lora_forward(w.v_l, n1, qkv, q + k);
-    const auto theta = static_cast<float>(cfg_.rope_theta);
+    const kernels::rope_spec rope = rope_of(cfg_);
     if (positions)
-      be_.rope_forward_at(qkv, *positions, heads + 2 * kv, heads + kv, cfg_.head_dim(), theta,
-                          qkv);
+      be_.rope_forward_at(qkv, *positions, heads + 2 * kv, heads + kv, cfg_.head_dim(), rope, qkv);
     else
-      be_.rope_forward(qkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(), theta,
-                       qkv);
+      be_.rope_forward(qkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(), rope, qkv);
     return qkv;
   }
 
@@ -41,7 +40,7 @@ class llama_layer_ops final : public layer_ops {
     const int heads = cfg_.num_heads, kv = cfg_.kv_heads();
     tensor d_proj = zeros(dqkv.shape());
     be_.rope_backward(dqkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(),
-                      static_cast<float>(cfg_.rope_theta), d_proj);
+                      rope_of(cfg_), d_proj);
     be_.linear_backward_input_write(d_proj, stacked(w), dn1);
     const std::int64_t q = std::int64_t(heads) * cfg_.head_dim(), k = std::int64_t(kv) * cfg_.head_dim();
     lora_backward_input(w.q_l, d_proj, dn1, 0);

@@ -93,6 +93,18 @@ std::vector<param_def> assign(std::vector<param_def> defs) {
 
 int ffn_hidden(const core::model_config& cfg) { return cfg.ffn_size(); }
 
+kernels::rope_spec rope_of(const core::model_config& cfg) {
+  kernels::rope_spec r;
+  r.theta = cfg.rope_theta;
+  if (cfg.rope_scaling == core::rope_scaling_kind::llama3) {
+    r.factor = cfg.rope_scaling_factor;
+    r.low_freq_factor = cfg.rope_low_freq_factor;
+    r.high_freq_factor = cfg.rope_high_freq_factor;
+    r.original_max_positions = cfg.rope_original_max_positions;
+  }
+  return r;
+}
+
 std::string embedding_name(const core::model_config& cfg) {
   return cfg.arch == arch_kind::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
 }

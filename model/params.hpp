@@ -60,6 +60,9 @@ std::int64_t flat_numel(const std::vector<param_def>& defs);
 void init_param(const param_def& def, const core::model_config& cfg, std::uint64_t seed,
                 float* out);
 
+/// The rotary frequencies of a llama config (rope_theta and rope_scaling).
+kernels::rope_spec rope_of(const core::model_config& cfg);
+
 /// Name of the embedding table ("wte.weight" or "model.embed_tokens.weight").
 std::string embedding_name(const core::model_config& cfg);
 

@@ -30,7 +30,7 @@ core::status check_resume_config(const core::config& cfg, const checkpoint::read
   // Validation fills derived defaults (kv heads, MLP width); compare both sides after it.
   auto current = core::parse_config(core::to_toml(cfg), "the run's config");
   if (!current) return current.err();
-  if (!(saved->model == current->model))
+  if (!saved->model.same_model(current->model))
     return core::error::at_file(where, "the checkpoint holds a different model than the config",
                                 "resume with the config the checkpoint was trained with (its "
                                 "text is in manifest.json), or fix the [model] table");
@@ -77,6 +77,8 @@ core::result<run_start> open_run(const core::config& cfg, const std::string& res
     r.resumed_from = ck->dir();
     r.resume.emplace(std::move(ck.value()));
     note(log, "resumed from " + r.resumed_from + " at step " + std::to_string(r.first_step));
+  } else if (!cfg.model.init.empty()) {
+    note(log, "starting from the weights in " + cfg.model.init + " (model.init; fresh optimizer, step 0)");
   }
   r.end_step = cfg.train.steps;
   if (max_steps >= 0) r.end_step = std::min(r.end_step, r.first_step + max_steps);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "model/hf.hpp"
 #include "model/metrics.hpp"
 #include "model/lora.hpp"
 #include "model/params.hpp"
@@ -260,6 +261,14 @@ checkpoint::save_request trainer::snapshot(int steps_done) {
   return req;
 }
 
+core::status trainer::load_init() {
+  auto w = hf::weights::open(cfg_.model.init, cfg_.model, cfg_.source);
+  if (!w) return w.err();
+  for (chunk& c : chunks_)
+    if (auto st = hf::load_chunk(*w.value(), be_, cfg_.model, c); !st) return st;
+  return {};
+}
+
 core::status trainer::restore(const checkpoint::reader& ck) {
   for (std::size_t i = 0; i < chunks_.size(); ++i)
     if (auto st = checkpoint::restore(ck, be_, cfg_.model, chunks_[i], &states_[i]); !st)
@@ -324,8 +333,11 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
 
   auto start = open_run(cfg, opt.resume, opt.max_steps, true, log);
   if (!start) return start.err();
-  if (start->resume)
+  if (start->resume) {
     if (auto st = tr.restore(*start->resume); !st) return st.err();
+  } else if (!cfg.model.init.empty()) {
+    if (auto st = tr.load_init(); !st) return st.err();
+  }
   auto run = run_log::open(cfg, start.value(), log);
   if (!run) return run.err();
   for (auto& h : opt.step_hooks) run->add_step_hook(h);

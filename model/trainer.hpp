@@ -87,6 +87,8 @@ class trainer {
   checkpoint::save_request snapshot(int steps_done);
   /// Loads parameters, AdamW moments and the loss-scaler state by name.
   core::status restore(const checkpoint::reader& ck);
+  /// Loads the parameters from model.init (model/hf.hpp); the optimizer state stays fresh.
+  core::status load_init();
   /// Dynamic loss scaling state (inert unless precision.dynamic_loss_scale).
   const loss_scaler& scaler() const { return scaler_; }
 

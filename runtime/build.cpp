@@ -1,5 +1,6 @@
 #include "runtime/build.hpp"
 
+#include "model/hf.hpp"
 #include "model/params.hpp"
 #include "schedules/lower.hpp"
 #include "schedules/registry.hpp"
@@ -38,6 +39,13 @@ core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& c
                                                            kernels::backend& be,
                                                            const model::checkpoint::reader* ck) {
   auto specs = model::partition(cfg.model, l.chunks());
+  // A fresh run with model.init starts from those weights; each chunk loads only its own tensors.
+  std::shared_ptr<const model::hf::weights> init;
+  if (!ck && !cfg.model.init.empty()) {
+    auto w = model::hf::weights::open(cfg.model.init, cfg.model, cfg.source);
+    if (!w.ok()) return w.err();
+    init = w.value();
+  }
   std::vector<model::chunk> chunks;
   for (int i = 0; i < l.v; ++i) {
     model::chunk c(cfg.model, specs[pp + i * l.pp], be, cfg.precision.compute);
@@ -45,6 +53,9 @@ core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& c
     c.set_recompute(cfg.recompute.mode);
     if (ck) {
       auto st = model::checkpoint::restore(*ck, be, cfg.model, c, nullptr);
+      if (!st.ok()) return st.err();
+    } else if (init) {
+      auto st = model::hf::load_chunk(*init, be, cfg.model, c);
       if (!st.ok()) return st.err();
     }
     chunks.push_back(std::move(c));

@@ -25,7 +25,8 @@ job_layout layout_of(const core::config& cfg);
 core::result<schedules::schedule> build_schedule(const core::config& cfg, int microbatches);
 
 /// The chunks of pipeline rank `pp` in forward order (global ids pp, pp + P, ...) on `be`:
-/// initialised from train.seed, identically on every replica, or restored from `ck` when given.
+/// initialised from train.seed, identically on every replica, or restored from `ck` when given,
+/// or else loaded from model.init when the config names weights to start from.
 core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& cfg,
                                                            const job_layout& l, int pp,
                                                            kernels::backend& be,

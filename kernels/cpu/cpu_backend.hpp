@@ -62,9 +62,9 @@ class cpu_backend final : public backend {
   void scale(tensor& x, float s) override;
 
   void rope_forward(const tensor& x, int seq, int heads_total, int rot_heads, int head_dim,
-                    float theta, tensor& y) override;
+                    const rope_spec& rope, tensor& y) override;
   void rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads, int head_dim,
-                     float theta, tensor& dx) override;
+                     const rope_spec& rope, tensor& dx) override;
   void attention_forward(const tensor& qkv, const attention_dims& d, tensor& out,
                          tensor& lse) override;
   void attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
@@ -73,7 +73,7 @@ class cpu_backend final : public backend {
   void embedding_forward_at(const tensor& tokens, const tensor& wte, const tensor& wpe,
                             const tensor& positions, tensor& out) override;
   void rope_forward_at(const tensor& x, const tensor& positions, int heads_total, int rot_heads,
-                       int head_dim, float theta, tensor& y) override;
+                       int head_dim, const rope_spec& rope, tensor& y) override;
   void kv_cache_write(const tensor& qkv, const tensor& slots, const tensor& positions,
                       const attention_dims& d, tensor& k_cache, tensor& v_cache) override;
   void attention_decode(const tensor& qkv, const tensor& slots, const tensor& positions,
@@ -100,13 +100,13 @@ class cpu_backend final : public backend {
   struct rope_table {
     int seq = 0;
     int head_dim = 0;
-    float theta = 0;
+    rope_spec rope;
     std::vector<float> cos, sin;
   };
 
  private:
-  /// The table for (seq, head_dim, theta), computed once and shared by later calls.
-  std::shared_ptr<const rope_table> rope_angles(int seq, int head_dim, float theta);
+  /// The table for (seq, head_dim, rope), computed once and shared by later calls.
+  std::shared_ptr<const rope_table> rope_angles(int seq, int head_dim, const rope_spec& rope);
 
   /// Live and peak bytes; shared with the release function of every storage handed out, which
   /// may outlive the backend.

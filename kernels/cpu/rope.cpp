@@ -2,15 +2,16 @@
 // D elements, element i < D/2 pairs with i + D/2 and the pair turns by the angle of position
 // t = row % T:
 //   y[i]       = x[i] cos a - x[i+D/2] sin a
-//   y[i+D/2]   = x[i+D/2] cos a + x[i] sin a,      a = t · theta^(-2i/D)
-// The backward applies the transpose (the inverse rotation) to dy. rope_forward_at (generation)
-// takes each row's position from a tensor instead of row % T.
+//   y[i+D/2]   = x[i+D/2] cos a + x[i] sin a,      a = t · f_i
+// with f_i = theta^(-2i/D), or its llama3-scaled value (kernels/rope_freq.hpp). The backward
+// applies the transpose (the inverse rotation) to dy. rope_forward_at (generation) takes each
+// row's position from a tensor instead of row % T.
 //
 // The angles are computed in double and rounded once to float:
-//   cos_ti = (float) cos((double) t * pow((double) theta, -2.0 * i / D)),  sin likewise,
+//   cos_ti = (float) cos((double) t * f_i),  sin likewise,
 // so a GPU computing the same double expression gets the same table (Hugging Face's own fp32
 // angles differ from it by up to ~1e-4 rad at t ~ 1000, fp32 rounding of t · inv_freq). The
-// table for (T, D, theta) is built once per backend and reused.
+// table for (T, D, rope) is built once per backend and reused.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -48,19 +49,19 @@ std::int64_t check_rope(const op_check& c, const tensor& x, const char* x_name, 
 }  // namespace
 
 std::shared_ptr<const cpu_backend::rope_table> cpu_backend::rope_angles(int seq, int head_dim,
-                                                                        float theta) {
+                                                                        const rope_spec& rope) {
   std::lock_guard<std::mutex> lk(rope_mu_);
   for (const auto& t : rope_tables_)
-    if (t->seq >= seq && t->head_dim == head_dim && t->theta == theta) return t;
+    if (t->seq >= seq && t->head_dim == head_dim && t->rope == rope) return t;
   auto t = std::make_shared<rope_table>();
   t->seq = seq;
   t->head_dim = head_dim;
-  t->theta = theta;
+  t->rope = rope;
   const int half = head_dim / 2;
   t->cos.resize(static_cast<std::size_t>(seq) * half);
   t->sin.resize(static_cast<std::size_t>(seq) * half);
   for (int i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
+    const double inv_freq = rope_inv_freq(rope, i, head_dim);
     for (int p = 0; p < seq; ++p) {
       const double a = static_cast<double>(p) * inv_freq;
       t->cos[static_cast<std::size_t>(p) * half + i] = static_cast<float>(std::cos(a));
@@ -73,10 +74,10 @@ std::shared_ptr<const cpu_backend::rope_table> cpu_backend::rope_angles(int seq,
 }
 
 void cpu_backend::rope_forward(const tensor& x, int seq, int heads_total, int rot_heads,
-                               int head_dim, float theta, tensor& y) {
+                               int head_dim, const rope_spec& rope, tensor& y) {
   op_check c("rope_forward", {{"x", &x}, {"y", &y}});
   const std::int64_t n = check_rope(c, x, "x", y, "y", seq, heads_total, rot_heads, head_dim);
-  const auto table = rope_angles(seq, head_dim, theta);
+  const auto table = rope_angles(seq, head_dim, rope);
   const std::int64_t width = static_cast<std::int64_t>(heads_total) * head_dim;
   const int half = head_dim / 2;
   const float* xp = x.data<float>();
@@ -104,7 +105,7 @@ void cpu_backend::rope_forward(const tensor& x, int seq, int heads_total, int ro
 }
 
 void cpu_backend::rope_forward_at(const tensor& x, const tensor& positions, int heads_total,
-                                  int rot_heads, int head_dim, float theta, tensor& y) {
+                                  int rot_heads, int head_dim, const rope_spec& rope, tensor& y) {
   op_check c("rope_forward_at", {{"x", &x}, {"positions", &positions}, {"y", &y}});
   c.host(positions, "positions", core::dtype::i32);
   const std::int64_t n = positions.numel();
@@ -118,7 +119,7 @@ void cpu_backend::rope_forward_at(const tensor& x, const tensor& positions, int 
                                " at row " + std::to_string(r));
     top = std::max(top, pos[r]);
   }
-  const auto table = rope_angles(static_cast<int>(top) + 1, head_dim, theta);
+  const auto table = rope_angles(static_cast<int>(top) + 1, head_dim, rope);
   const std::int64_t width = static_cast<std::int64_t>(heads_total) * head_dim;
   const int half = head_dim / 2;
   const float* xp = x.data<float>();
@@ -142,10 +143,10 @@ void cpu_backend::rope_forward_at(const tensor& x, const tensor& positions, int 
 }
 
 void cpu_backend::rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
-                                int head_dim, float theta, tensor& dx) {
+                                int head_dim, const rope_spec& rope, tensor& dx) {
   op_check c("rope_backward", {{"dy", &dy}, {"dx", &dx}});
   const std::int64_t n = check_rope(c, dy, "dy", dx, "dx", seq, heads_total, rot_heads, head_dim);
-  const auto table = rope_angles(seq, head_dim, theta);
+  const auto table = rope_angles(seq, head_dim, rope);
   const std::int64_t width = static_cast<std::int64_t>(heads_total) * head_dim;
   const int half = head_dim / 2;
   const float* dyp = dy.data<float>();

@@ -84,9 +84,9 @@ class cuda_backend final : public backend {
   void scale(tensor& x, float s) override;
 
   void rope_forward(const tensor& x, int seq, int heads_total, int rot_heads, int head_dim,
-                    float theta, tensor& y) override;
+                    const rope_spec& rope, tensor& y) override;
   void rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads, int head_dim,
-                     float theta, tensor& dx) override;
+                     const rope_spec& rope, tensor& dx) override;
   void attention_forward(const tensor& qkv, const attention_dims& d, tensor& out,
                          tensor& lse) override;
   void attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
@@ -100,7 +100,7 @@ class cuda_backend final : public backend {
   void embedding_forward_at(const tensor& tokens, const tensor& wte, const tensor& wpe,
                             const tensor& positions, tensor& out) override;
   void rope_forward_at(const tensor& x, const tensor& positions, int heads_total, int rot_heads,
-                       int head_dim, float theta, tensor& y) override;
+                       int head_dim, const rope_spec& rope, tensor& y) override;
   void kv_cache_write(const tensor& qkv, const tensor& slots, const tensor& positions,
                       const attention_dims& d, tensor& k_cache, tensor& v_cache) override;
   void attention_decode(const tensor& qkv, const tensor& slots, const tensor& positions,

@@ -1,7 +1,7 @@
 // Rotary position embedding, rotate-half convention (Hugging Face LLaMA): in each of the first
 // rot_heads heads of a row, element i < D/2 pairs with i + D/2 and the pair turns by the angle
-// a = t·theta^(-2i/D) of position t = row % T (generation: t = positions[row]); the other heads
-// are copied. The backward applies the
+// a = t·f_i of position t = row % T (generation: t = positions[row]; f_i = theta^(-2i/D), or its
+// llama3-scaled value: kernels/rope_freq.hpp); the other heads are copied. The backward applies the
 // transpose (inverse rotation) and accumulates.
 //
 // The angle is computed exactly as the CPU reference does (kernels/cpu/rope.cpp): in double, with
@@ -17,9 +17,9 @@ namespace troupe::kernels::cuda {
 // ------------------------------------------------------------------------------------------------
 // CUDA kernels
 
-__device__ __forceinline__ void rope_angle(std::int64_t t, int i, int head_dim, double theta,
-                                           float& c, float& s) {
-  const double inv_freq = pow(theta, -2.0 * i / head_dim);
+__device__ __forceinline__ void rope_angle(std::int64_t t, int i, int head_dim,
+                                           const rope_spec& rope, float& c, float& s) {
+  const double inv_freq = rope_inv_freq(rope, i, head_dim);
   double sd, cd;
   sincos(static_cast<double>(t) * inv_freq, &sd, &cd);
   c = static_cast<float>(cd);
@@ -28,7 +28,7 @@ __device__ __forceinline__ void rope_angle(std::int64_t t, int i, int head_dim, 
 
 /// Row r at position positions[r] when positions is given (generation), else r % seq.
 __global__ void rope_forward_kernel(const void* x, void* y, int code, int seq, int heads_total,
-                                    int rot_heads, int head_dim, double theta, std::int64_t rows,
+                                    int rot_heads, int head_dim, rope_spec rope, std::int64_t rows,
                                     const int* positions) {
   const int half = head_dim / 2;
   const std::int64_t pairs_per_row = static_cast<std::int64_t>(heads_total) * half;
@@ -43,7 +43,7 @@ __global__ void rope_forward_kernel(const void* x, void* y, int code, int seq, i
     const float x1 = load_f(x, code, base + i), x2 = load_f(x, code, base + i + half);
     if (h < rot_heads) {
       float c, s;
-      rope_angle(positions ? positions[row] : row % seq, i, head_dim, theta, c, s);
+      rope_angle(positions ? positions[row] : row % seq, i, head_dim, rope, c, s);
       store_f(y, code, base + i, x1 * c - x2 * s);
       store_f(y, code, base + i + half, x2 * c + x1 * s);
     } else if (x != y) {
@@ -54,7 +54,7 @@ __global__ void rope_forward_kernel(const void* x, void* y, int code, int seq, i
 }
 
 __global__ void rope_backward_kernel(const void* dy, void* dx, int code, int seq, int heads_total,
-                                     int rot_heads, int head_dim, double theta, std::int64_t rows) {
+                                     int rot_heads, int head_dim, rope_spec rope, std::int64_t rows) {
   const int half = head_dim / 2;
   const std::int64_t pairs_per_row = static_cast<std::int64_t>(heads_total) * half;
   const std::int64_t n = rows * pairs_per_row;
@@ -69,7 +69,7 @@ __global__ void rope_backward_kernel(const void* dy, void* dx, int code, int seq
     const float d1 = load_f(dx, code, base + i), d2 = load_f(dx, code, base + i + half);
     if (h < rot_heads) {
       float c, s;
-      rope_angle(row % seq, i, head_dim, theta, c, s);
+      rope_angle(row % seq, i, head_dim, rope, c, s);
       store_f(dx, code, base + i, d1 + (g1 * c + g2 * s));
       store_f(dx, code, base + i + half, d2 + (g2 * c - g1 * s));
     } else {
@@ -107,7 +107,7 @@ std::int64_t check_rope(const tensor& x, const char* xn, const tensor& y, const 
 }  // namespace
 
 void cuda_backend::rope_forward(const tensor& x, int seq, int heads_total, int rot_heads,
-                                int head_dim, float theta, tensor& y) {
+                                int head_dim, const rope_spec& rope, tensor& y) {
   activate();
   cudaStream_t s = ctx_->stream;
   const std::int64_t rows =
@@ -116,13 +116,13 @@ void cuda_backend::rope_forward(const tensor& x, int seq, int heads_total, int r
   if (n == 0) return;
   rope_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(x.raw(), y.raw(), code_of(x.type()), seq,
                                                        heads_total, rot_heads, head_dim,
-                                                       static_cast<double>(theta), rows,
+                                                       rope, rows,
                                                        nullptr);
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
 void cuda_backend::rope_forward_at(const tensor& x, const tensor& positions, int heads_total,
-                                   int rot_heads, int head_dim, float theta, tensor& y) {
+                                   int rot_heads, int head_dim, const rope_spec& rope, tensor& y) {
   activate();
   cudaStream_t s = ctx_->stream;
   const char* op = "cuda rope_forward_at";
@@ -133,13 +133,13 @@ void cuda_backend::rope_forward_at(const tensor& x, const tensor& positions, int
   if (n == 0) return;
   rope_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(x.raw(), y.raw(), code_of(x.type()), 1,
                                                        heads_total, rot_heads, head_dim,
-                                                       static_cast<double>(theta), rows,
+                                                       rope, rows,
                                                        positions.data<int>());
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
 void cuda_backend::rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
-                                 int head_dim, float theta, tensor& dx) {
+                                 int head_dim, const rope_spec& rope, tensor& dx) {
   activate();
   cudaStream_t s = ctx_->stream;
   const std::int64_t rows =
@@ -148,7 +148,7 @@ void cuda_backend::rope_backward(const tensor& dy, int seq, int heads_total, int
   if (n == 0) return;
   rope_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dy.raw(), dx.raw(), code_of(dy.type()),
                                                         seq, heads_total, rot_heads, head_dim,
-                                                        static_cast<double>(theta), rows);
+                                                        rope, rows);
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 

@@ -613,4 +613,37 @@ TEST_CASE("[lora]: bad keys are refused with the key, the valid names and a hint
       "\"down_proj\", \"norm\", \"lm_head\"]\n");
   CHECK(contains(all.message, "nothing would train"));
   CHECK(contains(parse_bad("[lora]\nrank = 2\nrnak = 3\n").message, "did you mean 'lora.rank'?"));
+TEST_CASE("llama3 rope scaling keys: read for llama, refused for gpt2 and without rope_scaling") {
+  const core::config c = parse_ok(
+      "[model]\narch = \"llama\"\nrope_scaling = \"llama3\"\nrope_scaling_factor = 32.0\n"
+      "rope_original_max_position_embeddings = 4096\n");
+  CHECK(c.model.rope_scaling == core::rope_scaling_kind::llama3);
+  CHECK(c.model.rope_scaling_factor == 32.0);
+  CHECK(c.model.rope_low_freq_factor == 1.0);
+  CHECK(c.model.rope_high_freq_factor == 4.0);
+  CHECK(c.model.rope_original_max_positions == 4096);
+  CHECK(contains(parse_bad("[model]\narch = \"gpt2\"\nrope_scaling = \"llama3\"\n").to_string(),
+                 "model.rope_scaling: gpt2 has learned position embeddings"));
+  CHECK(contains(parse_bad("[model]\narch = \"llama\"\nrope_scaling_factor = 8.0\n").to_string(),
+                 "model.rope_scaling_factor: set while model.rope_scaling = \"none\""));
+  CHECK(contains(parse_bad("[model]\narch = \"llama\"\nrope_scaling = \"llama3\"\n"
+                           "rope_high_freq_factor = 0.5\n")
+                     .to_string(),
+                 "rope_high_freq_factor 0.5 must be above rope_low_freq_factor 1"));
+  CHECK(contains(parse_bad("[model]\narch = \"llama\"\nrope_scaling = \"yarn\"\n").to_string(),
+                 "model.rope_scaling"));
+}
+
+TEST_CASE("model.init is a path, checked to exist, and not part of the model's identity") {
+  // data.train is checked first: point it at a file that exists.
+  core::config c = parse_ok("[model]\ninit = \"no/such/dir\"\n[data]\ntrain = \"" + configs_dir +
+                            "tiny.toml\"\n");
+  CHECK(c.model.init == "no/such/dir");
+  const auto st = core::check_files(c);
+  REQUIRE_FALSE(st.ok());
+  CHECK(contains(st.err().to_string(), "model.init: initial weights 'no/such/dir' does not exist"));
+  core::model_config other = c.model;
+  other.init.clear();
+  CHECK(other.same_model(c.model));
+  CHECK_FALSE(other == c.model);
 }

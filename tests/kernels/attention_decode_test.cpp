@@ -79,10 +79,10 @@ TEST_CASE("rope and the embedding at explicit positions give the bits of their r
   const int T = 5, heads = 3, D = 8;
   const tensor x = randn({10, heads * D}, 4);
   tensor want = tensor::zeros({10, heads * D}), got = tensor::zeros({10, heads * D});
-  be->rope_forward(x, T, heads, 2, D, 10000.0f, want);
+  be->rope_forward(x, T, heads, 2, D, kernels::rope_spec{10000.0}, want);
   std::vector<std::int32_t> pos;
   for (int r = 0; r < 10; ++r) pos.push_back(r % T);
-  be->rope_forward_at(x, ids(pos), heads, 2, D, 10000.0f, got);
+  be->rope_forward_at(x, ids(pos), heads, 2, D, kernels::rope_spec{10000.0}, got);
   CHECK(std::memcmp(got.raw(), want.raw(), want.bytes()) == 0);
 
   const tensor wte = randn({11, 6}, 5), wpe = randn({T, 6}, 6);

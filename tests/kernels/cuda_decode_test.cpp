@@ -79,10 +79,10 @@ TEST_CASE("cuda rope and embedding at explicit positions match the CPU") {
   const std::vector<std::int32_t> pos = {0, 5, 1023, 7, 300};
   const tensor x = random_host({5, 4 * 64}, 5);
   tensor want = tensor::zeros({5, 4 * 64});
-  cpu->rope_forward_at(x, ids_host(pos), 4, 3, 64, 500000.0f, want);
+  cpu->rope_forward_at(x, ids_host(pos), 4, 3, 64, kernels::rope_spec{500000.0}, want);
   const tensor g_pos = gpu->from_host(ids_host(pos)), g_x = upload(*gpu, x, dtype::f32);
   const tensor got = written_twice(*gpu, {5, 4 * 64}, dtype::f32, [&](tensor& y) {
-    gpu->rope_forward_at(g_x, g_pos, 4, 3, 64, 500000.0f, y);
+    gpu->rope_forward_at(g_x, g_pos, 4, 3, 64, kernels::rope_spec{500000.0}, y);
   }, "rope_forward_at");
   check_close(got, want, fp32_rtol, "rope_forward_at");
 

@@ -300,18 +300,41 @@ TEST_CASE("cuda rope matches the CPU, rotating only the first rot_heads heads") 
     tensor x = rounded(random_host({N, W}, 40), t), dy = rounded(random_host({N, W}, 41), t);
     tensor dx0 = rounded(random_host({N, W}, 42), t);
     tensor y_ref = tensor::zeros({N, W});
-    be.cpu->rope_forward(x, T, heads_total, rot, D, 10000.0f, y_ref);
+    be.cpu->rope_forward(x, T, heads_total, rot, D, rope_spec{10000.0f}, y_ref);
     tensor gx = upload(*be.gpu, x, t), gy = poisoned(*be.gpu, {N, W}, t);
-    be.gpu->rope_forward(gx, T, heads_total, rot, D, 10000.0f, gy);
+    be.gpu->rope_forward(gx, T, heads_total, rot, D, rope_spec{10000.0f}, gy);
     check_close(download(*be.gpu, gy), y_ref, rtol, "rope forward");
-    be.gpu->rope_forward(gx, T, heads_total, rot, D, 10000.0f, gx);  // in place
+    be.gpu->rope_forward(gx, T, heads_total, rot, D, rope_spec{10000.0f}, gx);  // in place
     check_close(download(*be.gpu, gx), y_ref, rtol, "rope forward in place");
     tensor dx_ref = dx0.clone();
-    be.cpu->rope_backward(dy, T, heads_total, rot, D, 10000.0f, dx_ref);
+    be.cpu->rope_backward(dy, T, heads_total, rot, D, rope_spec{10000.0f}, dx_ref);
     tensor gdx = upload(*be.gpu, dx0, t);
-    be.gpu->rope_backward(upload(*be.gpu, dy, t), T, heads_total, rot, D, 10000.0f, gdx);
+    be.gpu->rope_backward(upload(*be.gpu, dy, t), T, heads_total, rot, D, rope_spec{10000.0f}, gdx);
     check_close(download(*be.gpu, gdx), dx_ref, rtol, "rope backward");
   }
+}
+
+TEST_CASE("cuda rope with llama3 scaling matches the CPU twin") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // original_max_positions 64 with theta 500000, D = 64 puts pairs in all three frequency bands.
+  const int B = 2, T = 200, heads_total = 6, rot = 4, D = 64;
+  const std::int64_t N = B * T, W = heads_total * D;
+  const rope_spec r{500000.0, 8.0, 1.0, 4.0, 64.0};
+  tensor x = random_host({N, W}, 43), dy = random_host({N, W}, 44), dx0 = random_host({N, W}, 45);
+  tensor y_ref = tensor::zeros({N, W});
+  be.cpu->rope_forward(x, T, heads_total, rot, D, r, y_ref);
+  tensor gy = poisoned(*be.gpu, {N, W}, dtype::f32);
+  be.gpu->rope_forward(upload(*be.gpu, x, dtype::f32), T, heads_total, rot, D, r, gy);
+  check_close(download(*be.gpu, gy), y_ref, fp32_rtol, "llama3 rope forward");
+  tensor unscaled = tensor::zeros({N, W});
+  be.cpu->rope_forward(x, T, heads_total, rot, D, rope_spec{500000.0}, unscaled);
+  CHECK_FALSE(same_bits(unscaled, y_ref));
+  tensor dx_ref = dx0.clone();
+  be.cpu->rope_backward(dy, T, heads_total, rot, D, r, dx_ref);
+  tensor gdx = upload(*be.gpu, dx0, dtype::f32);
+  be.gpu->rope_backward(upload(*be.gpu, dy, dtype::f32), T, heads_total, rot, D, r, gdx);
+  check_close(download(*be.gpu, gdx), dx_ref, fp32_rtol, "llama3 rope backward");
 }
 
 namespace {
