@@ -96,6 +96,18 @@ TEST_CASE("data prepare turns JSONL records into instruction shards, reporting d
                                 "/data/llama3'");
   CHECK(l.code == 1);
   CHECK(contains(l.err, "set.jsonl:1: token id 128000 is not below model.vocab_size 50304"));
+  // With the model's vocabulary: ids past 65,535, so 4-byte rows, opening with the header tokens.
+  auto ok = run_troupe(tmp.path, "data prepare --input set.jsonl --out llama --config ft.toml "
+                                 "--set data.template=llama3 --set model.vocab_size=128256 "
+                                 "--tokenizer '" TROUPE_SOURCE_DIR "/data/llama3'");
+  INFO(ok.out << ok.err);
+  REQUIRE(ok.code == 0);
+  CHECK(contains(ok.out, "(template llama3, padded, seq_length 16)"));
+  auto rows = model::instruction_shard::open(tmp / "llama/train.bin");
+  REQUIRE(rows.ok());
+  CHECK(rows->layout().template_id == 1);
+  CHECK(rows->token(0, 0) == 128000);  // <|begin_of_text|>
+  CHECK(rows->token(0, 1) == 128006);  // <|start_header_id|>
 }
 
 TEST_CASE("train and eval on instruction shards: eval reproduces the run's masked validation loss") {
