@@ -183,7 +183,15 @@ void coordinator_engine::maybe_finish_step() {
   o.tokens = static_cast<std::int64_t>(layout_.dp) * layout_.microbatches *
              cfg_.parallel.micro_batch_size * cfg_.model.seq_length;
   o.step = static_cast<int>(step_);
-  o.loss = loss_total / static_cast<double>(o.tokens);
+  // The mean over the step's trained targets, counted as the last stages counted them.
+  const std::int64_t trained =
+      plan_.train ? plan_.train->trained_targets(
+                        static_cast<std::uint64_t>(step_),
+                        static_cast<std::uint64_t>(layout_.dp) *
+                            static_cast<std::uint64_t>(layout_.microbatches) *
+                            static_cast<std::uint64_t>(cfg_.parallel.micro_batch_size))
+                  : o.tokens;
+  o.loss = loss_total / static_cast<double>(trained);
   o.grad_norm = decision_.grad_norm;
   o.lr = decision_.lr;
   if (scaler_.enabled) {

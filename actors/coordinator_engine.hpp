@@ -47,6 +47,8 @@ const char* phase_name(coordinator_phase p);
 struct coordinator_plan {
   int first_step = 0;
   int end_step = 0;
+  std::shared_ptr<model::loader> train;      // the loss's denominator (trained targets); null:
+                                             // every token of the global batch
   std::shared_ptr<model::loader> val;        // null: no validation
   int halt_after = -1;                       // stop once this step is done (-1 = end_step)
   int restarts = 0;                          // automatic restarts so far (run_start::restarts)

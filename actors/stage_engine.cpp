@@ -57,9 +57,17 @@ core::tensor hand_over(kernels::backend& be, core::tensor t, bool reused) {
 
 void stage_engine::begin_step(std::int64_t step, float loss_scale) {
   step_ = step;
-  grad_scale_ = model::loss_grad_scale(loss_scale, tokens_);
+  const bool has_head = pp_ == layout_.rank_of_chunk(layout_.chunks() - 1);
+  const std::int64_t trained =
+      data_ && has_head
+          ? data_->trained_targets(static_cast<std::uint64_t>(step),
+                                   static_cast<std::uint64_t>(layout_.dp) *
+                                       static_cast<std::uint64_t>(layout_.microbatches) *
+                                       static_cast<std::uint64_t>(cfg_.parallel.micro_batch_size))
+          : tokens_;
+  grad_scale_ = model::loss_grad_scale(loss_scale, trained);
   pc_ = 0;
-  losses_.assign(pp_ == layout_.rank_of_chunk(layout_.chunks() - 1) ? layout_.microbatches : 0, NAN);
+  losses_.assign(has_head ? layout_.microbatches : 0, NAN);
   losses_ready_ = false;
   losses_sent_ = false;
   blocked_since_.reset();

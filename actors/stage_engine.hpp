@@ -22,6 +22,7 @@
 #include "core/config.hpp"
 #include "kernels/backend.hpp"
 #include "model/chunk.hpp"
+#include "model/loader.hpp"
 #include "schedules/schedule.hpp"
 #include "transport/transport.hpp"
 
@@ -59,6 +60,11 @@ class stage_engine {
                std::vector<schedules::instruction> program, kernels::backend& be,
                std::vector<model::chunk> chunks, clock::time_point epoch);
 
+  /// The job's training data: the last stage scales the loss gradient by 1 / the step's trained
+  /// targets over the global batch (model::loader::trained_targets, a pure function of the step
+  /// that every rank computes alike), which is fewer than the tokens with masked instruction data.
+  /// Without it every token of the global batch is a target.
+  void set_data(std::shared_ptr<const model::loader> data) { data_ = std::move(data); }
   /// Starts step `step`: resets the program counter and timings. `loss_scale` multiplies the loss
   /// gradient (dynamic loss scaling; 1 without).
   void begin_step(std::int64_t step, float loss_scale = 1.0f);
@@ -113,7 +119,8 @@ class stage_engine {
   std::vector<model::chunk> chunks_;
   clock::time_point epoch_;
   std::int64_t tokens_ = 0;  // tokens per step (global)
-  float grad_scale_ = 0;     // d loss / d token loss = loss scale / tokens per step
+  std::shared_ptr<const model::loader> data_;  // null: every token is a target
+  float grad_scale_ = 0;     // d loss / d token loss = loss scale / trained targets of the step
 
   std::int64_t step_ = -1;
   std::size_t pc_ = 0;

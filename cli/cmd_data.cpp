@@ -8,6 +8,13 @@
 // evenly through the stream, forms the validation split. Validation text is therefore drawn from
 // the same mix of documents as training text: a split taken from a different text measures
 // something else (docs/data.md: such a split stays near loss 7.2 while training loss falls).
+//
+// JSONL input (*.jsonl files) is instruction data instead: records rendered by a chat template
+// into rows of model.seq_length + 1 tokens with a loss mask (model/instruct.hpp), written as
+// instruction shards DIR/train.bin and DIR/val.bin (model/instruction_shards.hpp). The config
+// (--config, --set) gives model.seq_length, model.vocab_size, data.template and data.packing; a
+// --val-fraction share of the records, spread evenly, forms the validation split. Bad records
+// are dropped, each reported with its file and line, and counted by reason.
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,13 +24,18 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli/command.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
 #include "core/config.hpp"
+#include "model/instruct.hpp"
+#include "model/instruction_shards.hpp"
 #include "model/shards.hpp"
 #include "model/text_tokenizer.hpp"
 #include "model/tokenizer.hpp"
@@ -40,6 +52,8 @@ struct prepare_args {
   std::string tokenizer;  // "" = the config's data.tokenizer, else data/gpt2
   std::string config;
   int chunk_tokens = 1024;
+  std::vector<std::string> sets;  // --set overrides of the config (JSONL input needs a config)
+  bool chunk_tokens_given = false;
 };
 
 // Files named by the inputs, in a deterministic order: arguments as given, each folder's *.txt
@@ -115,6 +129,152 @@ class progress {
   int printed_ = 0;
 };
 
+std::string with_commas(std::int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
+bool is_jsonl(const std::string& path) { return fs::path(path).extension() == ".jsonl"; }
+
+/// A tokenizer as the templates see it. Text is encoded with special tokens read as plain text, so
+/// a prompt that spells "<|eot_id|>" cannot end a turn; the template's own special tokens are
+/// looked up by name. The end of a plain-template response is the tokenizer's EOS; padding is its
+/// pad token, else EOS.
+model::token_codec codec_of(std::shared_ptr<const model::text_tokenizer> tok) {
+  model::token_codec c;
+  c.encode = [tok](std::string_view text) {
+    return tok->encode(text, model::specials_in_text::plain);
+  };
+  c.special = [tok](std::string_view text) { return tok->token_id(text); };
+  c.eos = tok->eos_id().value_or(-1);
+  c.pad = tok->pad_id().value_or(std::max(c.eos, 0));
+  c.name = tok->describe();
+  return c;
+}
+
+int run_prepare_instructions(const prepare_args& a) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& in : a.inputs)
+    if (!is_jsonl(in)) {
+      print_error(core::error::at_file(in, "JSONL instruction data and text cannot be prepared together",
+                                       "give --input only *.jsonl files, or only text")
+                      .to_string());
+      return 2;
+    }
+  if (a.config.empty()) {
+    print_error(core::error::make("JSONL instruction data needs --config CONFIG",
+                                  "the rows are made for a run: model.seq_length, "
+                                  "model.vocab_size, data.template and data.packing come from it")
+                    .to_string());
+    return 2;
+  }
+  if (a.chunk_tokens_given) {
+    print_error(core::error::make("--chunk-tokens applies to text input",
+                                  "instruction data is split into train and validation by record "
+                                  "(--val-fraction)")
+                    .to_string());
+    return 2;
+  }
+  auto cfg = core::load_config(a.config, a.sets);
+  if (!cfg) {
+    print_error(cfg.err().to_string());
+    return 1;
+  }
+  auto tmpl = model::parse_template(cfg->data.chat_template);
+  if (!tmpl) {
+    print_error(tmpl.err().to_string());
+    return 1;
+  }
+  std::string tok_dir = a.tokenizer;
+  if (tok_dir.empty()) tok_dir = cfg->data.tokenizer_spec();
+  if (tok_dir.empty()) tok_dir = model::tokenizer::default_dir;
+  auto tok = model::load_tokenizer(tok_dir);
+  if (!tok) {
+    print_error(tok.err().to_string());
+    return 1;
+  }
+  const model::token_codec codec =
+      codec_of(std::shared_ptr<const model::text_tokenizer>(std::move(tok.value())));
+  model::instruct_options opt;
+  opt.seq_length = cfg->model.seq_length;
+  opt.tmpl = tmpl.value();
+  opt.packing = cfg->data.packing;
+  opt.val_fraction = a.val_fraction;
+  opt.vocab_size = cfg->model.vocab_size;
+  auto rows = model::prepare_instructions(a.inputs, opt, codec);
+  if (!rows) {
+    print_error(rows.err().to_string());
+    return 1;
+  }
+  const model::prepare_counts& n = rows->counts;
+  constexpr std::size_t shown = 20;
+  for (std::size_t i = 0; i < rows->problems.size() && i < shown; ++i) {
+    const auto& p = rows->problems[i];
+    std::fprintf(stderr, "troupe: warning: %s:%lld: record dropped: %s\n", p.file.c_str(),
+                 static_cast<long long>(p.line), p.reason.c_str());
+  }
+  if (rows->problems.size() > shown)
+    std::fprintf(stderr, "troupe: warning: ... and %zu more dropped records\n",
+                 rows->problems.size() - shown);
+  const std::int64_t dropped = n.invalid_json + n.bad_fields + n.too_long;
+  std::string why;
+  auto reason = [&](std::int64_t k, const char* what) {
+    if (k == 0) return;
+    why += (why.empty() ? "" : ", ") + with_commas(k) + " " + what;
+  };
+  reason(n.invalid_json, "invalid JSON");
+  reason(n.bad_fields, "missing or mistyped fields");
+  reason(n.too_long, "prompt too long for seq_length");
+  if (n.kept == 0) {
+    print_error(core::error::make("no record of " + with_commas(n.records) +
+                                      " could be used" + (why.empty() ? "" : ": " + why),
+                                  "the warnings above name each record's file, line and problem")
+                    .to_string());
+    return 1;
+  }
+  std::error_code ec;
+  fs::create_directories(a.out, ec);
+  if (ec) {
+    print_error(core::error::at_file(a.out, "cannot create output folder: " + ec.message())
+                    .to_string());
+    return 1;
+  }
+  const model::row_layout layout{opt.seq_length + 1, opt.packing, static_cast<int>(opt.tmpl),
+                                 codec.pad};
+  const std::string train_path = (fs::path(a.out) / "train.bin").string();
+  const std::string val_path = (fs::path(a.out) / "val.bin").string();
+  for (auto [path, b] : {std::pair{&train_path, &rows->train}, std::pair{&val_path, &rows->val}})
+    if (auto s = model::write_instruction_shard(*path, layout, b->ids(), b->mask()); !s) {
+      print_error(s.err().to_string());
+      return 1;
+    }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("prepared %s records (template %s, %s, seq_length %d) in %.2f s: %s kept",
+              with_commas(n.records).c_str(), model::template_name(opt.tmpl),
+              opt.packing ? "packed" : "padded", opt.seq_length, seconds,
+              with_commas(n.kept).c_str());
+  if (n.truncated) std::printf(" (%s truncated to %d tokens)", with_commas(n.truncated).c_str(), opt.seq_length + 1);
+  std::printf(", %s dropped%s\n", with_commas(dropped).c_str(), why.empty() ? "" : (" (" + why + ")").c_str());
+  const auto L = static_cast<std::int64_t>(opt.seq_length) + 1;
+  for (auto [name, path, b] : {std::tuple{"train:", &train_path, &rows->train},
+                               std::tuple{"val:  ", &val_path, &rows->val}}) {
+    std::int64_t trained = 0;
+    for (std::size_t i = 0; i < b->mask().size(); ++i)
+      trained += (static_cast<std::int64_t>(i) % L != 0) && b->mask()[i] != 0;
+    std::printf("  %s %s  %s rows of %lld tokens, %s trained targets (%.1f%% of the targets)\n",
+                name, path->c_str(),
+                with_commas(b->rows()).c_str(), static_cast<long long>(L),
+                with_commas(trained).c_str(),
+                b->rows() ? 100.0 * static_cast<double>(trained) / static_cast<double>(b->rows() * (L - 1)) : 0.0);
+  }
+  if (rows->val.rows() == 0)
+    std::fprintf(stderr, "troupe: warning: %s has no rows: set data.val = \"\" in the config, or "
+                         "give a --val-fraction that keeps at least one record\n", val_path.c_str());
+  return 0;
+}
+
 int run_prepare(const prepare_args& a) {
   const auto t0 = std::chrono::steady_clock::now();
   if (!(a.val_fraction >= 0.0 && a.val_fraction < 1.0)) {
@@ -124,10 +284,17 @@ int run_prepare(const prepare_args& a) {
                     .to_string());
     return 2;
   }
+  if (std::any_of(a.inputs.begin(), a.inputs.end(), is_jsonl)) return run_prepare_instructions(a);
+  if (!a.sets.empty() && a.config.empty()) {
+    print_error(core::error::make("--set needs --config",
+                                  "--set overrides keys of the config given with --config")
+                    .to_string());
+    return 2;
+  }
   std::string spec = a.tokenizer;
   int model_vocab = 0;
   if (!a.config.empty()) {
-    auto cfg = core::load_config(a.config);
+    auto cfg = core::load_config(a.config, a.sets);
     if (!cfg) {
       print_error(cfg.err().to_string());
       return 2;
@@ -272,9 +439,11 @@ const command_registrar registrar{command{
       app.require_subcommand(1);
       auto args = std::make_shared<prepare_args>();
       CLI::App* prep = app.add_subcommand(
-          "prepare", "Tokenize text files into llm.c shards DIR/train.bin and DIR/val.bin");
+          "prepare", "Tokenize text files into llm.c shards DIR/train.bin and DIR/val.bin, or "
+                     "JSONL instruction records into masked instruction shards");
       prep->add_option("--input", args->inputs,
-                       "Text files, or folders searched recursively for *.txt (sorted)")
+                       "Text files, or folders searched recursively for *.txt (sorted); or "
+                       "*.jsonl instruction records")
           ->required();
       prep->add_option("--out", args->out, "Output folder for train.bin and val.bin")->required();
       prep->add_option("--val-fraction", args->val_fraction,
@@ -287,12 +456,20 @@ const command_registrar registrar{command{
                        "data/gpt2)");
       prep->add_option("--config", args->config,
                        "A run config: its data.tokenizer is the default tokenizer, and the "
-                       "tokenizer must fit its model.vocab_size");
-      prep->add_option("--chunk-tokens", args->chunk_tokens,
-                       "Size of the chunks the train/validation split is made of")
-          ->capture_default_str()
-          ->check(CLI::PositiveNumber);
-      return std::function<int()>([args, prep] { return prep->parsed() ? run_prepare(*args) : 1; });
+                       "tokenizer must fit its model.vocab_size; JSONL input needs one (rows of "
+                       "model.seq_length + 1 tokens, data.template, data.packing)");
+      prep->add_option("--set", args->sets,
+                       "Override a key of the --config config, e.g. --set data.packing=true "
+                       "(repeatable)");
+      auto* chunk = prep->add_option("--chunk-tokens", args->chunk_tokens,
+                                     "Size of the chunks the train/validation split is made of")
+                        ->capture_default_str()
+                        ->check(CLI::PositiveNumber);
+      return std::function<int()>([args, prep, chunk] {
+        if (!prep->parsed()) return 1;
+        args->chunk_tokens_given = chunk->count() > 0;
+        return run_prepare(*args);
+      });
     }}};
 
 }  // namespace

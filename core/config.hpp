@@ -152,6 +152,9 @@ struct data_config {
 
   /// The tokenizer the config names (data.tokenizer, else data.tokenizer_dir), or "".
   const std::string& tokenizer_spec() const { return tokenizer.empty() ? tokenizer_dir : tokenizer; }
+  // How `troupe data prepare --config` turns JSONL instruction records into rows (model/instruct.hpp).
+  std::string chat_template = "plain";  // data.template: "plain" or "llama3"
+  bool packing = false;                 // several examples per row instead of one padded one
 
   bool operator==(const data_config&) const = default;
 };

@@ -257,6 +257,9 @@ std::vector<key_spec> make_specs() {
   s.push_back(string_key("data", "val", &C::data, &data_config::val));
   s.push_back(string_key("data", "tokenizer", &C::data, &data_config::tokenizer));
   s.push_back(string_key("data", "tokenizer_dir", &C::data, &data_config::tokenizer_dir));
+  s.push_back(choice_key("data", "template", &C::data, &data_config::chat_template,
+                         {"plain", "llama3"}));
+  s.push_back(bool_key("data", "packing", &C::data, &data_config::packing));
 
   s.push_back(string_key("checkpoint", "dir", &C::checkpoint, &checkpoint_config::dir));
   s.push_back(int_key("checkpoint", "interval", &C::checkpoint, &checkpoint_config::interval, 0,

@@ -76,7 +76,38 @@ core::result<loader> loader::open(const std::vector<std::string>& paths,
   if (paths.empty()) return core::error::make("no token shard given", "set data.train / data.val");
   loader l(opt);
   const auto need = static_cast<std::uint64_t>(opt.seq_length) + 1;
+  const bool rows = is_instruction_shard(paths.front());
   for (const auto& p : paths) {
+    if (is_instruction_shard(p) != rows)
+      return core::error::at_file(p,
+                                  std::string("is ") + (rows ? "a token shard" : "an instruction shard") +
+                                      ", but " + paths.front() + " is " +
+                                      (rows ? "an instruction shard" : "a token shard"),
+                                  "a data split is either plain text (token shards) or "
+                                  "instruction records (instruction shards), not both");
+    if (rows) {
+      auto s = instruction_shard::open(p);
+      if (!s) return s.err();
+      if (static_cast<std::uint64_t>(s->layout().row_tokens) != need)
+        return core::error::at_file(p,
+                                    "holds rows of " + std::to_string(s->layout().row_tokens) +
+                                        " tokens (prepared for seq_length " +
+                                        std::to_string(s->layout().row_tokens - 1) +
+                                        "), but model.seq_length " +
+                                        std::to_string(opt.seq_length) + " needs rows of " +
+                                        std::to_string(need),
+                                    "prepare the records again with this config "
+                                    "(`troupe data prepare --config`), or set model.seq_length = " +
+                                        std::to_string(s->layout().row_tokens - 1));
+      if (s->rows() == 0)
+        return core::error::at_file(p, "holds no rows",
+                                    "give `troupe data prepare` records that fit model.seq_length");
+      l.first_window_.push_back(l.total_windows_);
+      l.total_windows_ += s->rows();
+      l.total_tokens_ += s->rows() * need;
+      l.rows_.push_back(std::move(s.value()));
+      continue;
+    }
     auto s = shard::open(p);
     if (!s) return s.err();
     if (s->size() < need)
@@ -96,6 +127,23 @@ core::result<loader> loader::open(const std::vector<std::string>& paths,
 
 std::uint64_t loader::window_of(std::uint64_t step, std::uint64_t k) const {
   return core::rng_stream(core::stream_key(opt_.seed, kTrainPurpose, step, k)).below(total_windows_);
+}
+
+std::pair<std::size_t, std::uint64_t> loader::locate(std::uint64_t w) const {
+  // The shard whose windows contain w: the last one that begins at or before it.
+  auto it = std::upper_bound(first_window_.begin(), first_window_.end(), w);
+  auto s = static_cast<std::size_t>(it - first_window_.begin()) - 1;
+  return {s, w - first_window_[s]};
+}
+
+std::int64_t loader::trained_targets(std::uint64_t step, std::uint64_t sequences) const {
+  if (!masked()) return static_cast<std::int64_t>(sequences) * opt_.seq_length;
+  std::int64_t n = 0;
+  for (std::uint64_t k = 0; k < sequences; ++k) {
+    auto [s, r] = locate(window_of(step, k));
+    n += rows_[s].trained(r);
+  }
+  return std::max<std::int64_t>(n, 1);
 }
 
 batch loader::cut(std::uint64_t step, int dp_rank, int mb) const {
@@ -133,31 +181,45 @@ batch loader::gather(const std::vector<std::uint64_t>& windows) const {
   b.targets = core::tensor::zeros({static_cast<std::int64_t>(B) * T}, core::dtype::i32);
   auto* x = b.tokens.data<std::int32_t>();
   auto* y = b.targets.data<std::int32_t>();
+  auto check_id = [&](std::uint64_t id, const std::string& path, std::uint64_t pos) {
+    if (opt_.vocab_size > 0 && id >= static_cast<std::uint64_t>(opt_.vocab_size))
+      throw core::failure("token id " + std::to_string(id) + " at token " + std::to_string(pos) +
+                          " of " + path + " is not below model.vocab_size " +
+                          std::to_string(opt_.vocab_size) +
+                          " (hint: tokenize the data with the model's vocabulary, or raise "
+                          "model.vocab_size)");
+  };
+  std::int64_t trained = 0;
   for (int i = 0; i < B; ++i) {
-    // The shard whose windows contain windows[i]: the last one that begins at or before it.
-    auto it = std::upper_bound(first_window_.begin(), first_window_.end(), windows[i]);
-    auto s = static_cast<std::size_t>(it - first_window_.begin()) - 1;
-    const shard& sh = shards_[s];
-    const std::uint64_t first = windows[i] - first_window_[s];
-    if (opt_.vocab_size > 0)
+    auto [s, off] = locate(windows[i]);
+    std::int32_t* xi = x + static_cast<std::size_t>(i) * T;
+    std::int32_t* yi = y + static_cast<std::size_t>(i) * T;
+    if (masked()) {
+      const instruction_shard& sh = rows_[s];
+      const auto mask = sh.mask(off);
+      const std::uint64_t L = static_cast<std::uint64_t>(T) + 1;
       for (int t = 0; t <= T; ++t)
-        if (const std::uint32_t id = sh.id(first + static_cast<std::uint64_t>(t));
-            id >= static_cast<std::uint32_t>(opt_.vocab_size))
-          throw core::failure("token id " + std::to_string(id) + " at token " +
-                              std::to_string(first + static_cast<std::uint64_t>(t)) + " of " +
-                              sh.path() + " is not below model.vocab_size " +
-                              std::to_string(opt_.vocab_size) +
-                              " (hint: tokenize the data with the model's vocabulary, or raise "
-                              "model.vocab_size)");
+        check_id(sh.token(off, t), sh.path(), off * L + static_cast<std::uint64_t>(t));
+      for (int t = 0; t < T; ++t) {
+        xi[t] = static_cast<std::int32_t>(sh.token(off, t));
+        const bool train = mask[static_cast<std::size_t>(t) + 1] != 0;
+        yi[t] = train ? static_cast<std::int32_t>(sh.token(off, t + 1)) : -1;
+        trained += train;
+      }
+      continue;
+    }
+    const shard& sh = shards_[s];
+    for (int t = 0; t <= T; ++t)
+      check_id(sh.id(off + static_cast<std::uint64_t>(t)), sh.path(), off + static_cast<std::uint64_t>(t));
     // An id of 2^31 or more (only a uint32 shard can hold one) turns negative here, and the
     // embedding refuses it by name, as it does any id outside the vocabulary.
     for (int t = 0; t < T; ++t) {
-      x[static_cast<std::size_t>(i) * T + t] =
-          static_cast<std::int32_t>(sh.id(first + static_cast<std::uint64_t>(t)));
-      y[static_cast<std::size_t>(i) * T + t] =
-          static_cast<std::int32_t>(sh.id(first + static_cast<std::uint64_t>(t) + 1));
+      xi[t] = static_cast<std::int32_t>(sh.id(off + static_cast<std::uint64_t>(t)));
+      yi[t] = static_cast<std::int32_t>(sh.id(off + static_cast<std::uint64_t>(t) + 1));
     }
+    trained += T;
   }
+  b.trained = trained;
   return b;
 }
 

@@ -12,6 +12,14 @@
 // one replica with d·M micro-batches: changing data_parallel at a fixed global batch changes who
 // computes a sequence, never which sequences there are.
 //
+// Instruction shards (model/instruction_shards.hpp) hold fixed rows of T+1 tokens with a loss mask:
+// there a "window" is a whole row, so the same formula draws rows (windows = rows over all
+// shards), and a target whose mask is 0 is −1, the cross-entropy's ignore index. The loss of a
+// step is then the mean over the trained targets of the whole global batch: trained_targets(step,
+// sequences) counts them from the same draws, so every rank knows the step's denominator before
+// the step runs (model/trainer.hpp, actors/stage_engine.hpp). Token shards and instruction shards
+// are not mixed in one loader.
+//
 // Evaluation batches do not depend on the seed or the step: sequence j = index·B + i of
 // eval_cut(index) starts at rng_stream(stream_key(0, 0xe7a1, j)).below(windows), so validation
 // losses of different runs and steps are measured on the same text.
@@ -19,22 +27,25 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
+#include "model/instruction_shards.hpp"
 #include "model/shards.hpp"
 
 namespace troupe::model {
 
 /// Inputs and next-token targets of one micro-batch: host int32 tensors of shape [B*T], row-major
-/// by sequence; targets[j] is the token that follows tokens[j].
+/// by sequence; targets[j] is the token that follows tokens[j], or −1 where it is masked.
 struct batch {
   core::tensor tokens;
   core::tensor targets;
   int batch_size = 0;  // B
   int seq_length = 0;  // T
+  std::int64_t trained = 0;  // targets that are not masked (B*T from token shards)
 };
 
 struct loader_options {
@@ -56,7 +67,8 @@ core::result<std::vector<std::string>> resolve_shards(const std::string& spec);
 
 class loader {
  public:
-  /// Maps every shard of `spec` (see resolve_shards) and checks each holds at least T+1 tokens.
+  /// Maps every shard of `spec` (see resolve_shards) and checks each holds at least T+1 tokens,
+  /// or, for instruction shards, rows of exactly T+1 tokens.
   static core::result<loader> open(const std::string& spec, const loader_options& opt);
   /// Same, for an explicit list of shard files.
   static core::result<loader> open(const std::vector<std::string>& paths,
@@ -68,6 +80,14 @@ class loader {
   batch eval_cut(int index) const;
   /// Start offset of global sequence k at `step`, as a position in the shards' windows.
   std::uint64_t window_of(std::uint64_t step, std::uint64_t k) const;
+  /// Unmasked targets of global sequences 0 .. sequences-1 at `step`: the denominator of the
+  /// step's mean loss (sequences × T without a mask; at least 1, so a step whose targets are all
+  /// masked has loss 0, not 0/0).
+  std::int64_t trained_targets(std::uint64_t step, std::uint64_t sequences) const;
+  /// True when the shards are instruction shards (targets may be masked).
+  bool masked() const { return !rows_.empty(); }
+  /// The row layout of instruction shards (all agree); REQUIRES: masked().
+  const row_layout& rows_layout() const { return rows_.front().layout(); }
 
   /// Tokens over all shards.
   std::uint64_t tokens() const { return total_tokens_; }
@@ -80,7 +100,11 @@ class loader {
   batch gather(const std::vector<std::uint64_t>& windows) const;
 
   loader_options opt_;
+  /// Where window w lives: (shard index, offset of the window in that shard).
+  std::pair<std::size_t, std::uint64_t> locate(std::uint64_t w) const;
+
   std::vector<shard> shards_;
+  std::vector<instruction_shard> rows_;       // instead of shards_ for instruction data
   std::vector<std::uint64_t> first_window_;  // window number where each shard's windows begin
   std::uint64_t total_tokens_ = 0;
   std::uint64_t total_windows_ = 0;

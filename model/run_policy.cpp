@@ -205,9 +205,9 @@ double validation_loss(const loader& val, int eval_batches, kernels::backend& be
     chunks.back()->forward(i, x, targets, 0.0f);
     total += chunks.back()->loss_sum(i);
     for (chunk* c : chunks) c->release(i);
-    tokens += static_cast<std::int64_t>(b.batch_size) * b.seq_length;
+    tokens += b.trained;
   }
-  return total / static_cast<double>(tokens);
+  return total / static_cast<double>(std::max<std::int64_t>(tokens, 1));
 }
 
 }  // namespace troupe::model

@@ -15,7 +15,8 @@
 //  - run_log: per step one metrics.jsonl line (a failed write stops the run), the progress line
 //    when due, then the step-end hooks (where per-step side work such as reports plugs in); the
 //    run's summary.
-//  - validation_loss: Σ loss_sum over eval_cut(0 .. eval_batches-1) / (eval_batches × B × T),
+//  - validation_loss: Σ loss_sum over eval_cut(0 .. eval_batches-1) / their unmasked targets
+//    (eval_batches × B × T for token shards),
 //    forward only, each micro-batch released after use.
 #pragma once
 

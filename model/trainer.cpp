@@ -28,7 +28,16 @@ void note(std::FILE* log, const std::string& text) {
 }  // namespace
 
 trainer::trainer(const core::config& cfg, kernels::backend& be, loader train)
-    : cfg_(cfg), be_(be), train_(std::move(train)), graph_wanted_(cfg.runtime.cuda_graph) {}
+    : cfg_(cfg), be_(be), train_(std::move(train)), graph_wanted_(cfg.runtime.cuda_graph) {
+  // A recorded graph replays the loss gradient's scale it was recorded with; with masked data
+  // that scale (1 / the step's trained targets) changes from step to step.
+  if (graph_wanted_ && train_.masked() && !be_.dev().is_cpu()) {
+    graph_wanted_ = false;
+    graph_note_ = "runtime.cuda_graph: instruction data scales the loss gradient by each step's "
+                  "count of trained targets, which a recorded graph cannot follow; every kernel "
+                  "is launched from the host instead";
+  }
+}
 
 trainer::~trainer() {
   // Only our own recording: another trainer on this backend may have replaced it.
@@ -99,7 +108,8 @@ core::result<step_result> trainer::train_step(int step) {
 
 core::result<step_result> trainer::scaled_step(int step) {
   for (chunk& c : chunks_) c.zero_grads();  // 1
-  const float grad_scale = loss_grad_scale(scaler_.scale, tokens_per_step_);
+  const std::int64_t trained = trained_targets(step);
+  const float grad_scale = loss_grad_scale(scaler_.scale, trained);
   double loss_total = 0;
   for (int mb = 0; mb < micro_batches_; ++mb) {  // 2
     batch b = train_.cut(static_cast<std::uint64_t>(step), 0, mb);
@@ -127,7 +137,7 @@ core::result<step_result> trainer::scaled_step(int step) {
   if (!d.skip) adamw_update_t(be_, slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
 
   step_result r;
-  r.loss = loss_total / static_cast<double>(tokens_per_step_);  // 8
+  r.loss = loss_total / static_cast<double>(trained);  // 8
   r.grad_norm = d.grad_norm;
   r.clip = d.clip;
   r.lr = d.lr;
@@ -138,8 +148,14 @@ core::result<step_result> trainer::scaled_step(int step) {
   return r;
 }
 
-void trainer::queue_device_step() {
-  const float grad_scale = loss_grad_scale(1.0f, tokens_per_step_);
+std::int64_t trainer::trained_targets(int step) const {
+  return train_.trained_targets(static_cast<std::uint64_t>(step),
+                                static_cast<std::uint64_t>(micro_batches_) *
+                                    static_cast<std::uint64_t>(cfg_.parallel.micro_batch_size));
+}
+
+void trainer::queue_device_step(std::int64_t trained) {
+  const float grad_scale = loss_grad_scale(1.0f, trained);
   for (chunk& c : chunks_) c.zero_grads();  // 1
   begin_device_step(be_, clip_);
   for (int mb = 0; mb < micro_batches_; ++mb) {  // 2
@@ -174,6 +190,7 @@ core::result<step_result> trainer::device_step(int step) {
     be_.copy(b.targets.reshape({b.targets.numel()}),
              inputs_[static_cast<std::size_t>(mb)].targets);
   }
+  const std::int64_t trained = trained_targets(step);
   step_decision d;
   d.lr = learning_rate(cfg_.optimizer, cfg_.train, step);  // 6
   d.adam_step = scaler_.adam_step(step);
@@ -184,7 +201,7 @@ core::result<step_result> trainer::device_step(int step) {
   } else if (graph_wanted_ && steps_queued_ >= 1 && (graph_id_ = be_.graph_begin()) != 0) {
     // The second step is recorded: the first filled the allocator's cache and chose the GEMMs.
     try {
-      queue_device_step();
+      queue_device_step(trained);
       be_.graph_end();
       graph_ready_ = true;
     } catch (const std::exception& e) {
@@ -198,9 +215,9 @@ core::result<step_result> trainer::device_step(int step) {
     if (graph_ready_)
       be_.graph_replay(graph_id_);
     else
-      queue_device_step();
+      queue_device_step(trained);
   } else {
-    queue_device_step();
+    queue_device_step(trained);
   }
   ++steps_queued_;
 
@@ -225,7 +242,7 @@ core::result<step_result> trainer::device_step(int step) {
   scaler_.record(true);
 
   step_result r;
-  r.loss = loss_total / static_cast<double>(tokens_per_step_);  // 8
+  r.loss = loss_total / static_cast<double>(trained);  // 8
   r.grad_norm = c.grad_norm;
   r.clip = static_cast<float>(c.clip);
   r.lr = d.lr;

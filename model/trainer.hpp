@@ -2,11 +2,13 @@
 // (docs/training.md). One training step, with M = micro-batches of the global batch
 // (data_parallel × micro_batch_num × gradient_accumulation_steps; the loader's sequence numbering
 // makes data-parallel replica r's micro-batch mb the single rank's micro-batch r·M/dp + mb) and
-// tokens_per_step = M × micro_batch_size × seq_length:
+// tokens_per_step = M × micro_batch_size × seq_length, and trained = the unmasked targets of the
+// step's global batch (loader::trained_targets; = tokens_per_step for token shards, fewer for
+// instruction data, whose prompt and padding targets are masked; at least 1):
 //
 //  1. zero all gradients.
 //  2. for mb = 0 .. M-1 in order: (tokens, targets) = loader.cut(step, 0, mb); forward through the
-//     chunks in order, the last with grad_scale = loss_scale / float(tokens_per_step) (loss_scale
+//     chunks in order, the last with grad_scale = loss_scale / float(trained) (loss_scale
 //     is 1 unless dynamic loss scaling is on; model/optimizer.hpp);
 //     loss_total (double) += last.loss_sum(mb); backward through the chunks in reverse order.
 //  3. tied embeddings (GPT-2): g_wte += g_lm_head; g_lm_head = g_wte           (tie_gradients)
@@ -25,7 +27,7 @@
 //     scaling: applied updates + 1), grad_scale = clip (/ loss_scale),
 //     weight decay only where param_info.decay, writing each chunk's low-precision weight copy in
 //     the same pass (one adamw_runs call per chunk).
-//  8. reported loss = loss_total / tokens_per_step (mean token loss, double).
+//  8. reported loss = loss_total / trained (mean loss of the trained targets, double).
 //
 // Validation loss: model::validation_loss (model/run_policy.hpp), the coordinator's too.
 #pragma once
@@ -50,7 +52,7 @@ namespace troupe::model {
 
 /// What one training step computed.
 struct step_result {
-  double loss = 0;       // mean token loss (step 8)
+  double loss = 0;       // mean loss of the trained targets (step 8)
   double grad_norm = 0;  // before clipping (step 4)
   float clip = 1;        // step 5
   double lr = 0;         // step 6
@@ -78,7 +80,8 @@ class trainer {
   bool replays_graph() const { return graph_ready_; }
   /// Why runtime.cuda_graph is not in effect although asked for (empty when it is, or not asked).
   const std::string& graph_note() const { return graph_note_; }
-  /// Mean token loss over eval_batches validation micro-batches. REQUIRES: has_validation().
+  /// Mean loss of the trained targets of eval_batches validation micro-batches (every target for
+  /// token shards). REQUIRES: has_validation().
   double validation_loss();
   bool has_validation() const { return val_.has_value(); }
 
@@ -109,7 +112,9 @@ class trainer {
   /// train_step without it: steps 4-7 on the device, the step recorded once as a graph.
   core::result<step_result> device_step(int step);
   /// Queues steps 1-7 of a device step on inputs_ and clip_ (recordable: no host copy, no wait).
-  void queue_device_step();
+  void queue_device_step(std::int64_t trained);
+  /// The step's unmasked targets over the global batch (at least 1).
+  std::int64_t trained_targets(int step) const;
 
   core::config cfg_;
   kernels::backend& be_;

@@ -71,12 +71,13 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
                                "restore that checkpoint to replay rank " + std::to_string(me));
     ck.emplace(std::move(r.value()));
   }
-  std::optional<model::loader> data;
-  if (p == 0) {
+  // The first stage cuts the inputs; the last scales the loss by the step's trained targets.
+  std::shared_ptr<model::loader> data;
+  if (p == 0 || p == l.rank_of_chunk(l.chunks() - 1)) {
     if (auto st = core::check_files(cfg); !st) return st.err();
     auto ld = model::loader::open(cfg.data.train, model::loader_options::from(cfg));
     if (!ld) return ld.err();
-    data.emplace(std::move(ld.value()));
+    data = std::make_shared<model::loader>(std::move(ld.value()));
   }
 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -87,6 +88,7 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
   if (!chunks) return chunks.err();
   stage_engine stage(cfg, l, d, p, sched->ranks.at(p), *be, std::move(chunks.value()),
                      stage_engine::clock::now());
+  stage.set_data(data);
   auto shard_or = build_shard(cfg, l, p, d, *be, stage.chunks(), ck ? &*ck : nullptr);
   if (!shard_or) return shard_or.err();
   shard_engine& shard = *shard_or.value();
@@ -118,7 +120,7 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
   try {
     for (int s = first; s <= last_step; ++s) {
       if (opt.log) std::fprintf(opt.log, "replay --rank %d: step %d\n", me, s);
-      if (data) {
+      if (data && p == 0) {
         const auto& o = data->options();
         const int last_chunk = l.chunks() - 1;
         for (int mb = 0; mb < l.microbatches; ++mb) {

@@ -112,6 +112,7 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
     if (!chunks.ok()) return chunks.err();
     b->engine = std::make_unique<stage_engine>(cfg, layout, d, p, j.program.ranks.at(p), *b->be,
                                                std::move(chunks.value()), j.epoch);
+    b->engine->set_data(h.train);
     h.stages[{d, p}] = b;
   }
   for (int w : h.workers) {
@@ -139,6 +140,7 @@ void spawn_hosted(caf::actor_system& sys, hosted_job& h, int halt_after,
   coordinator_setup cs;
   cs.first_step = h.first_step;
   cs.end_step = h.end_step;
+  cs.train = h.train;
   cs.val = h.val;
   cs.halt_after = halt_after;
   cs.scaler = h.scaler;

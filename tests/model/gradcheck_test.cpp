@@ -212,7 +212,11 @@ void randomise(chunk& c, kernels::backend& be, std::uint64_t seed) {
   c.params_updated();
 }
 
-void check_gradients(core::arch_kind arch, const core::lora_config& lora = {}) {
+/// With `masked_mean`, targets are masked like instruction rows (a prompt at the start of each
+/// sequence, padding at the end of the second) and the loss is their mean: grad_scale is
+/// 1 / the trained targets, and the float64 reference divides its sum by the count it makes itself.
+void check_gradients(core::arch_kind arch, const core::lora_config& lora = {},
+                     bool masked_mean = false) {
   auto be = kernels::make_backend("cpu");
   core::model_config cfg = model::testing::tiny_config(arch);
   cfg.lora = lora;
@@ -223,7 +227,18 @@ void check_gradients(core::arch_kind arch, const core::lora_config& lora = {}) {
   tensor tokens = model::testing::random_tokens(cfg, batch, 5);
   tensor targets = model::testing::random_tokens(cfg, batch, 6);
   targets.data<std::int32_t>()[3] = -1;  // an ignored row
-  const float grad_scale = 1.0f / static_cast<float>(n);
+  std::int64_t trained = n;
+  if (masked_mean) {
+    const int T = cfg.seq_length;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t t = r % T;
+      if (t < 3 || (r >= T && t >= T - 2)) targets.data<std::int32_t>()[r] = -1;
+    }
+    trained = 0;
+    for (std::int64_t r = 0; r < n; ++r) trained += targets.data<std::int32_t>()[r] >= 0;
+    REQUIRE(trained < n - 4);
+  }
+  const float grad_scale = 1.0f / static_cast<float>(trained);
 
   whole.zero_grads();
   whole.forward(0, tokens, targets, grad_scale);
@@ -242,7 +257,11 @@ void check_gradients(core::arch_kind arch, const core::lora_config& lora = {}) {
   const auto grads = model::testing::by_name(one, *be, true);
   std::vector<int> tok(tokens.data<std::int32_t>(), tokens.data<std::int32_t>() + n);
   std::vector<int> tgt(targets.data<std::int32_t>(), targets.data<std::int32_t>() + n);
-  const double ref_loss = ref.loss(p, tok, tgt, grad_scale);
+  // The reference's own mean: Σ over its unmasked targets / their count.
+  const double ref_scale = masked_mean ? 1.0 / static_cast<double>(std::count_if(
+                                                   tgt.begin(), tgt.end(), [](int t) { return t >= 0; }))
+                                       : grad_scale;
+  const double ref_loss = ref.loss(p, tok, tgt, ref_scale);
   INFO("chunk loss " << loss << ", float64 reference " << ref_loss);
   CHECK(std::abs(loss - ref_loss) <= 1e-5 * std::abs(ref_loss));
 
@@ -262,9 +281,9 @@ void check_gradients(core::arch_kind arch, const core::lora_config& lora = {}) {
     for (std::size_t i : idx) {
       const double keep = values[i];
       values[i] = keep + h;
-      const double up = ref.loss(p, tok, tgt, grad_scale);
+      const double up = ref.loss(p, tok, tgt, ref_scale);
       values[i] = keep - h;
-      const double down = ref.loss(p, tok, tgt, grad_scale);
+      const double down = ref.loss(p, tok, tgt, ref_scale);
       values[i] = keep;
       const double numeric = (up - down) / (2 * h);
       diff2 += (g[i] - numeric) * (g[i] - numeric);
@@ -305,6 +324,11 @@ TEST_CASE("llama LoRA adapter gradients match float64 finite differences") {
   l.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   l.trainable = {"post_attention_layernorm"};
   check_gradients(core::arch_kind::llama, l);
+}
+
+TEST_CASE("gradients of the masked mean loss match float64 finite differences (gpt2, llama)") {
+  check_gradients(core::arch_kind::gpt2, {}, true);
+  check_gradients(core::arch_kind::llama, {}, true);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "core/config.hpp"
 #include "core/rng.hpp"
+#include "model/instruction_shards.hpp"
 #include "model/shards.hpp"
 
 namespace troupe::model::testing {
@@ -74,6 +75,39 @@ inline core::config tiny_run(const scratch_dir& dir, core::arch_kind arch = core
   auto parsed = core::parse_config(core::to_toml(c), "tiny_run");
   if (!parsed) throw std::runtime_error(parsed.err().to_string());
   return parsed.value();
+}
+
+/// An instruction shard of `rows` rows of T+1 tokens in [1, vocab) shaped like prepared
+/// instruction data: a masked prompt of 1-8 random tokens, a trained response that follows the
+/// 8-cycle of write_pattern_shard, then (in about half the rows) masked padding of token 0 up to
+/// the row's end. Every row trains at least one target.
+inline void write_instruction_rows(const std::string& file, int rows, int T, int vocab,
+                                   std::uint64_t key) {
+  core::rng_stream rng(core::stream_key(key, 0x1257));
+  const int L = T + 1;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows) * L);
+  std::vector<std::uint8_t> mask(ids.size());
+  for (int r = 0; r < rows; ++r) {
+    const int prompt = 1 + static_cast<int>(rng.below(8));
+    const int end = rng.below(2) == 0 ? L : prompt + 1 + static_cast<int>(rng.below(static_cast<std::uint64_t>(L - prompt)));
+    for (int t = 0; t < L; ++t) {
+      const std::size_t i = static_cast<std::size_t>(r) * L + t;
+      if (t < prompt) ids[i] = 1 + static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(vocab - 1)));
+      else if (t < end) ids[i] = 1 + (t % 8) * 5 % (vocab - 1), mask[i] = 1;
+      else ids[i] = 0;
+    }
+  }
+  auto st = write_instruction_shard(file, row_layout{L, false, 0, 0}, ids, mask);
+  if (!st) throw std::runtime_error(st.err().to_string());
+}
+
+/// Points `c` (a tiny_run) at instruction shards written into `dir` (train_rows.bin,
+/// val_rows.bin) instead of its token shards.
+inline void use_instruction_data(core::config& c, const scratch_dir& dir) {
+  write_instruction_rows(dir / "train_rows.bin", 300, c.model.seq_length, c.model.vocab_size, 3);
+  write_instruction_rows(dir / "val_rows.bin", 60, c.model.seq_length, c.model.vocab_size, 4);
+  c.data.train = dir / "train_rows.bin";
+  c.data.val = dir / "val_rows.bin";
 }
 
 inline std::string file_bytes(const std::string& path) {
