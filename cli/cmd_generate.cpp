@@ -1,9 +1,10 @@
-// `troupe generate CHECKPOINT (--prompt TEXT)... [--prompts FILE] [--max-new-tokens N]
+// `troupe generate MODEL (--prompt TEXT)... [--prompts FILE] [--max-new-tokens N]
 // [--temperature T] [--top-k K] [--top-p P] [--seed S] [--device D] [--dtype T]`: continues a batch
 // of prompts with a key/value cache (model/generate.hpp): one prefill of all prompts, then one
-// decode step per new token. The model's config comes from the checkpoint's manifest; the
-// tokenizer (model/text_tokenizer.hpp: GPT-2's files or a tokenizer.json) from its
-// data.tokenizer (or --tokenizer).
+// decode step per new token. MODEL is a troupe checkpoint (or run directory), whose manifest gives
+// the model's config and the run's tokenizer (data.tokenizer), or a Hugging Face model directory
+// (model/hf.hpp), whose config.json gives the model and which holds its tokenizer files;
+// --tokenizer overrides either (model/text_tokenizer.hpp: GPT-2's files or a tokenizer.json).
 //
 // Output: each prompt followed by its continuation and a newline, in prompt order; the prompt
 // being shown streams as its tokens arrive, the later ones are held until their turn. Text leaves
@@ -17,6 +18,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,7 @@
 #include "model/checkpoint.hpp"
 #include "model/chunk.hpp"
 #include "model/generate.hpp"
+#include "model/hf.hpp"
 #include "model/text_tokenizer.hpp"
 #include "model/tokenizer.hpp"
 #include "kernels/select.hpp"
@@ -225,22 +229,63 @@ int run_generate(const generate_args& a) {
     texts.insert(texts.end(), more->begin(), more->end());
   }
 
-  auto dir = model::checkpoint::resolve(a.checkpoint);
-  if (!dir) return fail(dir.err());
-  auto ck = model::checkpoint::reader::open(dir.value());
-  if (!ck) return fail(ck.err());
-  auto cfg = core::parse_config(ck->info().config_toml, dir.value() + "/manifest.json");
-  if (!cfg) return fail(cfg.err());
-  const core::model_config& m = cfg->model;
+  // The model: a Hugging Face directory (config.json + safetensors) or a troupe checkpoint, whose
+  // manifest also names the tokenizer, device and threads of its run.
+  core::model_config m;
+  core::runtime_config run;
+  std::string tok_dir = a.tokenizer_dir, source = a.checkpoint;
+  std::function<core::status(kernels::backend&, model::chunk&)> load_weights;
+  std::optional<model::checkpoint::reader> ck;
+  std::shared_ptr<const model::hf::weights> hf_weights;
+  core::config run_cfg;
+  if (model::hf::is_model_dir(a.checkpoint)) {
+    auto c = model::hf::read_config(a.checkpoint);
+    if (!c) return fail(c.err());
+    m = c.value();
+    auto w = model::hf::weights::open(a.checkpoint, m, a.checkpoint + "/config.json");
+    if (!w) return fail(w.err());
+    hf_weights = w.value();
+    // Its own tokenizer files (tokenizer.json, or GPT-2's encoder.json and vocab.bpe).
+    if (tok_dir.empty()) tok_dir = a.checkpoint;
+    load_weights = [&](kernels::backend& be, model::chunk& net) {
+      return model::hf::load_chunk(*hf_weights, be, m, net);
+    };
+  } else {
+    auto dir = model::checkpoint::resolve(a.checkpoint);
+    if (!dir) return fail(dir.err());
+    auto opened = model::checkpoint::reader::open(dir.value());
+    if (!opened) return fail(opened.err());
+    ck.emplace(std::move(opened.value()));
+    auto cfg = core::parse_config(ck->info().config_toml, dir.value() + "/manifest.json");
+    if (!cfg) return fail(cfg.err());
+    m = cfg->model;
+    run = cfg->runtime;
+    source = dir.value();
+    if (tok_dir.empty()) tok_dir = cfg->data.tokenizer_spec();
+    run_cfg = cfg.value();
+    load_weights = [&](kernels::backend& be, model::chunk& net) {
+      // A LoRA checkpoint holds the trainable weights; the frozen base is the run's starting
+      // point: its seeded initialisation, or model.init's weights.
+      if (!net.frozen_params().empty()) {
+        net.init(run_cfg.train.seed);
+        if (auto st = model::hf::load_frozen_base(run_cfg, be, net); !st) return st;
+      }
+      return model::checkpoint::restore(*ck, be, m, net, nullptr);
+    };
+  }
 
-  std::string tok_dir = a.tokenizer_dir;
-  if (tok_dir.empty()) tok_dir = cfg->data.tokenizer_spec();
   if (tok_dir.empty()) tok_dir = model::tokenizer::default_dir;
   auto loaded = model::load_tokenizer(tok_dir);
-  if (!loaded) return fail(loaded.err());
+  if (!loaded) {
+    core::error e = loaded.err();
+    if (a.tokenizer_dir.empty() && hf_weights)
+      e.hint = "the model directory holds no tokenizer troupe reads (tokenizer.json, or GPT-2's "
+               "encoder.json and vocab.bpe); pass one with --tokenizer, e.g. --tokenizer data/gpt2";
+    return fail(e);
+  }
   const model::text_tokenizer& tok = *loaded.value();
 
-  const std::string device = a.device.empty() ? cfg->runtime.device : a.device;
+  const std::string device = a.device.empty() ? run.device : a.device;
   if (device == "cpu" && precision != core::precision_kind::fp32)
     return fail(core::error::make("--dtype " + a.dtype + " on the cpu device",
                                   "the cpu backend computes in fp32; use --dtype fp32 or "
@@ -263,8 +308,8 @@ int run_generate(const generate_args& a) {
   }
   if (auto st = model::check_prompts(m, prompts); !st) return fail(st.err());
 
-  kernels::set_cpu_threads(cfg->runtime.threads);
-  kernels::set_gemm_tune_file(cfg->runtime.gemm_tune_file);
+  kernels::set_cpu_threads(run.threads);
+  kernels::set_gemm_tune_file(run.gemm_tune_file);
   std::unique_ptr<kernels::backend> be;
   try {
     be = kernels::make_backend(device);
@@ -273,11 +318,8 @@ int run_generate(const generate_args& a) {
                                   "use --device cpu, or cuda on a machine with a GPU"));
   }
   model::chunk net(m, model::partition(m, 1)[0], *be, precision);
-  // A LoRA checkpoint holds the trainable weights; the frozen base is remade from the seed.
-  if (!net.frozen_params().empty()) net.init(cfg->train.seed);
-  if (auto st = model::checkpoint::restore(ck.value(), *be, m, net, nullptr); !st)
-    return fail(st.err());
-  if (auto st = check_finite(net, *be, dir.value()); !st) return fail(st.err());
+  if (auto st = load_weights(*be, net); !st) return fail(st.err());
+  if (auto st = check_finite(net, *be, source); !st) return fail(st.err());
 
   model::generate_options o;
   o.max_new_tokens = a.max_new_tokens;
@@ -335,7 +377,8 @@ int run_generate(const generate_args& a) {
 const command_registrar reg{command{
     "generate", "Continue prompts with a checkpoint (KV cache, batched)", [](CLI::App& app) {
       auto a = std::make_shared<generate_args>();
-      app.add_option("checkpoint", a->checkpoint, "checkpoint directory or run directory")
+      app.add_option("checkpoint", a->checkpoint,
+                     "checkpoint directory, run directory or Hugging Face model directory")
           ->required();
       app.add_option("--prompt", a->prompts, "text to continue (repeat for a batch)");
       app.add_option("--prompts", a->prompts_file,

@@ -217,3 +217,33 @@ TEST_CASE("generate reads tokenizer.json vocabularies: a LLaMA model with the LL
   }
   if (tried == 0) MESSAGE("no LLaMA tokenizer files: nothing checked");
 }
+
+TEST_CASE("generate continues from a Hugging Face directory exactly as from the checkpoint it was exported from") {
+  for (auto arch : {troupe::core::arch_kind::gpt2, troupe::core::arch_kind::llama}) {
+    CAPTURE(static_cast<int>(arch));
+    scratch_dir dir("cli_generate_hf");
+    const std::string ck = write_model(dir, arch);
+    auto exported = run_troupe(dir.path, {"export", ck, "--out", dir / "hf"}, 120s);
+    REQUIRE_MESSAGE(exported.code == 0, exported.err);
+    const std::vector<std::string> rest = {"--prompt", "Hello", "--prompt", "The sea was",
+                                           "--temperature", "0", "--max-new-tokens", "8",
+                                           "--tokenizer", kVocab};
+    std::vector<std::string> from_ck = {"generate", ck}, from_hf = {"generate", dir / "hf"};
+    from_ck.insert(from_ck.end(), rest.begin(), rest.end());
+    from_hf.insert(from_hf.end(), rest.begin(), rest.end());
+    auto a = run_troupe(dir.path, from_ck, 60s), b = run_troupe(dir.path, from_hf, 60s);
+    REQUIRE_MESSAGE(a.code == 0, a.err);
+    REQUIRE_MESSAGE(b.code == 0, b.err);
+    CHECK(b.out == a.out);
+    CHECK(a.out.size() > std::string("Hello\nThe sea was\n").size());
+  }
+  // A directory without a tokenizer troupe reads is refused with a hint when none is given.
+  scratch_dir dir("cli_generate_hf_tok");
+  const std::string ck = write_model(dir);
+  REQUIRE(run_troupe(dir.path, {"export", ck, "--out", dir / "hf"}, 120s).code == 0);
+  for (const char* f : {"tokenizer.json", "encoder.json", "vocab.bpe"})
+    std::filesystem::remove(dir.path / "hf" / f);
+  auto r = run_troupe(dir.path, {"generate", dir / "hf", "--prompt", "Hi"}, 60s);
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, "pass one with --tokenizer"));
+}
