@@ -206,10 +206,10 @@ int main(int argc, char** argv) {
            dx = be->empty({N, 3 * C}, dtype::f32);
     const double bytes = 2.0 * N * 3 * C * 4;
     add("rope forward (q,k)", "[1024,384] 8 of 12 heads",
-        time_ms(reps, [&] { be->rope_forward(qkv, T, 3 * H, 2 * H, D, kernels::rope_spec{}, y); }), bytes, true,
+        time_ms(reps, [&] { be->rope_forward(qkv, T, 3 * H, 2 * H, D, troupe::kernels::rope_spec{}, y); }), bytes, true,
         0);
     add("rope backward (q,k)", "[1024,384] 8 of 12 heads",
-        time_ms(reps, [&] { be->rope_backward(y, T, 3 * H, 2 * H, D, kernels::rope_spec{}, dx); }), 1.5 * bytes,
+        time_ms(reps, [&] { be->rope_backward(y, T, 3 * H, 2 * H, D, troupe::kernels::rope_spec{}, dx); }), 1.5 * bytes,
         true, 0);
     const troupe::kernels::attention_dims d{B, T, H, H, D};
     tensor out = be->empty({N, C}, dtype::f32), lse = be->empty({B, H, T}, dtype::f32),

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/files.hpp"
+#include "kernels/select.hpp"
 #include "model/checkpoint.hpp"
 #include "model/params.hpp"
 #include "model/safetensors.hpp"
@@ -505,14 +506,34 @@ core::result<core::tensor> weights::load(const std::string& name, const core::sh
              " after the Conv1D transpose (stored [in, out] " + core::shape_string(t->shape()) + ")");
 }
 
+namespace {
+bool is_adapter(const std::string& name) {
+  auto ends = [&](const char* tail) {
+    const std::string t = tail;
+    return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+  };
+  return ends(".lora_A.weight") || ends(".lora_B.weight");
+}
+}  // namespace
+
+core::status load_frozen_base(const core::config& cfg, kernels::backend& be, chunk& c) {
+  if (cfg.model.init.empty() || c.frozen_params().empty()) return {};
+  auto w = weights::open(cfg.model.init, cfg.model, cfg.source);
+  if (!w) return w.err();
+  return load_chunk(*w.value(), be, cfg.model, c);
+}
+
 core::status load_chunk(const weights& w, kernels::backend& be, const core::model_config& cfg,
                         chunk& c) {
-  for (const param_info& p : c.params()) {
-    // A tied head starts as the embedding (open() checked the source is tied too).
-    auto t = w.load(p.tied ? embedding_name(cfg) : p.name, p.shape);
-    if (!t) return t.err();
-    tensor dst = c.param(p.name);
-    be.copy(t.value(), dst);
+  for (const auto* list : {&c.params(), &c.frozen_params()}) {
+    for (const param_info& p : *list) {
+      if (is_adapter(p.name)) continue;
+      // A tied head starts as the embedding (open() checked the source is tied too).
+      auto t = w.load(p.tied ? embedding_name(cfg) : p.name, p.shape);
+      if (!t) return t.err();
+      tensor dst = c.param(p.name);
+      be.copy(t.value(), dst);
+    }
   }
   c.params_updated();
   return {};
@@ -579,6 +600,20 @@ core::result<std::pair<core::config, param_map>> read_checkpoint(const std::stri
                                 (fs::path(dir.value()) / "manifest.json").string());
   if (!cfg) return cfg.err();
   param_map params;
+  if (cfg->model.lora.partial()) {
+    // The checkpoint holds the trainable weights (adapters included); the frozen base is the
+    // run's starting point, remade as the run made it.
+    auto be = kernels::make_backend("cpu");
+    chunk c(cfg->model, partition(cfg->model, 1)[0], *be);
+    c.init(cfg->train.seed);
+    if (auto st = load_frozen_base(cfg.value(), *be, c); !st) return st.err();
+    if (auto st = checkpoint::restore(ck.value(), *be, cfg->model, c, nullptr); !st)
+      return st.err();
+    for (const auto* list : {&c.params(), &c.frozen_params()})
+      for (const param_info& p : *list)
+        if (!p.tied) params[p.name] = c.param(p.name).clone();
+    return std::pair<core::config, param_map>{std::move(cfg.value()), std::move(params)};
+  }
   for (const param_def& d : define_params(cfg->model, chunk_spec{0, cfg->model.num_layers, true, true})) {
     if (d.info.tied) continue;
     auto t = ck->load(d.info.name);

@@ -73,10 +73,17 @@ class weights {
   std::unique_ptr<impl> p_;
 };
 
-/// Copies every parameter of `c` from `w` (tied head copies included) and calls
-/// c.params_updated(). Loads only the chunk's own tensors.
+/// Copies every base parameter of `c` from `w` — trainable and, under [lora], frozen; tied head
+/// copies included; LoRA adapters keep their initialisation — and calls c.params_updated().
+/// Loads only the chunk's own tensors.
 core::status load_chunk(const weights& w, kernels::backend& be, const core::model_config& cfg,
                         chunk& c);
+
+/// The frozen base of a LoRA chunk restored from a checkpoint (which holds the trainable weights
+/// only): when cfg.model.init is set and `c` has frozen weights, loads them (with load_chunk)
+/// from there; otherwise leaves the seeded initialisation already in `c`. Call before restoring
+/// the checkpoint into `c`.
+core::status load_frozen_base(const core::config& cfg, kernels::backend& be, chunk& c);
 
 /// Troupe-named fp32 host parameters of a whole model, the tied LM-head copy left out (as a
 /// checkpoint stores them). The transformation point of `troupe export`: whatever rewrites
@@ -112,8 +119,9 @@ core::result<export_options> tokenizer_export(const core::config& run, const cor
 /// "5GB", "500MB", "10GiB", "1000" (bytes) as bytes; decimal units as transformers reads them.
 core::result<std::uint64_t> parse_size(const std::string& text);
 
-/// Every stored parameter of a troupe checkpoint directory (see checkpoint::resolve) with its
-/// model config; fp32 host tensors.
+/// Every parameter of the model a troupe checkpoint directory (see checkpoint::resolve) holds,
+/// with its config; fp32 host tensors. Under [lora] that is the trainable weights from the
+/// checkpoint (adapters included) and the frozen base as the run started from it.
 core::result<std::pair<core::config, param_map>> read_checkpoint(const std::string& path);
 
 /// Writes a Hugging Face model directory `dir` (created; files in it replaced) from `params`.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/files.hpp"
+#include "model/hf.hpp"
 #include "model/params.hpp"
 #include "model/safetensors.hpp"
 
@@ -36,8 +37,29 @@ base_identity identify_base(const core::config& cfg) {
   base_identity id;
   const auto defs = define_frozen_params(cfg.model, partition(cfg.model, 1)[0]);
   if (defs.empty()) return id;
-  id.source = "seed " + std::to_string(cfg.train.seed);
   std::string lines;
+  if (!cfg.model.init.empty()) {
+    // The base is model.init's weights (hf::load_frozen_base).
+    id.source = "model.init " + cfg.model.init;
+    auto w = hf::weights::open(cfg.model.init, cfg.model, cfg.source);
+    if (!w) {
+      id.source += " (unreadable: " + w.err().message + ")";
+      return id;
+    }
+    for (const auto& d : defs) {
+      auto t = w.value()->load(d.info.tied ? embedding_name(cfg.model) : d.info.name, d.info.shape);
+      if (!t) {
+        id.source += " (unreadable: " + t.err().message + ")";
+        id.xxh64.clear();
+        return id;
+      }
+      lines += d.info.name + " " +
+               safetensors::hex64(safetensors::xxh64(t->data<float>(), static_cast<std::size_t>(t->numel()) * sizeof(float))) + "\n";
+    }
+    id.xxh64 = safetensors::hex64(safetensors::xxh64(lines.data(), lines.size()));
+    return id;
+  }
+  id.source = "seed " + std::to_string(cfg.train.seed);
   std::vector<float> buf;
   for (const auto& d : defs) {
     buf.assign(static_cast<std::size_t>(d.info.numel), 0.0f);

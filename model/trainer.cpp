@@ -287,9 +287,11 @@ core::status trainer::load_init() {
 }
 
 core::status trainer::restore(const checkpoint::reader& ck) {
-  for (std::size_t i = 0; i < chunks_.size(); ++i)
+  for (std::size_t i = 0; i < chunks_.size(); ++i) {
+    if (auto st = hf::load_frozen_base(cfg_, be_, chunks_[i]); !st) return st;
     if (auto st = checkpoint::restore(ck, be_, cfg_.model, chunks_[i], &states_[i]); !st)
       return st;
+  }
   auto s = restore_loss_scaler(ck, cfg_.precision);
   if (!s) return s.err();
   scaler_ = s.value();

@@ -52,6 +52,7 @@ core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& c
     c.init(cfg.train.seed);
     c.set_recompute(cfg.recompute.mode);
     if (ck) {
+      if (auto st = model::hf::load_frozen_base(cfg, be, c); !st) return st.err();
       auto st = model::checkpoint::restore(*ck, be, cfg.model, c, nullptr);
       if (!st.ok()) return st.err();
     } else if (init) {

@@ -613,6 +613,8 @@ TEST_CASE("[lora]: bad keys are refused with the key, the valid names and a hint
       "\"down_proj\", \"norm\", \"lm_head\"]\n");
   CHECK(contains(all.message, "nothing would train"));
   CHECK(contains(parse_bad("[lora]\nrank = 2\nrnak = 3\n").message, "did you mean 'lora.rank'?"));
+}
+
 TEST_CASE("llama3 rope scaling keys: read for llama, refused for gpt2 and without rope_scaling") {
   const core::config c = parse_ok(
       "[model]\narch = \"llama\"\nrope_scaling = \"llama3\"\nrope_scaling_factor = 32.0\n"
