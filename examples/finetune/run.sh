@@ -54,7 +54,7 @@ else
     { tail -n 20 "$work/pretrain.out" >&2; die "pretraining failed"; }
   grep -E "^done" "$work/pretrain.out" || true
 fi
-run "$troupe" export "$base_run" --out "$work/base_hf" > "$work/export_base.out" 2>&1 ||
+run "$troupe" export "$base_run" --out "$work/base_hf" --tokenizer data/gpt2 > "$work/export_base.out" 2>&1 ||
   { cat "$work/export_base.out" >&2; die "troupe export of the base failed"; }
 ls "$work/base_hf" | sed 's/^/  /'
 
@@ -101,7 +101,8 @@ python3 -c "import sys; sys.exit(0 if float('$last') < float('$first') else 1)" 
 
 echo
 echo "== 6. merge, export, and the task metric after"
-run "$troupe" export "$work/lora" --out "$work/merged_hf" --merge-lora > "$work/export_merged.out" 2>&1 ||
+run "$troupe" export "$work/lora" --out "$work/merged_hf" --merge-lora \
+  --peft "$work/peft_adapter" --tokenizer data/gpt2 > "$work/export_merged.out" 2>&1 ||
   { cat "$work/export_merged.out" >&2; die "troupe export --merge-lora failed"; }
 ls "$work/merged_hf" | sed 's/^/  /'
 score "$work/merged_hf" after
