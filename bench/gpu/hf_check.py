@@ -166,7 +166,7 @@ def main():
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, device {args.device}")
     case("gpt2", gpt2_model(), args, "5GB")
     case("llama", llama_model(), args, "100KB")
-    print(json.dumps({"hf_check": results}))
+    print(json.dumps({"hf_check": results}, default=sorted))  # key sets as sorted lists
     return 0 if all(r["ok"] for r in results) else 1
 
 

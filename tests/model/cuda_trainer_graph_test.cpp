@@ -100,6 +100,7 @@ TEST_CASE("cuda trainer on instruction data: the masked mean of the CPU trainer,
   core::config cfg = model::testing::tiny_run(tmp);
   model::testing::use_instruction_data(cfg, tmp);
   cfg.model.num_heads = 1;  // head_dim 32
+  cfg.model.num_kv_heads = 1;
   core::config gpu_cfg = cfg;
   gpu_cfg.runtime.device = "cuda";
   auto be_cpu = make_backend("cpu");
