@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/select.hpp"
+#include "model/hf.hpp"
 #include "model/params.hpp"
 
 namespace troupe::actors {
@@ -45,8 +46,12 @@ coordinator_engine::coordinator_engine(const core::config& cfg, job_layout layou
     eval_model_ = std::make_unique<model::chunk>(cfg_.model, model::partition(cfg_.model, 1)[0],
                                                  *be_, cfg_.precision.compute);
     // Snapshots carry the trainable parameters only; frozen base weights ([lora]) are the
-    // stages' own start, made the same way.
-    if (!eval_model_->frozen_params().empty()) eval_model_->init(cfg_.train.seed);
+    // stages' own start, made the same way: the seeded initialisation, or model.init's weights.
+    if (!eval_model_->frozen_params().empty()) {
+      eval_model_->init(cfg_.train.seed);
+      if (auto st = model::hf::load_frozen_base(cfg_, *be_, *eval_model_); !st)
+        setup_error_ = st.err();
+    }
   }
 }
 
@@ -67,6 +72,7 @@ void coordinator_engine::fail(core::error e) {
 void coordinator_engine::start(std::map<int, std::string> hosts) {
   if (phase_ != coordinator_phase::idle) return;
   hosts_ = std::move(hosts);
+  if (setup_error_) return fail(*setup_error_);
   model::run_start rs;
   rs.first_step = plan_.first_step;
   rs.end_step = plan_.end_step;

@@ -170,6 +170,7 @@ class coordinator_engine {
   // evaluation
   std::unique_ptr<kernels::backend> be_;
   std::unique_ptr<model::chunk> eval_model_;
+  std::optional<core::error> setup_error_;  // the evaluation model could not be made (model.init)
   std::map<int, core::tensor> snapshot_;
 
   // supervision
