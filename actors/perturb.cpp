@@ -38,13 +38,7 @@ core::tensor perturb_send(send_perturbation& p, const address& from, int src, co
   // A copy: the sender may still hold the tensor (a saved activation, a snapshot sent twice).
   core::tensor host = t.dev().is_cpu() ? t.clone() : host_view(t, be);
   static_cast<unsigned char*>(host.raw())[0] ^= 1u;
-  message_record r;
-  r.src = src;
-  r.dst = dst;
-  r.from = address_name(from);
-  r.to = address_name(to);
-  r.tag = tg;
-  r.op = p.op;
+  const message_record r = header_of(from, src, to, dst, tg);
   std::fprintf(stderr, "troupe: TROUPE_PERTURB_SEND=%s: flipped the lowest bit of byte 0 of %s\n",
                p.spec.c_str(), describe(r).c_str());
   std::fflush(stderr);

@@ -392,8 +392,8 @@ core::tensor host_view(const core::tensor& t, kernels::backend* be) {
   return be->to_host(t);
 }
 
-message_record record_of(const address& from, int src, const address& to, int dst,
-                         const transport::tag& tg, const core::tensor& t, const sample_key* sample) {
+message_record header_of(const address& from, int src, const address& to, int dst,
+                         const transport::tag& tg) {
   message_record r;
   r.src = src;
   r.dst = dst;
@@ -401,6 +401,12 @@ message_record record_of(const address& from, int src, const address& to, int ds
   r.to = address_name(to);
   r.tag = tg;
   r.op = producer_of(from, to, tg);
+  return r;
+}
+
+message_record record_of(const address& from, int src, const address& to, int dst,
+                         const transport::tag& tg, const core::tensor& t, const sample_key* sample) {
+  message_record r = header_of(from, src, to, dst, tg);
   r.dtype = t.type();
   r.shape = t.shape();
   r.hash = tensor_hash(t);
@@ -429,13 +435,7 @@ void observe_send(message_sink& sink, const address& from, int src, const addres
     sink.sent(record_of(from, src, to, dst, tg, host, sample), host);
     return;
   }
-  message_record r;
-  r.src = src;
-  r.dst = dst;
-  r.from = address_name(from);
-  r.to = address_name(to);
-  r.tag = tg;
-  r.op = producer_of(from, to, tg);
+  message_record r = header_of(from, src, to, dst, tg);
   r.dtype = t.type();
   r.shape = t.shape();
   if (sample) r.sample = *sample;

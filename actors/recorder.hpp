@@ -168,6 +168,9 @@ class message_sink {
 /// The message hash of a host tensor's bytes, as the logs hold it.
 std::uint64_t tensor_hash(const core::tensor& t);
 
+/// A record naming the message (who sent what to whom, under which tag and op); no tensor facts.
+message_record header_of(const address& from, int src, const address& to, int dst,
+                         const transport::tag& tg);
 /// The record of tensor `t` (host bytes) that `from` on worker `src` sends `to` on `dst`.
 message_record record_of(const address& from, int src, const address& to, int dst,
                          const transport::tag& tg, const core::tensor& t, const sample_key* sample);

@@ -1,8 +1,7 @@
 """The PyTorch CPU baseline for configs/tiny.toml's model: train a small GPT-2 on N threads for a
 wall-clock budget and print train loss, validation loss and tokens/s.
 
-The model matches troupe's GPT-2 (pre-LayerNorm blocks, causal attention, tanh-GELU MLP of width
-4C, learned positions, the head tied to the 50257-token embedding, N(0, 0.02) weights); AdamW with
+The model is troupe's GPT-2 (bench/torch_models.py) with the 50257-token vocabulary; AdamW with
 weight decay 0.1, fp32. Batches are B random windows of T + 1 tokens. The token file is either a
 troupe / llm.c shard (`troupe data prepare` writes them: a 1024-byte header, then uint16 tokens)
 or raw uint16 tokens; its first twentieth is the validation split.
@@ -15,8 +14,8 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+from torch_models import GPT2
 
 VOCAB = 50257
 SHARD_MAGIC = 20240520
@@ -28,44 +27,6 @@ def load_tokens(path):
     if raw.size >= SHARD_HEADER_BYTES and raw[:4].view(np.int32)[0] == SHARD_MAGIC:
         raw = raw[SHARD_HEADER_BYTES:]
     return torch.from_numpy(raw.view(np.uint16).astype(np.int64))
-
-
-class Block(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.fc2 = nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        split = lambda z: z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        q, k, v = (split(z) for z in self.qkv(self.ln1(x)).split(c, 2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class GPT2(nn.Module):
-    def __init__(self, layers, width, heads, seq):
-        super().__init__()
-        self.wte = nn.Embedding(VOCAB, width)
-        self.wpe = nn.Embedding(seq, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.lnf = nn.LayerNorm(width)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0, 0.02)
-
-    def forward(self, tokens):
-        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        return self.lnf(x) @ self.wte.weight.T  # the tied head
 
 
 def main():
@@ -86,7 +47,7 @@ def main():
     tokens = load_tokens(a.tokens)
     n_val = len(tokens) // 20
     val, train = tokens[:n_val], tokens[n_val:]
-    model = GPT2(a.layers, a.hidden, a.heads, a.seq)
+    model = GPT2(VOCAB, a.layers, a.hidden, a.heads, a.seq)
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
     gen = torch.Generator().manual_seed(1)
 
@@ -97,7 +58,7 @@ def main():
         return x, y
 
     def loss_of(x, y):
-        return F.cross_entropy(model(x).view(-1, VOCAB), y.view(-1))
+        return model(x, y)
 
     def evaluate(batches=8):
         model.eval()

@@ -137,6 +137,15 @@ std::string with_commas(std::int64_t v) {
 
 bool is_jsonl(const std::string& path) { return fs::path(path).extension() == ".jsonl"; }
 
+// Creates the output folder of `troupe data prepare`; false (reported) when it cannot.
+bool make_output_folder(const std::string& out) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (!ec) return true;
+  print_error(core::error::at_file(out, "cannot create output folder: " + ec.message()).to_string());
+  return false;
+}
+
 /// A tokenizer as the templates see it. Text is encoded with special tokens read as plain text, so
 /// a prompt that spells "<|eot_id|>" cannot end a turn; the template's own special tokens are
 /// looked up by name. The end of a plain-template response is the tokenizer's EOS; padding is its
@@ -233,13 +242,8 @@ int run_prepare_instructions(const prepare_args& a) {
                     .to_string());
     return 1;
   }
+  if (!make_output_folder(a.out)) return 1;
   std::error_code ec;
-  fs::create_directories(a.out, ec);
-  if (ec) {
-    print_error(core::error::at_file(a.out, "cannot create output folder: " + ec.message())
-                    .to_string());
-    return 1;
-  }
   const model::row_layout layout{opt.seq_length + 1, opt.packing, static_cast<int>(opt.tmpl),
                                  codec.pad};
   const std::string train_path = (fs::path(a.out) / "train.bin").string();
@@ -331,13 +335,8 @@ int run_prepare(const prepare_args& a) {
     print_error(files.err().to_string());
     return 1;
   }
+  if (!make_output_folder(a.out)) return 1;
   std::error_code ec;
-  fs::create_directories(a.out, ec);
-  if (ec) {
-    print_error(core::error::at_file(a.out, "cannot create output folder: " + ec.message())
-                    .to_string());
-    return 1;
-  }
 
   std::uint64_t total_bytes = 0;
   for (const auto& f : files.value()) {

@@ -124,6 +124,12 @@ std::vector<char32_t> code_points(std::string_view s, bool* ok) {
   return out;
 }
 
+std::string_view as_valid_utf8(std::string_view text, std::string& storage) {
+  if (is_valid_utf8(text)) return text;
+  storage = valid_utf8(text);
+  return storage;
+}
+
 std::string valid_utf8(std::string_view text, std::size_t* replaced) {
   std::string out;
   out.reserve(text.size());

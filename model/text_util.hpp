@@ -24,6 +24,8 @@ int utf8_sequence(const unsigned char* s, std::size_t n, int* bad, char32_t* cp 
 bool is_valid_utf8(std::string_view text);
 /// `text` with every maximal ill-formed subsequence replaced by U+FFFD; `replaced` gets the count.
 std::string valid_utf8(std::string_view text, std::size_t* replaced = nullptr);
+/// `text` itself when it is valid UTF-8, else its repair (valid_utf8) kept in `storage`.
+std::string_view as_valid_utf8(std::string_view text, std::string& storage);
 void append_utf8(std::string& out, char32_t c);
 /// Code points of `s`; `ok` is false (and the result partial) when `s` is not well-formed UTF-8.
 std::vector<char32_t> code_points(std::string_view s, bool* ok);

@@ -212,10 +212,7 @@ core::result<tokenizer> tokenizer::load(const std::string& dir) {
 
 std::vector<int> tokenizer::encode(std::string_view text) const {
   std::string repaired;
-  if (!text::is_valid_utf8(text)) {
-    repaired = text::valid_utf8(text);
-    text = repaired;
-  }
+  text = text::as_valid_utf8(text, repaired);
   std::vector<int> out;
   out.reserve(text.size() / 3);
   p_->re->for_each_match(text, [&](std::size_t begin, std::size_t end) {

@@ -628,10 +628,7 @@ core::result<std::unique_ptr<text_tokenizer>> json_tokenizer::load(const std::st
 
 std::vector<int> json_tokenizer::encode(std::string_view text, specials_in_text specials) const {
   std::string repaired;
-  if (!text::is_valid_utf8(text)) {
-    repaired = text::valid_utf8(text);
-    text = repaired;
-  }
+  text = text::as_valid_utf8(text, repaired);
   std::vector<int> out;
   out.reserve(text.size() / 3);
   // Added tokens first: at each position the longest one that starts there (the list is sorted

@@ -18,6 +18,7 @@
 
 #include "report/assets.hpp"
 #include "schedules/lower.hpp"
+#include "schedules/render.hpp"
 #include "schedules/registry.hpp"
 #include "schedules/simulate.hpp"
 
@@ -343,18 +344,6 @@ std::string utc_now() {
   return buf;
 }
 
-std::string html_escape(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      default: out += ch;
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -379,7 +368,7 @@ std::string render_page(const std::vector<run_data>& runs, const page_options& o
   std::string names;
   for (const auto& r : runs) names += (names.empty() ? "" : ", ") + r.name;
   const std::map<std::string_view, std::string> fill = {
-      {"{{TITLE}}", html_escape("troupe report: " + names)},
+      {"{{TITLE}}", schedules::xml_escape("troupe report: " + names)},
       {"{{CSS}}", std::string(assets::css)},
       {"{{DATA}}", data},
       {"{{JS}}", std::string(assets::js)}};

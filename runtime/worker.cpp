@@ -69,6 +69,14 @@ caf::behavior node_actor(node_t* self, std::shared_ptr<job> j, int rank, local_a
                          std::shared_ptr<introductions> intros) {
   self->state.mine = mine;
   self->state.outcome = std::move(outcome);
+  // An exception in a handler (an introduction that cannot be stored, say) ends this worker with
+  // the reason rather than leaving the process waiting on an outcome that never comes.
+  self->set_exception_handler([self, rank](caf::scheduled_actor*, std::exception_ptr& e) {
+    settle(self, core::error::make("the node actor of worker rank " + std::to_string(rank) +
+                                       " failed: " + exception_text(e),
+                                   "this is a bug in troupe; the worker's log has the context"));
+    return caf::make_error(caf::exit_reason::user_shutdown);
+  });
   self->set_down_handler([self, j, rank](caf::down_msg& m) {
     if (m.source != j->coordinator.address()) return;
     if (m.reason == caf::exit_reason::normal || m.reason == caf::exit_reason::user_shutdown) {

@@ -14,19 +14,6 @@ std::string num(double x, const char* format = "%.6g") {
   return buf;
 }
 
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
-    }
-  }
-  return out;
-}
 
 std::string json_escape(const std::string& text) {
   std::string out;
@@ -129,9 +116,9 @@ std::string render_svg(const schedule& s, const simulation& sim, const std::stri
   char title[256];
   std::snprintf(title, sizeof title, "%s \u00b7 p=%d, m=%d, v=%d \u00b7 makespan %.4g \u00b7 bubble %.1f%%", s.name.c_str(),
                 s.stages, s.microbatches, s.virtual_stages, sim.makespan, 100 * sim.bubble);
-  o += "<text x=\"" + num(left) + "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" + escape(title) + "</text>\n";
+  o += "<text x=\"" + num(left) + "\" y=\"24\" font-size=\"16\" font-weight=\"bold\">" + xml_escape(title) + "</text>\n";
   if (!subtitle.empty())
-    o += "<text x=\"" + num(left) + "\" y=\"44\" font-size=\"12\" fill=\"#555\">" + escape(subtitle) + "</text>\n";
+    o += "<text x=\"" + num(left) + "\" y=\"44\" font-size=\"12\" fill=\"#555\">" + xml_escape(subtitle) + "</text>\n";
 
   for (int r = 0; r < p; ++r) {
     const double y = top + r * (row_h + gap);
@@ -149,7 +136,7 @@ std::string render_svg(const schedule& s, const simulation& sim, const std::stri
       const int local = t.op.chunk >= 0 ? t.op.chunk / s.stages : 0;
       o += "<rect x=\"" + num(x) + "\" y=\"" + num(by) + "\" width=\"" + num(w) + "\" height=\"" + num(h) +
            "\" fill=\"" + colour(t.op.kind, local, s.virtual_stages) +
-           "\" stroke=\"white\" stroke-width=\"1\"><title>" + escape(to_string(t.op)) + "  [" + num(t.start) +
+           "\" stroke=\"white\" stroke-width=\"1\"><title>" + xml_escape(to_string(t.op)) + "  [" + num(t.start) +
            ", " + num(t.end) + ")</title></rect>\n";
       if (is_compute(t.op.kind) && w >= 9) {
         const double font = std::min(13.0, std::max(8.0, w * 0.55));
@@ -182,7 +169,7 @@ std::string render_svg(const schedule& s, const simulation& sim, const std::stri
   double lx = left;
   auto legend_item = [&](const std::string& fill, const std::string& label) {
     o += "<rect x=\"" + num(lx) + "\" y=\"" + num(legend_y) + "\" width=\"14\" height=\"14\" fill=\"" + fill +
-         "\"/><text x=\"" + num(lx + 19) + "\" y=\"" + num(legend_y + 11) + "\" font-size=\"12\">" + escape(label) +
+         "\"/><text x=\"" + num(lx + 19) + "\" y=\"" + num(legend_y + 11) + "\" font-size=\"12\">" + xml_escape(label) +
          "</text>\n";
     lx += 30 + 7.0 * label.size();
   };
@@ -223,6 +210,20 @@ std::string render_trace(const schedule& s, const simulation& sim) {
   }
   o += "\n]}\n";
   return o;
+}
+
+std::string xml_escape(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += ch;
+    }
+  }
+  return out;
 }
 
 }  // namespace troupe::schedules

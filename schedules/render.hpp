@@ -15,4 +15,7 @@ std::string render_svg(const schedule& s, const simulation& sim, const std::stri
 /// The Chrome-trace JSON document ({"traceEvents": [...]}).
 std::string render_trace(const schedule& s, const simulation& sim);
 
+/// `text` with &, <, > and " escaped, for SVG/HTML text and attribute values.
+std::string xml_escape(const std::string& text);
+
 }  // namespace troupe::schedules

@@ -46,6 +46,23 @@ std::int64_t check_rope(const op_check& c, const tensor& x, const char* x_name, 
   return n;
 }
 
+// Turns the first rot_heads heads of one row of `width` elements by the angles (cs, sn) of the
+// row's position; the remaining heads are copied. xr == yr is allowed.
+void rotate_row(const float* xr, float* yr, const float* cs, const float* sn, int rot_heads,
+                int head_dim, std::int64_t width) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < rot_heads; ++h) {
+    const float* a = xr + h * head_dim;
+    float* b = yr + h * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float x1 = a[i], x2 = a[i + half];
+      b[i] = x1 * cs[i] - x2 * sn[i];
+      b[i + half] = x2 * cs[i] + x1 * sn[i];
+    }
+  }
+  if (yr != xr) std::copy(xr + rot_heads * head_dim, xr + width, yr + rot_heads * head_dim);
+}
+
 }  // namespace
 
 std::shared_ptr<const cpu_backend::rope_table> cpu_backend::rope_angles(int seq, int head_dim,
@@ -84,23 +101,9 @@ void cpu_backend::rope_forward(const tensor& x, int seq, int heads_total, int ro
   float* yp = y.data<float>();
   parallel_for(n, std::max<std::int64_t>(1, (1 << 14) / width),
                [&](std::int64_t r0, std::int64_t r1) {
-                 for (std::int64_t r = r0; r < r1; ++r) {
-                   const float* cs = table->cos.data() + (r % seq) * half;
-                   const float* sn = table->sin.data() + (r % seq) * half;
-                   const float* xr = xp + r * width;
-                   float* yr = yp + r * width;
-                   for (int h = 0; h < rot_heads; ++h) {
-                     const float* a = xr + h * head_dim;
-                     float* b = yr + h * head_dim;
-                     for (int i = 0; i < half; ++i) {
-                       const float x1 = a[i], x2 = a[i + half];
-                       b[i] = x1 * cs[i] - x2 * sn[i];
-                       b[i + half] = x2 * cs[i] + x1 * sn[i];
-                     }
-                   }
-                   if (yr != xr)
-                     std::copy(xr + rot_heads * head_dim, xr + width, yr + rot_heads * head_dim);
-                 }
+                 for (std::int64_t r = r0; r < r1; ++r)
+                   rotate_row(xp + r * width, yp + r * width, table->cos.data() + (r % seq) * half,
+                              table->sin.data() + (r % seq) * half, rot_heads, head_dim, width);
                });
 }
 
@@ -125,20 +128,9 @@ void cpu_backend::rope_forward_at(const tensor& x, const tensor& positions, int 
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   for (std::int64_t r = 0; r < n; ++r) {
-    const float* cs = table->cos.data() + static_cast<std::int64_t>(pos[r]) * half;
-    const float* sn = table->sin.data() + static_cast<std::int64_t>(pos[r]) * half;
-    const float* xr = xp + r * width;
-    float* yr = yp + r * width;
-    for (int h = 0; h < rot_heads; ++h) {
-      const float* a = xr + h * head_dim;
-      float* b = yr + h * head_dim;
-      for (int i = 0; i < half; ++i) {
-        const float x1 = a[i], x2 = a[i + half];
-        b[i] = x1 * cs[i] - x2 * sn[i];
-        b[i + half] = x2 * cs[i] + x1 * sn[i];
-      }
-    }
-    if (yr != xr) std::copy(xr + rot_heads * head_dim, xr + width, yr + rot_heads * head_dim);
+    const std::int64_t at = static_cast<std::int64_t>(pos[r]) * half;
+    rotate_row(xp + r * width, yp + r * width, table->cos.data() + at, table->sin.data() + at,
+               rot_heads, head_dim, width);
   }
 }
 

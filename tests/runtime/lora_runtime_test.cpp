@@ -89,17 +89,7 @@ TEST_CASE("lora: zero_stage 0, 1 and 2 are bit-identical and resume continues bi
   }
   auto cfg2 = base;
   cfg2.optimizer.zero_stage = 1;
-  cfg2.runtime.run_dir = tmp / "run2";
-  cfg2.checkpoint.dir = tmp / "run2/checkpoints";
-  actors::run_options first;
-  first.max_steps = 2;
-  auto half = actors_run(cfg2, first);
-  actors::run_options second;
-  second.resume = cfg2.runtime.run_dir;
-  auto rest = actors_run(cfg2, second);
-  half.losses.insert(half.losses.end(), rest.losses.begin(), rest.losses.end());
-  rest.losses = half.losses;
-  check_identical(rest, ref);
+  check_identical(resumed_run(cfg2, tmp / "run2", 2), ref);
 }
 
 TEST_CASE("lora: data_parallel 1 and 2 at the same global batch agree within 1e-5") {

@@ -91,19 +91,7 @@ TEST_CASE("resuming with dynamic loss scaling continues bit-identically, in both
   const int k = 9;
   REQUIRE(*whole.metrics[k].loss_scale != 3.4e38f);
 
-  auto cfg2 = cfg;
-  cfg2.runtime.run_dir = tmp / "run2";
-  cfg2.checkpoint.dir = tmp / "run2/checkpoints";
-  actors::run_options first;
-  first.max_steps = k;
-  auto half = actors_run(cfg2, first);
-  REQUIRE(half.losses.size() == static_cast<std::size_t>(k));
-  actors::run_options second;
-  second.resume = cfg2.runtime.run_dir;
-  auto rest = actors_run(cfg2, second);
-  half.losses.insert(half.losses.end(), rest.losses.begin(), rest.losses.end());
-  rest.losses = half.losses;
-  check_identical(rest, whole);
+  check_identical(resumed_run(cfg, tmp / "run2", k), whole);
 
   auto cfg3 = cfg;
   cfg3.parallel.pipeline_stage = 1;

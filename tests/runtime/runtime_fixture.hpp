@@ -68,6 +68,23 @@ inline outcome actors_run(const core::config& cfg, actors::run_options opt = {})
   return collect(actors::run_actor_job(cfg, opt), cfg);
 }
 
+/// `cfg` trained by the actor runtime in `run_dir` for `first_steps` steps, then resumed there to
+/// the end: the second part's outcome with the losses of both parts.
+inline outcome resumed_run(core::config cfg, const std::string& run_dir, int first_steps) {
+  cfg.runtime.run_dir = run_dir;
+  cfg.checkpoint.dir = run_dir + "/checkpoints";
+  actors::run_options first;
+  first.max_steps = first_steps;
+  auto half = actors_run(cfg, first);
+  REQUIRE(half.losses.size() == static_cast<std::size_t>(first_steps));
+  actors::run_options second;
+  second.resume = cfg.runtime.run_dir;
+  auto rest = actors_run(cfg, second);
+  half.losses.insert(half.losses.end(), rest.losses.begin(), rest.losses.end());
+  rest.losses = std::move(half.losses);
+  return rest;
+}
+
 /// `cfg` trained by the single-rank loop (the oracle).
 inline outcome oracle_run(const core::config& cfg) {
   model::train_options opt;

@@ -83,19 +83,7 @@ TEST_CASE("training 2k steps equals training k, resuming and training k more") {
   auto cfg = pipeline_config(tmp, 2, 2);
   cfg.optimizer.zero_stage = 1;
   auto whole = actors_run(cfg);
-  auto cfg2 = cfg;
-  cfg2.runtime.run_dir = tmp / "run2";
-  cfg2.checkpoint.dir = tmp / "run2/checkpoints";
-  actors::run_options first;
-  first.max_steps = 2;
-  auto half = actors_run(cfg2, first);
-  REQUIRE(half.losses.size() == 2);
-  actors::run_options second;
-  second.resume = cfg2.runtime.run_dir;
-  auto rest = actors_run(cfg2, second);
-  half.losses.insert(half.losses.end(), rest.losses.begin(), rest.losses.end());
-  rest.losses = half.losses;
-  check_identical(rest, whole);
+  check_identical(resumed_run(cfg, tmp / "run2", 2), whole);
 }
 
 TEST_CASE("data_parallel 1, 2 and 4 at the same global batch agree within 1e-5") {
