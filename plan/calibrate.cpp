@@ -12,6 +12,29 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// Seconds per call of `once`, after warming up for `warm` seconds (a GPU idle before it runs at
+// a lower clock for a while), timed over at least `repeats` calls and `span` seconds.
+template <class F>
+double time_per_call(F&& once, kernels::backend& be, int repeats, double warm = 0.5,
+                     double span = 0.5) {
+  auto t0 = std::chrono::steady_clock::now();
+  int n = 0;
+  do {
+    once();
+    be.synchronize();
+    ++n;
+  } while (seconds_since(t0) < warm);
+  t0 = std::chrono::steady_clock::now();
+  n = 0;
+  do {
+    once();
+    ++n;
+    if (n >= repeats) be.synchronize();
+  } while (n < repeats || seconds_since(t0) < span);
+  be.synchronize();
+  return seconds_since(t0) / n;
+}
 }  // namespace
 
 core::result<calibration> calibrate(const core::config& cfg, int repeats) {
@@ -43,12 +66,7 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
       c.backward(0, {});
       c.release(0);
     };
-    once();
-    be->synchronize();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < repeats; ++i) once();
-    be->synchronize();
-    const double t = seconds_since(t0) / repeats;
+    const double t = time_per_call(once, *be, repeats);
     const double flops = 3 * forward_flops(cfg.model, layers, true, rows);
     const double overhead = 3.0 * forward_ops_per_layer(cfg.model) * layers * cal.op_overhead_s;
     cal.flops_per_s = flops / std::max(t - overhead, t / 2);
@@ -61,22 +79,14 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
     for (core::tensor* t : {&p, &g, &m, &v}) be->zero(*t);
     kernels::adamw_params ap;
     ap.lr = 1e-4f;
-    be->adamw(p, g, m, v, ap, low);
-    be->synchronize();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < repeats; ++i) be->adamw(p, g, m, v, ap, low);
-    be->synchronize();
-    cal.memory_bytes_per_s = 28.0 * static_cast<double>(n) / (seconds_since(t0) / repeats);
+    const double t_adamw = time_per_call([&] { be->adamw(p, g, m, v, ap, low); }, *be, repeats);
+    cal.memory_bytes_per_s = 28.0 * static_cast<double>(n) / t_adamw;
     // A copy of 64 MiB: the rate a tensor moves between two CPU stages. Between GPUs the link is
     // not the device's own memory: the default stays (no second device to time here).
     if (cal.device != "cpu") return cal;
     core::tensor dst = be->empty({n}, core::dtype::f32);
-    be->copy(p, dst);
-    be->synchronize();
-    t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < repeats; ++i) be->copy(p, dst);
-    be->synchronize();
-    cal.link_bytes_per_s = 4.0 * static_cast<double>(n) / (seconds_since(t0) / repeats);
+    const double t_copy = time_per_call([&] { be->copy(p, dst); }, *be, repeats, 0.1, 0.2);
+    cal.link_bytes_per_s = 4.0 * static_cast<double>(n) / t_copy;
   }
   return cal;
 }

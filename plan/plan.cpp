@@ -189,10 +189,14 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
   p.pipeline_s = sim.value().makespan;
   p.bubble = sim.value().bubble;
   if (o.one_device && l.workers() > 1) {
-    // One device runs every worker's work: no faster than all of it back to back.
-    double total = 0;
-    for (const auto& r : sim.value().ranks) total += r.compute;
-    p.pipeline_s = std::max(p.pipeline_s, total * l.dp);
+    // One device runs every worker's work and its streams fill each other's bubbles: the step is
+    // the whole model's forward and backward (every layer once, the head once) for every
+    // micro-batch of every replica, back to back.
+    core::config whole = cfg;
+    whole.parallel.pipeline_stage = 1;
+    whole.parallel.virtual_pipeline = 1;
+    const schedules::cost_model w = chunk_costs(whole, o.cal);
+    p.pipeline_s = (w.f + w.b) * l.microbatches * l.dp;
   }
   std::int64_t stage_elems = 0, shard_elems = 0;
   for (int pp = 0; pp < l.pp; ++pp) {

@@ -108,3 +108,24 @@ TEST_CASE("planned peak bytes per stage and shard match a CPU run within 10 %: Z
       compare(layout(tmp, arch, 2, 2, core::recompute_mode::none, zero));
     }
 }
+
+TEST_CASE("on one device the planned pipeline time is the whole model's work, whatever the split") {
+  // Every worker of `troupe train` shares the device, so moving layers between pipeline ranks
+  // moves work without adding any: the head is counted once, not once per chunk.
+  scratch_dir tmp("plan_one_device");
+  plan::plan_options po;
+  po.suggest = false;
+  double pp1 = 0;
+  for (int pp : {1, 2, 4}) {
+    INFO("pipeline_stage ", pp);
+    auto p = plan::make_plan(layout(tmp, core::arch_kind::gpt2, pp, 1, core::recompute_mode::none, 0), po);
+    REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.err().to_string()));
+    if (pp == 1) pp1 = p.value().pipeline_s;
+    CHECK(p.value().pipeline_s == doctest::Approx(pp1).epsilon(1e-12));
+  }
+  // One device per worker: the pipeline's makespan, shorter than the whole model's work.
+  po.one_device = false;
+  auto p4 = plan::make_plan(layout(tmp, core::arch_kind::gpt2, 4, 1, core::recompute_mode::none, 0), po);
+  REQUIRE(p4.ok());
+  CHECK(p4.value().pipeline_s < pp1);
+}
