@@ -23,6 +23,7 @@ struct stage_bundle {
 
 struct shard_bundle {
   std::unique_ptr<kernels::backend> be;
+  std::unique_ptr<kernels::backend> host;  // the CPU backend that updates offloaded state, or null
   std::unique_ptr<shard_engine> engine;
 };
 

@@ -7,24 +7,45 @@
 namespace troupe::actors {
 
 shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, int part,
-                           kernels::backend& be, std::vector<shard_chunk> chunks)
-    : cfg_(cfg), layout_(layout), pp_(pp), part_(part), be_(be), chunks_(std::move(chunks)) {
+                           kernels::backend& be, std::vector<shard_chunk> chunks,
+                           kernels::backend* host)
+    : cfg_(cfg), layout_(layout), pp_(pp), part_(part), be_(be),
+      host_(cfg.optimizer.offload ? host : nullptr), chunks_(std::move(chunks)) {
+  TROUPE_CHECK(!cfg.optimizer.offload || host_,
+               "shard(pp=" + std::to_string(pp_) + ", part=" + std::to_string(part_) +
+                   "): optimizer.offload needs a host backend for the optimizer state");
+  // Under offload the optimizer state is host memory the device backend can copy asynchronously.
+  auto state = [&](std::int64_t n) {
+    if (!host_) {
+      core::tensor t = be_.empty({n}, core::dtype::f32);
+      be_.zero(t);
+      return t;
+    }
+    core::tensor t = kernels::pinned_host(be_, *host_, {n}, core::dtype::f32);
+    host_->zero(t);
+    return t;
+  };
   for (auto& ch : chunks_) {
     auto [lo, hi] = layout_.shard_range(ch.initial.numel(), part_);
     ranges_.emplace_back(lo, hi);
-    core::tensor m = be_.empty({hi - lo}, core::dtype::f32);
+    core::tensor m = state(hi - lo);
     be_.wait_ready(ch.initial);  // the stage's backend wrote it (stage_engine records it ready)
     if (hi > lo) be_.copy(ch.initial.slice(lo, {hi - lo}), m);
     master_.push_back(m);
     core::tensor g = be_.empty({hi - lo}, core::dtype::f32);
     be_.zero(g);
     reduced_.push_back(g);
-    model::optimizer_state st{be_.empty({hi - lo}, core::dtype::f32),
-                              be_.empty({hi - lo}, core::dtype::f32)};
-    be_.zero(st.exp_avg);
-    be_.zero(st.exp_avg_sq);
-    moments_.push_back(st);
+    if (host_)
+      for (std::int64_t a = lo; a < hi; a += offload_piece)
+        pieces_.push_back(piece{ranges_.size() - 1, a, std::min(hi, a + offload_piece)});
+    moments_.push_back(model::optimizer_state{state(hi - lo), state(hi - lo)});
     ch.initial = {};  // only needed to seed the master slice
+  }
+  if (host_) {
+    std::int64_t largest = 0;
+    for (const piece& p : pieces_) largest = std::max(largest, p.end - p.begin);
+    const std::size_t n = std::min<std::size_t>(offload_ring, pieces_.size());
+    for (std::size_t k = 0; k < n; ++k) staging_.push_back(state(largest));
   }
   rebuild_slots();
 }
@@ -91,6 +112,7 @@ bool shard_engine::reduce(std::int64_t step) {
   }
   if (adopted) rebuild_slots();
   if (layout_.norm_contributor(part_)) {
+    // Under offload too the norm is taken of the device's reduced slices, by the same kernels.
     for (std::size_t i = 0; i < chunks_.size(); ++i) {
       std::vector<model::param_slot> mine;
       for (std::size_t s = 0; s < slots_.size(); ++s)
@@ -100,8 +122,49 @@ bool shard_engine::reduce(std::int64_t step) {
                                std::vector<std::int64_t>(s.words, s.words + core::exact_sum_words));
     }
   }
+  if (host_) {
+    // The first pieces start down to the host now, while the coordinator decides the step.
+    TROUPE_CHECK(copies_.empty(), "shard(pp=" + std::to_string(pp_) + ", part=" +
+                                      std::to_string(part_) +
+                                      "): host copies of the last step's gradients still pending");
+    next_piece_ = 0;
+    for (int k = 0; k < static_cast<int>(staging_.size()); ++k) copy_next_piece(k);
+  }
   reduced_step_ = step;
   return true;
+}
+
+void shard_engine::copy_next_piece(int buffer) {
+  if (next_piece_ >= pieces_.size()) return;
+  const piece& p = pieces_[next_piece_];
+  const std::int64_t lo = ranges_[p.chunk].first, n = p.end - p.begin;
+  core::tensor dst = staging_[buffer].slice(0, {n});
+  kernels::copy_to_host_async(be_, reduced_[p.chunk].slice(p.begin - lo, {n}), dst);
+  copies_.push_back(pending_copy{next_piece_, buffer, kernels::make_fence(be_)});
+  ++next_piece_;
+}
+
+std::vector<model::param_slot> shard_engine::piece_slots(const piece& pc,
+                                                         const core::tensor& staged) const {
+  std::vector<model::param_slot> out;
+  for (std::size_t s = 0; s < slots_.size(); ++s) {
+    if (slot_chunk_[s] != pc.chunk) continue;
+    const model::param_slot& sl = slots_[s];
+    const std::int64_t x = std::max(pc.begin, sl.info.offset);
+    const std::int64_t y = std::min(pc.end, sl.info.offset + sl.info.numel);
+    if (x >= y) continue;
+    const std::int64_t d = x - sl.info.offset;
+    model::param_slot p = sl;
+    p.info.offset = x;
+    p.info.numel = y - x;
+    p.info.shape = {y - x};
+    p.param = sl.param.slice(d, {y - x});
+    p.grad = staged.slice(x - pc.begin, {y - x});
+    p.exp_avg = sl.exp_avg.slice(d, {y - x});
+    p.exp_avg_sq = sl.exp_avg_sq.slice(d, {y - x});
+    out.push_back(std::move(p));
+  }
+  return out;
 }
 
 std::vector<std::pair<int, std::vector<std::int64_t>>> shard_engine::take_norm_parts() {
@@ -113,7 +176,25 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
   TROUPE_CHECK(reduced_step_ == step, "shard(pp=" + std::to_string(pp_) + ", part=" +
                                           std::to_string(part_) + ") asked to update step " +
                                           std::to_string(step) + " before its gradients arrived");
-  if (!skip) model::adamw_update_t(be_, slots_, cfg_.optimizer, lr, scale, adam_step);
+  if (host_) {
+    // Piece by piece as each copy lands, the freed buffer taking the next piece's copy; AdamW is
+    // element-wise, so the pieces give the bits of one update of the whole slice. A skipped step
+    // copies nothing more, but waits for the copies in flight: under one replica without ZeRO the
+    // device slice is the stage's gradient buffer, which it clears next step.
+    if (skip) next_piece_ = pieces_.size();
+    while (!copies_.empty()) {
+      pending_copy c = std::move(copies_.front());
+      copies_.pop_front();
+      c.landed->wait();
+      if (skip) continue;
+      const piece& pc = pieces_[c.piece];
+      std::vector<model::param_slot> slots = piece_slots(pc, staging_[c.buffer]);
+      model::adamw_update_t(*host_, slots, cfg_.optimizer, lr, scale, adam_step);
+      copy_next_piece(c.buffer);
+    }
+  } else if (!skip) {
+    model::adamw_update_t(be_, slots_, cfg_.optimizer, lr, scale, adam_step);
+  }
   for (std::size_t i = 0; i < chunks_.size(); ++i) {
     for (int d = 0; d < layout_.dp; ++d) {
       if (!layout_.shard_updates(part_, d)) continue;

@@ -3,17 +3,38 @@
 // layout.hpp for which slice under which ZeRO stage), sums the replicas' gradient slices in
 // replica order, reports per-block squared norms, and applies the coordinator's clip scale and
 // learning rate with the same optimizer code as the single-rank trainer (model/optimizer.hpp).
+//
+// Offload (optimizer.offload): the master slices and the moments live in page-locked host memory
+// (kernels/offload.hpp) and AdamW runs on the host backend (the CPU backend's vectorised,
+// multi-threaded adamw, whose bits equal the CUDA kernel's). Replicas' slices are still summed and
+// the norm blocks still computed on the device, by the same code as without offload, so the clip
+// and the skip-on-overflow decision see the same bits; right after, the summed slice is copied to
+// the host in pieces of `offload_piece` elements on the device stream, while the coordinator
+// decides, through a ring of `offload_ring` page-locked staging buffers of one piece each (so the
+// host holds 12 bytes per owned element, not 16). apply() updates each piece as soon as its copy
+// has landed and queues the copy of a later piece into the freed buffer, so the CPU update of one
+// piece overlaps the copies of the next ones; the stages copy the updated host slices back into
+// their parameters. On the CPU backend the copies are host-to-host and the code path is the same.
 #pragma once
 
+#include <deque>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "actors/layout.hpp"
 #include "actors/stage_engine.hpp"
+#include "kernels/offload.hpp"
 #include "model/optimizer.hpp"
 
 namespace troupe::actors {
+
+/// Elements per device-to-host copy of an offloaded gradient slice (16 MiB of fp32; a multiple of
+/// kernels::norm_block).
+inline constexpr std::int64_t offload_piece = std::int64_t{1} << 22;
+/// Staging buffers of offload_piece elements each: copies in flight while the host updates.
+inline constexpr int offload_ring = 4;
 
 /// What a shard needs to know about one chunk it holds a slice of.
 struct shard_chunk {
@@ -25,8 +46,10 @@ struct shard_chunk {
 
 class shard_engine {
  public:
+  /// REQUIRES: `host` (the backend that updates host memory: the CPU backend, or a meta backend
+  /// in a dry run) when cfg.optimizer.offload, outliving the engine; ignored otherwise.
   shard_engine(const core::config& cfg, job_layout layout, int pp, int part, kernels::backend& be,
-               std::vector<shard_chunk> chunks);
+               std::vector<shard_chunk> chunks, kernels::backend* host = nullptr);
 
   /// Stashes replica `replica`'s gradient slice (tag kind grad_slice); this shard's backend will
   /// wait for it.
@@ -48,11 +71,14 @@ class shard_engine {
   std::uint64_t peak_device_bytes() const { return be_.peak_memory_bytes(); }
   std::vector<outgoing> take_outgoing() { return std::exchange(out_, {}); }
 
-  /// Bytes of optimizer state held: master slice + two moments.
+  /// Bytes of optimizer state held: master slice + two moments (in host memory under offload).
   std::uint64_t state_bytes() const;
+  /// True when the master slices and moments live in host memory (optimizer.offload).
+  bool offloaded() const { return host_ != nullptr; }
   int part() const { return part_; }
   int pp() const { return pp_; }
-  /// Slots (master, reduced grad, moments) of every owned parameter slice, for checkpoints.
+  /// Slots (master, reduced grad, moments) of every owned parameter slice, for checkpoints; under
+  /// offload master and moments are host tensors and the gradient is the device's reduced slice.
   std::vector<model::param_slot>& slots() { return slots_; }
   /// The owned element range of chunk `i` (index into the constructor's list).
   std::pair<std::int64_t, std::int64_t> range(std::size_t i) const { return ranges_.at(i); }
@@ -62,16 +88,37 @@ class shard_engine {
   void rebuild_slots();
 
  private:
+  /// Offload: one piece of one chunk's owned range [begin, end) (elements of the chunk buffer).
+  struct piece {
+    std::size_t chunk;
+    std::int64_t begin, end;
+  };
+  /// The slots of piece `p` with their gradients in `staged` (the piece's host copy).
+  std::vector<model::param_slot> piece_slots(const piece& p, const core::tensor& staged) const;
+  /// Queues the host copy of pieces_[next_piece_] into staging buffer `buffer` (offload).
+  void copy_next_piece(int buffer);
+
   const core::config& cfg_;
   job_layout layout_;
   int pp_, part_;
   kernels::backend& be_;
+  kernels::backend* host_ = nullptr;              // non-null under offload
   std::vector<shard_chunk> chunks_;
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges_;
   std::vector<core::tensor> master_;              // per chunk: owned slice of the params
   std::vector<core::tensor> reduced_;             // per chunk: owned slice of the summed grads
   std::vector<model::optimizer_state> moments_;   // per chunk
   std::vector<model::param_slot> slots_;          // every owned parameter piece, in global order
+  // offload: the pieces in update order, the staging ring, and the copies in flight (in order)
+  std::vector<piece> pieces_;
+  std::vector<core::tensor> staging_;
+  struct pending_copy {
+    std::size_t piece;
+    int buffer;
+    std::unique_ptr<kernels::host_fence> landed;
+  };
+  std::deque<pending_copy> copies_;
+  std::size_t next_piece_ = 0;
   std::vector<std::size_t> slot_chunk_;           // chunk index of each slot
   std::map<std::pair<transport::tag, int>, core::tensor> stash_;
   std::int64_t reduced_step_ = -1;

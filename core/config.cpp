@@ -512,13 +512,6 @@ status resolve_and_check(config& c) {
                         "set data.val, or eval_interval = 0");
   // Keys that exist for configs written for other engines but have no second behaviour here are
   // refused rather than silently ignored.
-  if (c.optimizer.offload)
-    return config_error(c, "optimizer.offload",
-                        "optimizer offload (fp32 master weights and AdamW moments in host memory) "
-                        "is not implemented",
-                        "set optimizer.offload = false; to fit a larger model raise "
-                        "optimizer.zero_stage, set recompute.mode = \"full\" or add pipeline "
-                        "stages (`troupe plan CONFIG` shows what fits)");
   if (!c.runtime.deterministic)
     return config_error(c, "runtime.deterministic",
                         "runtime.deterministic = false is not supported: every kernel and every "

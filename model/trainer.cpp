@@ -343,6 +343,17 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
                   std::to_string(par.model_parallel) +
                   " as the same global batch on one rank (the actor runtime runs the layout)");
 
+  if (cfg.optimizer.offload) {
+    core::error e = core::error::make(
+        "optimizer.offload = true needs the actor runtime: its optimizer shards keep the master "
+        "weights and moments in host memory; the single-rank loop (--single-rank) keeps them on "
+        "the device",
+        "drop --single-rank (troupe train runs the actor runtime by default, with the same bits), "
+        "or set optimizer.offload = false");
+    e.where.file = cfg.source;
+    e.where.key = "optimizer.offload";
+    return e;
+  }
   kernels::set_cpu_threads(cfg.runtime.threads);
   kernels::set_gemm_tune_file(cfg.runtime.gemm_tune_file);
   std::unique_ptr<kernels::backend> be = kernels::make_backend(cfg.runtime.device);

@@ -112,7 +112,11 @@ double optimizer_seconds(const core::config& cfg, const calibration& cal,
   if (dp > 1)  // every replica's gradient slices go to their shards, parameters come back
     t += 2.0 * static_cast<double>(stage_elements) * 4 * (dp - 1) / dp / cal.link_bytes_per_s;
   // AdamW reads parameter, gradient and both moments and writes three of them back: 28 B/element.
-  t += 28.0 * static_cast<double>(shard_elements) / cal.memory_bytes_per_s;
+  const double n = static_cast<double>(shard_elements);
+  if (!cfg.optimizer.offload) return t + 28.0 * n / cal.memory_bytes_per_s;
+  const double link = cal.device == "cuda" ? offload_link_bytes_per_s : cal.memory_bytes_per_s;
+  const double adamw = cal.device == "cuda" ? host_adamw_bytes_per_s : cal.memory_bytes_per_s;
+  t += std::max(8.0 * n / link, 28.0 * n / adamw);
   return t;
 }
 

@@ -44,8 +44,19 @@ int forward_ops_per_layer(const core::model_config& m);
 /// comm for one activation between ranks.
 schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal);
 
+/// optimizer.offload's rates, defaults until the calibration measures them: the copies between
+/// device and pinned host memory (PCIe 5.0 x16 moves ~50 GB/s each way in theory; 20 GB/s is what
+/// one stream of 16 MiB pieces sustains in practice) and the host AdamW (28 B per element read and
+/// written by 16 cores: ~20 GB/s of a server's DRAM bandwidth). On the CPU device the copies are
+/// host memcpy at the calibration's memory rate.
+inline constexpr double offload_link_bytes_per_s = 2e10;
+inline constexpr double host_adamw_bytes_per_s = 2e10;
+
 /// Seconds of the optimizer's tail of a step on one pipeline rank: the gradient exchange between
-/// replicas and AdamW over the largest shard (`shard_elements` fp32 elements).
+/// replicas and AdamW over the largest shard (`shard_elements` fp32 elements). Under
+/// optimizer.offload AdamW runs on the host: the gradient slice goes down and the parameters come
+/// back (4 + 4 B per element at offload_link_bytes_per_s) overlapped piece by piece with the host
+/// AdamW (28 B per element at host_adamw_bytes_per_s), so the slower of the two counts.
 double optimizer_seconds(const core::config& cfg, const calibration& cal,
                          std::int64_t stage_elements, std::int64_t shard_elements);
 

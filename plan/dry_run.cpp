@@ -38,6 +38,7 @@ backend_peak peak_of(const kernels::meta_backend& be) { return {be.peak_bytes(),
 
 struct worker_parts {
   std::unique_ptr<kernels::meta_backend> stage_be, shard_be;
+  std::unique_ptr<kernels::meta_backend> host_be;  // optimizer.offload: the shard's host state
   std::unique_ptr<actors::stage_engine> stage;
   std::unique_ptr<actors::shard_engine> shard;
 };
@@ -102,7 +103,9 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
       for (int i = 0; i < l.v; ++i)
         sc.push_back(actors::shard_chunk{p + i * l.pp, chunks[i].params(), chunks[i].flat_params()});
       kernels::meta_backend::scope s(*wp.shard_be, "optimizer state");
-      wp.shard = std::make_unique<actors::shard_engine>(cfg, l, p, k, *wp.shard_be, std::move(sc));
+      if (cfg.optimizer.offload) wp.host_be = std::make_unique<kernels::meta_backend>(mo);
+      wp.shard = std::make_unique<actors::shard_engine>(cfg, l, p, k, *wp.shard_be, std::move(sc),
+                                                        wp.host_be.get());
     }
   for (auto& [k, wp] : w) wp.shard_be->set_classifier(classify(cfg.model, rows));
 
@@ -189,6 +192,7 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
   for (auto& [k, wp] : w) {
     out.stages[k] = peak_of(*wp.stage_be);
     out.shards[{k.second, k.first}] = peak_of(*wp.shard_be);
+    if (wp.host_be) out.shard_host[{k.second, k.first}] = wp.host_be->peak_bytes();
   }
   return out;
 }

@@ -30,6 +30,8 @@ struct backend_peak {
 struct dry_run_result {
   std::map<std::pair<int, int>, backend_peak> stages;  // (dp, pp)
   std::map<std::pair<int, int>, backend_peak> shards;  // (pp, part); shard (pp, k) is on worker (k, pp)
+  /// optimizer.offload: peak host bytes of each shard's offloaded state (pp, part); empty without.
+  std::map<std::pair<int, int>, std::uint64_t> shard_host;
   /// Static bytes of a stage (per pipeline rank): fp32 parameters, fp32 gradients, the
   /// low-precision working copy (0 in fp32), as the chunks allocate them.
   std::vector<std::uint64_t> params, grads, low;

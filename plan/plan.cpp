@@ -49,6 +49,7 @@ std::string describe(const job_plan& p) {
   if (p.v > 1) s << " (virtual " << p.v << ")";
   s << ", " << p.schedule << ", " << p.microbatches << " micro-batches of " << p.micro_batch_size
     << ", recompute " << p.recompute << ", ZeRO-" << p.zero_stage << ", " << p.precision;
+  if (p.offload) s << ", offload";
   return s.str();
 }
 
@@ -112,6 +113,7 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
   p.precision = precision_name(cfg.precision.compute);
   p.one_device = o.one_device;
   p.device_memory = o.device_memory;
+  p.offload = cfg.optimizer.offload;
   p.name = describe(p);
   p.calibration = o.cal.source;
 
@@ -137,8 +139,13 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
           add_term(r.terms, "activations and scratch", bytes);
         }
       }
+      if (cfg.optimizer.offload) r.host_bytes = d.shard_host.at({pp, dp});
       for (const auto& [label, bytes] : sh.split) {
-        if (label == "optimizer state") {
+        if (label == "optimizer state" && cfg.optimizer.offload) {
+          // master slice and moments are host memory (r.host_bytes): the summed-gradient slice
+          // is what stays on the device
+          add_term(r.terms, "reduced gradient slice", bytes);
+        } else if (label == "optimizer state") {
           // master slice, summed-gradient slice, two moments: four equal fp32 buffers
           add_term(r.terms, "fp32 master weights", bytes / 4);
           add_term(r.terms, "AdamW moments", bytes / 2);
@@ -161,6 +168,8 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
       r.peak_in_flight = in_flight.at(pp);
       p.ranks.push_back(std::move(r));
     }
+
+  for (const auto& r : p.ranks) p.host_need += r.host_bytes;
 
   // Devices: all workers on one, or one each.
   std::vector<memory_term> fullest;
@@ -203,7 +212,10 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
     stage_elems = std::max<std::int64_t>(stage_elems, d.params[pp] / 4);
     const auto& split = d.shards.at({pp, 0}).split;
     auto it = split.find("optimizer state");
-    if (it != split.end()) shard_elems = std::max<std::int64_t>(shard_elems, it->second / 16);
+    if (cfg.optimizer.offload)  // host: master slice and two moments (and a few staging pieces)
+      shard_elems = std::max<std::int64_t>(shard_elems, d.shard_host.at({pp, 0}) / 12);
+    else if (it != split.end())
+      shard_elems = std::max<std::int64_t>(shard_elems, it->second / 16);
   }
   p.optimizer_s = optimizer_seconds(cfg, o.cal, stage_elems, shard_elems);
   if (o.one_device) p.optimizer_s *= l.workers();
@@ -233,6 +245,9 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
                 c.parallel.micro_batch_size /= 2;
                 c.parallel.micro_batch_num *= 2;
               });
+    if (!cfg.optimizer.offload)
+      variant("--set optimizer.offload=true (optimizer state in host memory)",
+              [](core::config& c) { c.optimizer.offload = true; });
     const int pp2 = cfg.parallel.pipeline_stage * 2;
     if (!o.one_device && cfg.model.num_layers % (pp2 * cfg.parallel.virtual_pipeline) == 0 &&
         cfg.parallel.micro_batch_num * cfg.train.gradient_accumulation_steps >= pp2)
@@ -283,11 +298,20 @@ std::string render_text(const job_plan& p) {
   s << "memory: " << format_bytes(p.need) << " on the fullest device";
   if (p.device_memory) s << " of " << format_bytes(p.device_memory);
   s << "; largest term: " << p.largest_term << "\n";
+  if (p.offload) {
+    s << "host memory (optimizer.offload: fp32 master weights, AdamW moments, gradient staging, "
+         "page-locked): "
+      << format_bytes(p.host_need) << " in all";
+    for (const auto& r : p.ranks)
+      s << (r.dp == 0 && r.pp == 0 ? "; " : ", ") << "dp" << r.dp << "/pp" << r.pp << " "
+        << format_bytes(r.host_bytes);
+    s << "\n";
+  }
   if (p.device_memory) s << (p.fits ? "fits\n" : "DOES NOT FIT\n");
   if (!p.fits) {
     if (p.suggestions.empty())
-      s << "no single change of recompute, ZeRO stage, micro-batch size or pipeline stages fits; "
-           "optimizer.offload is not implemented\n";
+      s << "no single change of recompute, ZeRO stage, micro-batch size, pipeline stages or "
+           "optimizer.offload fits\n";
     for (const auto& g : p.suggestions)
       s << "  would fit: " << g.change << " -> " << format_bytes(g.need) << "\n";
   }
@@ -316,6 +340,7 @@ std::string render_json(const job_plan& p) {
     jr["stage_peak_bytes"] = r.stage_peak;
     jr["optimizer_peak_bytes"] = r.shard_peak;
     jr["reserve_bytes"] = r.reserve;
+    jr["host_bytes"] = r.host_bytes;
     jr["total_bytes"] = r.total();
     jr["saved_activation_bytes_per_microbatch"] = r.saved_per_microbatch;
     jr["peak_in_flight"] = r.peak_in_flight;
@@ -326,6 +351,8 @@ std::string render_json(const job_plan& p) {
   j["need_bytes"] = p.need;
   j["device_memory_bytes"] = p.device_memory;
   j["fits"] = p.fits;
+  j["offload"] = p.offload;
+  j["host_bytes"] = p.host_need;
   j["largest_term"] = p.largest_term;
   j["step_s"] = p.step_s;
   j["pipeline_s"] = p.pipeline_s;

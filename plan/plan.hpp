@@ -44,6 +44,9 @@ struct rank_plan {
   std::uint64_t stage_peak = 0;  // the stage backend's allocator peak (what metrics report)
   std::uint64_t shard_peak = 0;  // its optimizer shard's
   std::uint64_t reserve = 0;     // device context and allocator slack, beyond both peaks
+  /// optimizer.offload: host bytes of its shard's master slices and moments and its staging
+  /// buffers for gradient pieces (all page-locked); 0 without offload.
+  std::uint64_t host_bytes = 0;
   std::vector<memory_term> terms;  // the peaks split by kind, largest first
   std::uint64_t saved_per_microbatch = 0;  // one micro-batch's saved activations (all chunks)
   int peak_in_flight = 0;                  // the schedule's most micro-batches in flight
@@ -65,6 +68,8 @@ struct job_plan {
   std::vector<rank_plan> ranks;
   std::uint64_t device_memory = 0;  // 0 = unknown
   std::uint64_t need = 0;           // bytes on the fullest device
+  bool offload = false;             // optimizer.offload
+  std::uint64_t host_need = 0;      // offload: host bytes of every rank's optimizer state
   bool fits = true;
   std::string largest_term;         // on the fullest device
   // Time (seconds): the simulated pipeline, the optimizer's tail, the step.

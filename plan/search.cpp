@@ -1,6 +1,6 @@
 // The layout search of `troupe plan --search`: every data_parallel × pipeline_stage split of the
 // devices, micro-batch size (and so count, at the config's global batch), schedule, virtual
-// stages, recompute mode and ZeRO stage; each candidate is planned (dry run + simulator) and the
+// stages, recompute mode, ZeRO stage and (where it does not fit without) optimizer offload; each candidate is planned (dry run + simulator) and the
 // fastest that fit are kept.
 #include <algorithm>
 #include <map>
@@ -28,7 +28,9 @@ std::uint64_t static_bound(const core::config& c) {
       frozen += model::flat_numel(model::define_frozen_params(c.model, specs[p + i * pp]));
     }
     const std::uint64_t shard = c.optimizer.zero_stage == 0 ? n : n / c.parallel.data_parallel;
-    worst = std::max(worst, n * (8 + low) + frozen * (4 + low) + shard * 16);
+    // under offload only the shard's summed-gradient slice stays on the device
+    worst = std::max(worst, n * (8 + low) + frozen * (4 + low) +
+                                shard * (c.optimizer.offload ? 4 : 16));
   }
   return worst;
 }
@@ -87,10 +89,6 @@ core::result<search_result> search(const core::config& base, const search_option
             c.recompute.mode = rc;
             c.optimizer.zero_stage = z;
             c.runtime.device = "cuda";
-            if (o.device_memory && static_bound(c) > o.device_memory) {
-              why["parameters, gradients and optimizer state alone do not fit"] += 1;
-              continue;
-            }
             plan_options po;
             po.device_memory = o.device_memory;
             po.one_device = false;
@@ -98,16 +96,29 @@ core::result<search_result> search(const core::config& base, const search_option
             po.suggest = false;
             po.dry_run_steps = 1;
             po.dry_run_microbatches = std::max(8, 4 * pp * s.v);
-            auto p = make_plan(c, po);
-            if (!p.ok()) {
-              why["schedule does not apply (" + s.name + ")"] += 1;
-              continue;
+            // Offload only saves device memory and costs time: it is tried where the layout
+            // without it does not fit.
+            for (bool offload : {false, true}) {
+              if (offload) ++r.considered;
+              c.optimizer.offload = offload;
+              if (o.device_memory && static_bound(c) > o.device_memory) {
+                why[offload ? "parameters and gradients alone do not fit, even with offload"
+                            : "parameters, gradients and optimizer state alone do not fit"] += 1;
+                continue;
+              }
+              auto p = make_plan(c, po);
+              if (!p.ok()) {
+                why["schedule does not apply (" + s.name + ")"] += 1;
+                break;
+              }
+              if (!p.value().fits) {
+                why["does not fit (largest term: " + p.value().largest_term + ")" +
+                    (offload ? " with offload" : "")] += 1;
+                continue;
+              }
+              fit.push_back(std::move(p.value()));
+              break;
             }
-            if (!p.value().fits) {
-              why["does not fit (largest term: " + p.value().largest_term + ")"] += 1;
-              continue;
-            }
-            fit.push_back(std::move(p.value()));
           }
         }
       }
@@ -131,8 +142,8 @@ core::result<search_result> search(const core::config& base, const search_option
 std::string render_search(const search_result& r, const search_options& o) {
   std::ostringstream s;
   s << "search: " << o.gpus << " device(s) of " << format_bytes(o.device_memory) << ", "
-    << r.considered << " layouts considered (tensor parallel: not implemented; offload: not "
-    << "implemented)\n";
+    << r.considered << " layouts considered (tensor parallel: not implemented; offload: tried "
+    << "where a layout does not fit without it)\n";
   int i = 0;
   char line[512];
   for (const auto& p : r.best) {

@@ -89,7 +89,8 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
   stage_engine stage(cfg, l, d, p, sched->ranks.at(p), *be, std::move(chunks.value()),
                      stage_engine::clock::now());
   stage.set_data(data);
-  auto shard_or = build_shard(cfg, l, p, d, *be, stage.chunks(), ck ? &*ck : nullptr);
+  auto host_be = make_host_backend(cfg);
+  auto shard_or = build_shard(cfg, l, p, d, *be, stage.chunks(), ck ? &*ck : nullptr, host_be.get());
   if (!shard_or) return shard_or.err();
   shard_engine& shard = *shard_or.value();
 

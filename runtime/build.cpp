@@ -1,6 +1,7 @@
 #include "runtime/build.hpp"
 
 #include "model/hf.hpp"
+#include "kernels/select.hpp"
 #include "model/params.hpp"
 #include "schedules/lower.hpp"
 #include "schedules/registry.hpp"
@@ -68,13 +69,14 @@ core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
                                                         const job_layout& l, int pp, int part,
                                                         kernels::backend& be,
                                                         std::vector<model::chunk>& owner,
-                                                        const model::checkpoint::reader* ck) {
+                                                        const model::checkpoint::reader* ck,
+                                                        kernels::backend* host) {
   std::vector<shard_chunk> sc;
   for (int i = 0; i < l.v; ++i) {
     auto& c = owner[i];
     sc.push_back(shard_chunk{pp + i * l.pp, c.params(), c.flat_params()});
   }
-  auto e = std::make_unique<shard_engine>(cfg, l, pp, part, be, std::move(sc));
+  auto e = std::make_unique<shard_engine>(cfg, l, pp, part, be, std::move(sc), host);
   if (!ck) return e;
   for (auto& slot : e->slots()) {
     for (auto [suffix, dst] : {std::pair<const char*, core::tensor*>{".exp_avg", &slot.exp_avg},
@@ -94,6 +96,11 @@ core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
     }
   }
   return e;
+}
+
+std::unique_ptr<kernels::backend> make_host_backend(const core::config& cfg) {
+  if (!cfg.optimizer.offload) return nullptr;
+  return kernels::make_backend("cpu");
 }
 
 }  // namespace troupe::actors

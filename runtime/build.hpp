@@ -34,11 +34,16 @@ core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& c
 
 /// Optimizer shard (pp, part) on `be`. Its master slices start from `owner`, the chunks of the
 /// stage on the shard's own worker; its AdamW moments are restored from `ck` when given.
-/// REQUIRES: cfg outlives the shard (the engine keeps a reference).
+/// Under optimizer.offload the master slices and moments are host memory updated by `host` (see
+/// make_host_backend). REQUIRES: cfg (and `host`) outlive the shard (the engine keeps references).
 core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
                                                         const job_layout& l, int pp, int part,
                                                         kernels::backend& be,
                                                         std::vector<model::chunk>& owner,
-                                                        const model::checkpoint::reader* ck);
+                                                        const model::checkpoint::reader* ck,
+                                                        kernels::backend* host = nullptr);
+
+/// The CPU backend an offloading shard updates its host state with; null without offload.
+std::unique_ptr<kernels::backend> make_host_backend(const core::config& cfg);
 
 }  // namespace troupe::actors

@@ -119,8 +119,10 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
     const int k = w / layout.pp, p = w % layout.pp;
     auto b = std::make_shared<shard_bundle>();
     b->be = kernels::make_backend(cfg.runtime.device);
+    b->host = make_host_backend(j.cfg);
     // Shard (p, k) lives on worker (k, p): the stage there holds the parameters it starts from.
-    auto e = build_shard(j.cfg, layout, p, k, *b->be, h.stages.at({k, p})->engine->chunks(), from);
+    auto e = build_shard(j.cfg, layout, p, k, *b->be, h.stages.at({k, p})->engine->chunks(), from,
+                         b->host.get());
     if (!e.ok()) return e.err();
     b->engine = std::move(e.value());
     h.shards[{p, k}] = b;

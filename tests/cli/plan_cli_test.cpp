@@ -153,3 +153,75 @@ TEST_CASE("bad memory sizes and a missing --gpus are errors that say what to wri
   CHECK(s.code == 2);
   CHECK(contains(s.err, "--gpus"));
 }
+
+TEST_CASE("troupe plan with optimizer.offload moves master weights and moments to host memory") {
+  scratch_dir dir("plan_cli_offload");
+  const std::string cfg = write_config(dir);
+  const nlohmann::json off = plan_json(dir, cfg, "--set optimizer.zero_stage=1");
+  const nlohmann::json on =
+      plan_json(dir, cfg, "--set optimizer.zero_stage=1 --set optimizer.offload=true");
+  CHECK(on["offload"] == true);
+  CHECK(off["host_bytes"] == 0);
+  REQUIRE(on["ranks"].size() == off["ranks"].size());
+  std::uint64_t host = 0;
+  for (std::size_t i = 0; i < on["ranks"].size(); ++i) {
+    INFO("rank ", i);
+    const auto& a = off["ranks"][i];
+    const auto& b = on["ranks"][i];
+    const std::uint64_t master = a["terms"]["fp32 master weights"], moments = a["terms"]["AdamW moments"];
+    REQUIRE(master > 0);
+    // The device loses exactly the master slice and the moments; the summed-gradient slice stays.
+    CHECK(b["optimizer_peak_bytes"].get<std::uint64_t>() + master + moments ==
+          a["optimizer_peak_bytes"].get<std::uint64_t>());
+    CHECK_FALSE(b["terms"].contains("fp32 master weights"));
+    CHECK_FALSE(b["terms"].contains("AdamW moments"));
+    CHECK(b["terms"]["reduced gradient slice"] == a["terms"]["reduced gradient slice"]);
+    CHECK(b["stage_peak_bytes"] == a["stage_peak_bytes"]);
+    // Host: master and moments, and one staging buffer (this slice is one piece).
+    CHECK(b["host_bytes"].get<std::uint64_t>() == master + moments + master);
+    host += b["host_bytes"].get<std::uint64_t>();
+  }
+  CHECK(on["host_bytes"].get<std::uint64_t>() == host);
+  CHECK(on["need_bytes"].get<std::uint64_t>() < off["need_bytes"].get<std::uint64_t>());
+  CHECK(on["optimizer_s"].get<double>() > 0);
+  run_result text = run_troupe(dir, "plan '" + cfg + "' --set optimizer.offload=true");
+  CHECK(text.code == 0);
+  CHECK(contains(text.out, "host memory (optimizer.offload"));
+}
+
+TEST_CASE("troupe train with optimizer.offload gives the checkpoint and losses of the run without") {
+  scratch_dir dir("plan_cli_offload_train");
+  const std::string cfg = write_config(dir);
+  const std::string common = " --set train.steps=3 --set optimizer.zero_stage=2";
+  run_result off = run_troupe(dir, "train '" + cfg + "'" + common + " --set runtime.run_dir=off");
+  REQUIRE_MESSAGE(off.code == 0, off.err);
+  run_result on = run_troupe(dir, "train '" + cfg + "'" + common +
+                                      " --set runtime.run_dir=on --set optimizer.offload=true");
+  REQUIRE_MESSAGE(on.code == 0, on.err);
+  fs::path a;  // the final checkpoint
+  for (auto& e : fs::directory_iterator(dir.path / "off/checkpoints"))
+    if (e.path().filename().string().rfind("step_", 0) == 0 && e.path().filename() > a.filename())
+      a = e.path();
+  REQUIRE_FALSE(a.empty());
+  const fs::path b = dir.path / "on/checkpoints" / a.filename();
+  REQUIRE(fs::exists(b));
+  int files = 0;
+  for (auto& e : fs::directory_iterator(a)) {
+    if (e.path().extension() != ".safetensors") continue;
+    ++files;
+    CHECK_MESSAGE(slurp(e.path()) == slurp(b / e.path().filename()), e.path().filename().string());
+  }
+  CHECK(files > 0);
+  auto losses = [](const fs::path& m) {
+    std::string out;
+    std::istringstream in(slurp(m));
+    for (std::string line; std::getline(in, line);) out += nlohmann::json::parse(line).at("loss").dump() + " ";
+    return out;
+  };
+  const std::string la = losses(dir.path / "off/metrics.jsonl");
+  CHECK(la.size() > 3);
+  CHECK(la == losses(dir.path / "on/metrics.jsonl"));
+  run_result single = run_troupe(dir, "train '" + cfg + "' --single-rank --set optimizer.offload=true");
+  CHECK(single.code != 0);
+  CHECK(contains(single.err, "optimizer.offload"));
+}

@@ -537,17 +537,14 @@ TEST_CASE("configs/README.md documents every key") {
   }
 }
 
-TEST_CASE("keys without a second behaviour are refused, not ignored: offload and nondeterminism") {
-  const core::error off = parse_bad("[optimizer]\noffload = true\n");
-  CHECK(off.where.key == "optimizer.offload");
-  CHECK(off.where.line == 2);
-  CHECK(contains(off.message, "not implemented"));
-  CHECK(contains(off.hint, "troupe plan"));
+TEST_CASE("optimizer.offload is parsed (off by default); nondeterminism is refused, not ignored") {
+  CHECK_FALSE(parse_ok("").optimizer.offload);
+  CHECK(parse_ok("[optimizer]\noffload = true\n").optimizer.offload);
   const core::error nd = parse_bad("[runtime]\ndeterministic = false\n");
   CHECK(nd.where.key == "runtime.deterministic");
   CHECK(contains(nd.hint, "deterministic = true"));
-  const core::error set = parse_bad("", {"optimizer.offload=true"});
-  CHECK(set.where.file == "--set optimizer.offload=true");
+  const core::error set = parse_bad("", {"runtime.deterministic=false"});
+  CHECK(set.where.file == "--set runtime.deterministic=false");
 }
 
 TEST_CASE("data.tokenizer and data.tokenizer_dir name one tokenizer; setting both is refused") {

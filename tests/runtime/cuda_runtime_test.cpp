@@ -3,11 +3,14 @@
 // the kernels are deterministic and a pipeline runs the same kernels in the same order as one
 // rank, so pipeline_stage 2 and 4 must give the single-rank CUDA loop's losses and weights bit for
 // bit, and the same config twice the same bits. Also fp16 with dynamic loss scaling, skipped steps
-// included. Skips without a GPU (run on a GPU machine: test_runtime -tc='cuda*').
+// included. optimizer.offload on and off give the same bits too (the shards' state in page-locked
+// host memory, updated by the CPU AdamW), with the shards' device memory smaller. Skips without a GPU (run on a GPU machine: test_runtime -tc='cuda*').
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "runtime/runtime.hpp"
 #include "kernels/backend.hpp"
@@ -69,6 +72,20 @@ core::config gpu_config(const scratch_dir& tmp, const std::string& run, int pp,
   return cfg;
 }
 
+/// The largest optimizer-shard peak of device memory in a run's last metrics line.
+std::uint64_t shard_peak_bytes(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  REQUIRE_FALSE(last.empty());
+  const auto j = nlohmann::json::parse(last);
+  std::uint64_t peak = 0;
+  for (const auto& st : j.at("stages"))
+    peak = std::max<std::uint64_t>(peak, st.value("optimizer_peak_device_bytes", std::uint64_t{0}));
+  return peak;
+}
+
 }  // namespace
 
 TEST_CASE("cuda actor runtime: pipeline_stage 2 and 4 on one GPU equal the single-rank loop") {
@@ -101,4 +118,35 @@ TEST_CASE("cuda actor runtime: fp16 with dynamic loss scaling skips like the sin
   CHECK(skipped >= 1);
   CHECK(skipped < static_cast<int>(oracle.metrics.size()));
   check_identical(actors_run(gpu_config(tmp, "pp2", 2, core::precision_kind::fp16)), oracle);
+}
+
+TEST_CASE("cuda actor runtime: optimizer offload on and off give the same bits, in less device "
+          "memory") {
+  if (!gpu_or_skip()) return;
+  scratch_dir tmp("cuda_rt_offload");
+  struct layout {
+    int pp, dp, zero;
+    core::precision_kind p;
+  };
+  for (layout l : {layout{1, 1, 0, core::precision_kind::fp32}, layout{2, 2, 1, core::precision_kind::fp32},
+                   layout{2, 2, 2, core::precision_kind::bf16}}) {
+    INFO("pp ", l.pp, " dp ", l.dp, " ZeRO-", l.zero, l.p == core::precision_kind::bf16 ? " bf16" : " fp32");
+    auto cfg = gpu_config(tmp, "off", l.pp, l.p);
+    cfg.parallel.data_parallel = l.dp;
+    cfg.parallel.micro_batch_num = 4 / l.dp;
+    cfg.optimizer.zero_stage = l.zero;
+    auto off = actors_run(cfg);
+    const std::uint64_t shard_off = shard_peak_bytes(cfg.runtime.run_dir);
+    cfg.optimizer.offload = true;
+    cfg.runtime.run_dir = tmp / "on";
+    auto on = actors_run(cfg);
+    const std::uint64_t shard_on = shard_peak_bytes(cfg.runtime.run_dir);
+    check_identical(on, off);
+    REQUIRE(on.losses.size() == 5);
+    CHECK(on.losses.back() != on.losses.front());
+    // The shards' allocators: without offload the master slices and moments (12 bytes an
+    // element) are device memory; with it at most the summed-gradient slice (4) remains.
+    CHECK(shard_off > 0);
+    CHECK(shard_on * 2 < shard_off);
+  }
 }
