@@ -32,9 +32,15 @@ shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, i
     be_.wait_ready(ch.initial);  // the stage's backend wrote it (stage_engine records it ready)
     if (hi > lo) be_.copy(ch.initial.slice(lo, {hi - lo}), m);
     master_.push_back(m);
-    core::tensor g = be_.empty({hi - lo}, core::dtype::f32);
-    be_.zero(g);
-    reduced_.push_back(g);
+    if (host_ && adopts_gradients()) {
+      // reduce() adopts the stage's gradient slice before anything reads this one: under offload
+      // the device keeps no buffer of its own (the master slice stands in until then).
+      reduced_.push_back(m);
+    } else {
+      core::tensor g = be_.empty({hi - lo}, core::dtype::f32);
+      be_.zero(g);
+      reduced_.push_back(g);
+    }
     if (host_)
       for (std::int64_t a = lo; a < hi; a += offload_piece)
         pieces_.push_back(piece{ranges_.size() - 1, a, std::min(hi, a + offload_piece)});
@@ -100,7 +106,7 @@ bool shard_engine::reduce(std::int64_t step) {
                        std::to_string(d) + " has " + std::to_string(g.numel()) +
                        " elements, expected " + std::to_string(reduced_[i].numel()));
       if (g.numel() == 0) continue;
-      if (layout_.dp == 1 && !layout_.returns_reduced_grads()) {
+      if (adopts_gradients()) {
         adopted = true;  // one replica: its slice is the sum; read it where it is
         reduced_[i] = std::move(g);
       } else if (d == 0) {

@@ -88,6 +88,8 @@ class shard_engine {
   void rebuild_slots();
 
  private:
+  /// One replica without returned sums: reduce() takes the stage's gradient slice as the sum.
+  bool adopts_gradients() const { return layout_.dp == 1 && !layout_.returns_reduced_grads(); }
   /// Offload: one piece of one chunk's owned range [begin, end) (elements of the chunk buffer).
   struct piece {
     std::size_t chunk;
