@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "plan/plan.hpp"
 #include "runtime/runtime.hpp"
@@ -128,4 +129,16 @@ TEST_CASE("on one device the planned pipeline time is the whole model's work, wh
   auto p4 = plan::make_plan(layout(tmp, core::arch_kind::gpt2, 4, 1, core::recompute_mode::none, 0), po);
   REQUIRE(p4.ok());
   CHECK(p4.value().pipeline_s < pp1);
+}
+
+TEST_CASE("with optimizer.offload the planned device peaks still match a CPU run within 10 %") {
+  for (auto [pp, dp, zero] : {std::tuple{1, 1, 0}, std::tuple{2, 2, 1}, std::tuple{2, 2, 2}}) {
+    CAPTURE(pp);
+    CAPTURE(dp);
+    CAPTURE(zero);
+    scratch_dir tmp("plan_offload");
+    core::config c = layout(tmp, core::arch_kind::gpt2, pp, dp, core::recompute_mode::none, zero);
+    c.optimizer.offload = true;
+    compare(c);
+  }
 }
