@@ -63,7 +63,7 @@ core::result<std::string> write(const job& j, const std::string& root, std::int6
   req.step = static_cast<int>(step) + 1;
   req.seed = j.cfg.train.seed;
   req.config_toml = core::to_toml(j.cfg);
-  auto specs = model::partition(j.cfg.model, j.layout.chunks());
+  auto specs = model::partition(j.cfg);
   for (int c = 0; c < j.layout.chunks(); ++c) {
     auto defs = model::define_params(j.cfg.model, specs[c]);
     std::int64_t numel = model::flat_numel(defs);

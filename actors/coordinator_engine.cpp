@@ -240,7 +240,7 @@ void coordinator_engine::evaluate() {
   model::step_outcome o = *pending_;
   pending_.reset();
   try {
-    auto specs = model::partition(cfg_.model, layout_.chunks());
+    auto specs = model::partition(cfg_);
     for (int c = 0; c < layout_.chunks(); ++c) {
       const core::tensor& flat = snapshot_.at(c);
       for (const auto& d : model::define_params(cfg_.model, specs[c])) {

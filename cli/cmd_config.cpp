@@ -4,6 +4,7 @@
 // count, layers per stage, parameter count. Exit 0 when valid, 1 with the error otherwise.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -103,8 +104,17 @@ void print_text(const check_options& o, const core::config& c, const core::deriv
   row("workers", std::to_string(d.workers),
       fmt::format("= data_parallel {} x model_parallel {} x pipeline_stage {}", p.data_parallel,
                   p.model_parallel, p.pipeline_stage));
-  row("layers_per_stage", std::to_string(d.layers_per_stage),
-      fmt::format("= num_layers {} / pipeline_stage {}", c.model.num_layers, p.pipeline_stage));
+  const std::vector<int> split = core::chunk_layers(c);
+  if (std::all_of(split.begin(), split.end(), [&](int n) { return n == split.front(); })) {
+    row("layers_per_stage", std::to_string(d.layers_per_stage),
+        fmt::format("= num_layers {} / pipeline_stage {}", c.model.num_layers, p.pipeline_stage));
+  } else {
+    std::string chunks, stages;
+    for (int n : split) chunks += (chunks.empty() ? "" : ", ") + std::to_string(n);
+    for (int n : d.stage_layers) stages += (stages.empty() ? "" : ", ") + std::to_string(n);
+    row("layers_per_stage", std::to_string(d.layers_per_stage),
+        fmt::format("the largest of [{}] per pipeline rank (uneven: chunks [{}])", stages, chunks));
+  }
   row("parameters", with_commas(d.parameters),
       short_count(d.parameters) +
           (c.model.tie_embeddings ? " (embedding and head tied, counted once)" : ""));
@@ -132,6 +142,8 @@ void print_json(const check_options& o, const core::config& c, const core::deriv
         {"tokens_per_step", d.tokens_per_step},
         {"workers", d.workers},
         {"layers_per_stage", d.layers_per_stage},
+        {"stage_layers", d.stage_layers},
+        {"chunk_layers", core::chunk_layers(c)},
         {"parameters", d.parameters},
         {"trainable_parameters", trainable_parameters(c)}}}};
   std::printf("%s\n", out.dump(2).c_str());

@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <deque>
 #include <fmt/format.h>
@@ -99,11 +100,12 @@ std::string example(const key_spec& k) {
   config defaults;
   if (k.kind == value_kind::choice) return k.name + " = " + detail::toml_literal(k.choices.front());
   if (k.kind == value_kind::list) return k.name + " = [\"q_proj\", \"v_proj\"]";
+  if (k.kind == value_kind::int_list) return k.name + " = [3, 5, 5, 3]";
   return k.name + " = " + detail::toml_literal(k.get(defaults));
 }
 
 std::string range_text(const key_spec& k) {
-  if (k.kind == value_kind::integer)
+  if (k.kind == value_kind::integer || k.kind == value_kind::int_list)
     return fmt::format("[{}, {}]", k.min_int, k.max_int);
   const auto bound = [](double v) { return detail::toml_literal(v); };
   return std::string(k.min_open ? "(" : "[") + bound(k.min_float) + ", " + bound(k.max_float) +
@@ -195,6 +197,44 @@ status apply(const setting& s, config& c) {
       v = detail::join_list(items);
       break;
     }
+    case value_kind::int_list: {
+      // An array of integers; a plain string is a comma-separated list (--set k=3,5,5,3).
+      std::vector<std::int64_t> items;
+      if (const toml::array* arr = n.as_array()) {
+        for (std::size_t i = 0; i < arr->size(); ++i) {
+          const toml::node& item = *arr->get(i);
+          if (!item.is_integer())
+            return located(s.where,
+                           "item " + std::to_string(i) + " of the list is " + describe(item) +
+                               ", expected an integer",
+                           "write a list of integers, e.g. " + example(k));
+          items.push_back(*item.value<std::int64_t>());
+        }
+      } else if (n.is_string()) {
+        for (const auto& text : detail::split_list(*n.value<std::string_view>())) {
+          std::int64_t i = 0;
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), i);
+          if (ec != std::errc{} || end != text.data() + text.size())
+            return located(s.where, "'" + text + "' in the list is not an integer",
+                           "write a list of integers, e.g. " + example(k));
+          items.push_back(i);
+        }
+      } else {
+        return type_error(s, "a list of integers");
+      }
+      std::string joined;
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        if (items[i] < k.min_int || items[i] > k.max_int)
+          return located(s.where,
+                         "item " + std::to_string(i) + " of the list, " +
+                             std::to_string(items[i]) + ", is out of range " + range_text(k),
+                         k.range_hint.empty() ? "see configs/README.md for " + k.dotted()
+                                              : k.range_hint);
+        joined += (i ? "," : "") + std::to_string(items[i]);
+      }
+      v = joined;
+      break;
+    }
     case value_kind::choice: {
       if (!n.is_string()) return type_error(s, "a string");
       const std::string text(*n.value<std::string_view>());
@@ -258,7 +298,7 @@ result<setting> parse_override(const std::string& text, std::deque<toml::table>&
     // not a TOML value: a bare word, taken as a string below
   }
   const bool wants_text = spec->kind == value_kind::string || spec->kind == value_kind::choice;
-  const bool wants_list = spec->kind == value_kind::list;
+  const bool wants_list = spec->kind == value_kind::list || spec->kind == value_kind::int_list;
   if (!parsed || (wants_text && !parsed->get("v")->is_string()) ||
       (wants_list && !parsed->get("v")->is_string() && !parsed->get("v")->is_array())) {
     parsed.emplace();
@@ -330,6 +370,168 @@ std::string nearby_divisors(std::int64_t n, std::int64_t v) {
 std::string nearby_multiples(std::int64_t m, std::int64_t v) {
   const std::int64_t lo = v / m * m, hi = lo + m;
   return lo > 0 ? fmt::format("{} or {}", lo, hi) : std::to_string(hi);
+}
+
+std::string int_list_text(const std::vector<int>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+// `total` layers over `chunks` chunks as evenly as they go (the first chunks one more).
+std::vector<int> balanced(int total, int chunks) {
+  std::vector<int> out(static_cast<std::size_t>(chunks), total / chunks);
+  for (int i = 0; i < total % chunks; ++i) ++out[static_cast<std::size_t>(i)];
+  return out;
+}
+
+// How the layers split into model chunks: parallel.stage_layers, the first/last offsets, or even.
+status check_stage_split(const config& c) {
+  const parallel_config& p = c.parallel;
+  const int L = c.model.num_layers, chunks = p.pipeline_stage * p.virtual_pipeline;
+  const std::string count = fmt::format("pipeline_stage {} x virtual_pipeline {} = {} model chunks",
+                                        p.pipeline_stage, p.virtual_pipeline, chunks);
+  if (!p.stage_layers.empty()) {
+    if (p.first_stage_layers != 0 || p.last_stage_layers != 0)
+      return config_error(
+          c, p.first_stage_layers != 0 ? "parallel.first_stage_layers" : "parallel.last_stage_layers",
+          "parallel.stage_layers and first_stage_layers / last_stage_layers are both set",
+          "stage_layers names every chunk's layers already: keep it and set the offsets to 0, or "
+          "remove stage_layers");
+    const auto n = static_cast<int>(p.stage_layers.size());
+    if (n != chunks) {
+      std::vector<int> fit = p.stage_layers;
+      fit.resize(static_cast<std::size_t>(chunks), 1);
+      return config_error(
+          c, "parallel.stage_layers",
+          fmt::format("stage_layers has {} entries, but {} need one each", n, count),
+          chunks <= L ? fmt::format("list one layer count per chunk in model order, e.g. {}",
+                                    int_list_text(balanced(L, chunks)))
+                      : fmt::format("{} chunks cannot each hold one of {} layers: use fewer "
+                                    "pipeline stages",
+                                    chunks, L));
+    }
+    int sum = 0;
+    for (int x : p.stage_layers) sum += x;
+    if (sum != L) {
+      std::vector<int> fixed = p.stage_layers;
+      const int last = fixed.back() + (L - sum);
+      std::string hint = fmt::format("the entries must sum to num_layers {}", L);
+      if (last >= 1) {
+        fixed.back() = last;
+        hint += fmt::format(", e.g. {}", int_list_text(fixed));
+      }
+      if (chunks <= L)
+        hint += fmt::format("{} {} (even)", last >= 1 ? " or" : ", e.g.",
+                            int_list_text(balanced(L, chunks)));
+      return config_error(c, "parallel.stage_layers",
+                          fmt::format("stage_layers {} sum to {}, but model.num_layers is {}",
+                                      int_list_text(p.stage_layers), sum, L),
+                          hint);
+    }
+    return {};
+  }
+  const int first = p.first_stage_layers, last = p.last_stage_layers;
+  if (first == 0 && last == 0) {
+    if (L % chunks != 0)
+      return config_error(
+          c, "model.num_layers",
+          fmt::format("num_layers {} is not divisible by pipeline_stage {} x virtual_pipeline {} = {}",
+                      L, p.pipeline_stage, p.virtual_pipeline, chunks),
+          fmt::format("an even split gives each chunk the same number of layers: use num_layers "
+                      "= {}, or pipeline_stage x virtual_pipeline = {}; or split unevenly with "
+                      "parallel.stage_layers (e.g. {}) or parallel.first_stage_layers / "
+                      "last_stage_layers",
+                      nearby_multiples(chunks, L), nearby_divisors(L, chunks),
+                      chunks <= L ? int_list_text(balanced(L, chunks)) : std::string("[...]")));
+    return {};
+  }
+  const char* key = first != 0 ? "parallel.first_stage_layers" : "parallel.last_stage_layers";
+  if (chunks == 1)
+    return config_error(c, key,
+                        fmt::format("{} is set, but {}: one chunk holds every layer", key, count),
+                        "the offsets move layers between the first and the last pipeline stage: "
+                        "set pipeline_stage above 1, or remove the key");
+  // The chunks that share what the offsets leave: those between, and an end whose offset is 0.
+  const int middle = chunks - 2 + (first == 0) + (last == 0);
+  const int rest = L - first - last;
+  const bool ok = middle == 0 ? rest == 0 : rest >= middle && rest % middle == 0;
+  if (ok) return {};
+  // Nearby values of the key that was set (the first one when both are) that do split evenly.
+  const int other = first != 0 ? last : first;
+  std::vector<int> good;
+  for (int v = 1; v < L; ++v) {
+    const int r = L - v - other;
+    if (middle == 0 ? r == 0 : r >= middle && r % middle == 0) good.push_back(v);
+  }
+  const int mine = first != 0 ? first : last;
+  int lo = 0, hi = 0;
+  for (int v : good) {
+    if (v <= mine) lo = v;
+    if (v >= mine && !hi) hi = v;
+  }
+  std::string values = lo && hi && lo != hi ? fmt::format("{} or {}", lo, hi)
+                       : lo || hi           ? std::to_string(lo ? lo : hi)
+                                            : std::string();
+  const std::string what =
+      middle == 0 ? fmt::format("first_stage_layers {} + last_stage_layers {} = {}, but the two "
+                                "chunks must hold num_layers {}",
+                                first, last, first + last, L)
+                  : fmt::format("num_layers {} - first_stage_layers {} - last_stage_layers {} = "
+                                "{} layers do not split evenly over the other {} chunk(s) of {}",
+                                L, first, last, rest, middle, count);
+  return config_error(c, key, what,
+                      (values.empty() ? std::string("no value of ") + key + " fits"
+                                      : fmt::format("use {} = {}", key, values)) +
+                          fmt::format("; or list every chunk with parallel.stage_layers (e.g. {})",
+                                      chunks <= L ? int_list_text(balanced(L, chunks))
+                                                  : std::string("[...]")));
+}
+
+// recompute.layers / recompute.layer_list: which layers recompute.mode applies to.
+status check_recompute_layers(const config& c) {
+  const recompute_config& r = c.recompute;
+  const int L = c.model.num_layers;
+  const char* key = r.layers != 0 ? "recompute.layers" : "recompute.layer_list";
+  if (r.layers == 0 && r.layer_list.empty()) return {};
+  if (r.mode == recompute_mode::none)
+    return config_error(c, key, std::string(key) + " is set while recompute.mode = \"none\", "
+                                "where no layer recomputes",
+                        "set recompute.mode = \"full\" or \"selective\", or remove the key");
+  if (r.layers != 0 && !r.layer_list.empty())
+    return config_error(c, "recompute.layer_list",
+                        "recompute.layers and recompute.layer_list are both set",
+                        "choose the layers either by count per chunk (layers) or by index "
+                        "(layer_list), not both");
+  if (r.layers != 0) {
+    int most = 0;
+    for (int n : chunk_layers(c)) most = std::max(most, n);
+    if (r.layers > most)
+      return config_error(c, "recompute.layers",
+                          fmt::format("recompute.layers {} is more than the {} layers of the "
+                                      "largest model chunk",
+                                      r.layers, most),
+                          fmt::format("use 1..{} (the first N layers of each chunk recompute); "
+                                      "0 or {} recomputes every layer",
+                                      most, most));
+    return {};
+  }
+  std::vector<bool> seen(static_cast<std::size_t>(L), false);
+  for (std::size_t i = 0; i < r.layer_list.size(); ++i) {
+    const int l = r.layer_list[i];
+    if (l >= L)
+      return config_error(c, "recompute.layer_list",
+                          fmt::format("item {} of recompute.layer_list, {}, is not a layer of the "
+                                      "{}-layer model",
+                                      i, l, L),
+                          fmt::format("layer indices run from 0 to num_layers - 1 = {}", L - 1));
+    if (seen[static_cast<std::size_t>(l)])
+      return config_error(c, "recompute.layer_list",
+                          fmt::format("layer {} is listed twice in recompute.layer_list", l),
+                          "list each layer once");
+    seen[static_cast<std::size_t>(l)] = true;
+  }
+  return {};
 }
 
 // The [lora] table: names checked against the family's modules, defaults filled in.
@@ -465,16 +667,8 @@ status resolve_and_check(config& c) {
                     p.micro_batch_num, c.train.gradient_accumulation_steps, microbatches,
                     max_microbatches),
         "a larger global batch needs more data_parallel replicas, not more micro-batches");
-  const int chunks = p.pipeline_stage * p.virtual_pipeline;
-  if (m.num_layers % chunks != 0)
-    return config_error(
-        c, "model.num_layers",
-        fmt::format("num_layers {} is not divisible by pipeline_stage {} x virtual_pipeline {} = {}",
-                    m.num_layers, p.pipeline_stage, p.virtual_pipeline, chunks),
-        fmt::format("each of the {} model chunks needs the same number of layers: use num_layers "
-                    "= {}, or pipeline_stage x virtual_pipeline = {}",
-                    chunks, nearby_multiples(chunks, m.num_layers),
-                    nearby_divisors(m.num_layers, chunks)));
+  if (auto st = check_stage_split(c); !st) return st;
+  if (auto st = check_recompute_layers(c); !st) return st;
   const std::pair<const char*, int> split_by_tp[] = {
       {"num_heads", m.num_heads}, {"num_kv_heads", m.num_kv_heads}, {"ffn_hidden_size", m.ffn_hidden_size}};
   for (const auto& [name, value] : split_by_tp)

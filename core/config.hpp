@@ -92,6 +92,14 @@ struct parallel_config {
   int micro_batch_num = 1;
   int micro_batch_size = 1;
   int virtual_pipeline = 1;     // model chunks per pipeline rank (interleaved schedules)
+  // Uneven pipeline stages (docs/training.md, "Pipeline splits"). Empty / 0 = every model chunk
+  // holds num_layers / chunks layers. stage_layers: the layers of each chunk in model order (one
+  // entry per chunk, pipeline_stage x virtual_pipeline; chunk c runs on pipeline rank c %
+  // pipeline_stage). first/last_stage_layers: the layers of the first chunk (with the embedding)
+  // and of the last (with the head), the rest spread evenly over the chunks between.
+  std::vector<int> stage_layers;
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
 
   bool operator==(const parallel_config&) const = default;
 };
@@ -105,6 +113,9 @@ struct schedule_config {
 
 struct recompute_config {
   recompute_mode mode = recompute_mode::none;
+  // Which layers `mode` applies to (the others keep every activation); both empty = every layer.
+  int layers = 0;                // N > 0: the first N layers of each model chunk
+  std::vector<int> layer_list;   // or these global layer indices
 
   bool operator==(const recompute_config&) const = default;
 };
@@ -208,7 +219,8 @@ struct derived_values {
   std::int64_t global_batch = 0;        // sequences per optimizer step
   std::int64_t tokens_per_step = 0;
   int workers = 0;                      // data × model × pipeline
-  int layers_per_stage = 0;             // per pipeline rank
+  int layers_per_stage = 0;             // per pipeline rank (the largest, when uneven)
+  std::vector<int> stage_layers;        // layers of each pipeline rank (its chunks summed)
   std::int64_t parameters = 0;          // unique parameters (tied counted once)
 };
 
@@ -223,6 +235,14 @@ result<config> load_config(const std::string& path, const std::vector<std::strin
 status check_files(const config& c);
 /// Derived values of a validated config.
 derived_values derive(const config& c);
+/// The layers of each model chunk of a validated config, in model order (pipeline_stage x
+/// virtual_pipeline entries summing to num_layers): parallel.stage_layers, or the first/last
+/// offsets with the rest even, or an even split.
+std::vector<int> chunk_layers(const config& c);
+/// Which layers recompute (recompute.mode other than none; [num_layers], true = recompute): every
+/// layer, the first recompute.layers of each chunk of chunk_layers(c), or recompute.layer_list.
+/// All false when recompute.mode is none.
+std::vector<bool> recompute_layers(const config& c);
 /// Parameter count of the whole model (tied embeddings counted once).
 std::int64_t parameter_count(const model_config& m);
 /// The config as TOML text (resolved, every key), for run directories and checkpoints.

@@ -1,5 +1,7 @@
 // Values derived from a config: batch and worker arithmetic, and the exact parameter count of
 // both architectures (weights as model/ lays them out, tied embeddings counted once).
+#include <algorithm>
+
 #include "core/config.hpp"
 
 namespace troupe::core {
@@ -33,9 +35,57 @@ derived_values derive(const config& c) {
                    c.train.gradient_accumulation_steps * p.data_parallel;
   d.tokens_per_step = d.global_batch * c.model.seq_length;
   d.workers = p.data_parallel * p.model_parallel * p.pipeline_stage;
-  d.layers_per_stage = c.model.num_layers / p.pipeline_stage;
+  const std::vector<int> chunks = chunk_layers(c);
+  d.stage_layers.assign(static_cast<std::size_t>(p.pipeline_stage), 0);
+  for (std::size_t i = 0; i < chunks.size(); ++i)
+    d.stage_layers[i % d.stage_layers.size()] += chunks[i];
+  for (int n : d.stage_layers) d.layers_per_stage = std::max(d.layers_per_stage, n);
   d.parameters = parameter_count(c.model);
   return d;
+}
+
+std::vector<int> chunk_layers(const config& c) {
+  const parallel_config& p = c.parallel;
+  const int chunks = p.pipeline_stage * p.virtual_pipeline, L = c.model.num_layers;
+  if (!p.stage_layers.empty()) return p.stage_layers;
+  std::vector<int> out(static_cast<std::size_t>(chunks), 0);
+  if (p.first_stage_layers == 0 && p.last_stage_layers == 0) {
+    for (int& n : out) n = L / chunks;
+    return out;
+  }
+  // One chunk holds everything: the offsets have nothing to move (validation refuses them).
+  if (chunks == 1) return {L};
+  // An offset left at 0 takes the even share of what the other leaves, like the middle chunks.
+  int first = p.first_stage_layers, last = p.last_stage_layers;
+  const int middle = chunks - 2 + (first == 0) + (last == 0);
+  const int rest = L - first - last;
+  const int each = middle > 0 ? rest / middle : 0;
+  if (first == 0) first = each;
+  if (last == 0) last = each;
+  out.front() = first;
+  out.back() = last;
+  for (int i = 1; i + 1 < chunks; ++i) out[static_cast<std::size_t>(i)] = each;
+  return out;
+}
+
+std::vector<bool> recompute_layers(const config& c) {
+  const recompute_config& r = c.recompute;
+  const auto L = static_cast<std::size_t>(c.model.num_layers);
+  if (r.mode == recompute_mode::none) return std::vector<bool>(L, false);
+  if (!r.layer_list.empty()) {
+    std::vector<bool> out(L, false);
+    for (int l : r.layer_list)
+      if (l >= 0 && static_cast<std::size_t>(l) < L) out[static_cast<std::size_t>(l)] = true;
+    return out;
+  }
+  if (r.layers == 0) return std::vector<bool>(L, true);
+  std::vector<bool> out(L, false);
+  std::size_t first = 0;
+  for (int n : chunk_layers(c)) {
+    for (int i = 0; i < std::min(n, r.layers); ++i) out[first + static_cast<std::size_t>(i)] = true;
+    first += static_cast<std::size_t>(n);
+  }
+  return out;
 }
 
 }  // namespace troupe::core

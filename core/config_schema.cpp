@@ -126,6 +126,27 @@ key_spec choice_key(std::string table, std::string name, S config::*section,
   return k;
 }
 
+// A list of integers (parallel.stage_layers, recompute.layer_list), each in [lo, hi].
+template <class S>
+key_spec int_list_key(std::string table, std::string name, S config::*section,
+                      std::vector<int> S::*member, std::int64_t lo, std::int64_t hi,
+                      std::string hint = {}) {
+  key_spec k;
+  k.table = std::move(table);
+  k.name = std::move(name);
+  k.kind = value_kind::int_list;
+  k.min_int = lo;
+  k.max_int = hi;
+  k.range_hint = std::move(hint);
+  k.set = [section, member](config& c, const config_value& v) {
+    (c.*section).*member = split_int_list(std::get<std::string>(v));
+  };
+  k.get = [section, member](const config& c) -> config_value {
+    return join_int_list((c.*section).*member);
+  };
+  return k;
+}
+
 // A key of the [lora] table, stored in model_config::lora.
 template <class T>
 key_spec lora_key(std::string name, value_kind kind, T lora_config::*member) {
@@ -211,12 +232,22 @@ std::vector<key_spec> make_specs() {
   s.push_back(int_key("parallel", "micro_batch_num", &C::parallel, &P::micro_batch_num, 1, 1 << 20));
   s.push_back(int_key("parallel", "micro_batch_size", &C::parallel, &P::micro_batch_size, 1, 1 << 20));
   s.push_back(int_key("parallel", "virtual_pipeline", &C::parallel, &P::virtual_pipeline, 1, 1024));
+  s.push_back(int_list_key("parallel", "stage_layers", &C::parallel, &P::stage_layers, 1, 10000,
+                           "each model chunk holds at least one layer"));
+  s.push_back(int_key("parallel", "first_stage_layers", &C::parallel, &P::first_stage_layers, 0,
+                      10000, "0 splits the layers evenly"));
+  s.push_back(int_key("parallel", "last_stage_layers", &C::parallel, &P::last_stage_layers, 0,
+                      10000, "0 splits the layers evenly"));
 
   s.push_back(string_key("schedule", "name", &C::schedule, &schedule_config::name));
   s.push_back(string_key("schedule", "file", &C::schedule, &schedule_config::file));
 
   s.push_back(choice_key("recompute", "mode", &C::recompute, &recompute_config::mode,
                          {"none", "full", "selective"}));
+  s.push_back(int_key("recompute", "layers", &C::recompute, &recompute_config::layers, 0, 10000,
+                      "0 recomputes every layer; N the first N layers of each model chunk"));
+  s.push_back(int_list_key("recompute", "layer_list", &C::recompute, &recompute_config::layer_list,
+                           0, 9999, "global layer indices, 0 to num_layers - 1"));
 
   s.push_back(choice_key("precision", "compute", &C::precision, &precision_config::compute,
                          {"fp32", "bf16", "fp16"}));
@@ -388,11 +419,27 @@ std::string join_list(const std::vector<std::string>& items) {
   return out;
 }
 
-std::string toml_list_literal(const config_value& v) {
+std::string toml_list_literal(const config_value& v, bool integers) {
   std::string out = "[";
   for (const auto& item : split_list(std::get<std::string>(v)))
-    out += (out.size() > 1 ? ", " : "") + toml_literal(item);
+    out += (out.size() > 1 ? ", " : "") + (integers ? item : toml_literal(item));
   return out + "]";
+}
+
+std::vector<int> split_int_list(std::string_view joined) {
+  std::vector<int> out;
+  for (const auto& item : split_list(joined)) {
+    int v = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec == std::errc{} && end == item.data() + item.size()) out.push_back(v);
+  }
+  return out;
+}
+
+std::string join_int_list(const std::vector<int>& items) {
+  std::string out;
+  for (int i : items) out += (out.empty() ? "" : ",") + std::to_string(i);
+  return out;
 }
 
 std::string toml_literal(const config_value& v) {

@@ -15,8 +15,9 @@
 namespace troupe::core::detail {
 
 // A list is a TOML array of strings (or, on the command line, one string of comma-separated
-// items); its config_value is the items joined by commas.
-enum class value_kind { integer, floating, boolean, string, choice, list };
+// items); its config_value is the items joined by commas. An int_list is the same with integers
+// (each checked against [min_int, max_int]), e.g. parallel.stage_layers = [3, 5, 5, 3].
+enum class value_kind { integer, floating, boolean, string, choice, list, int_list };
 
 /// One key of the schema. Integers are checked against [min_int, max_int], floats against
 /// [min_float, max_float] with either end open when its flag says so; choices must be one of
@@ -71,8 +72,12 @@ inline constexpr std::size_t max_config_bytes = std::size_t(1) << 22;
 /// A list value's items (split at commas, blanks trimmed, empty items dropped) and back.
 std::vector<std::string> split_list(std::string_view joined);
 std::string join_list(const std::vector<std::string>& items);
-/// A list value as a TOML array of strings.
-std::string toml_list_literal(const config_value& v);
+/// A list value as a TOML array of strings (an int_list's: of integers).
+std::string toml_list_literal(const config_value& v, bool integers = false);
+/// An int_list value's items ("3,5,5,3" -> {3, 5, 5, 3}); items that are not integers are skipped
+/// (apply() lets none through).
+std::vector<int> split_int_list(std::string_view joined);
+std::string join_int_list(const std::vector<int>& items);
 
 /// The value as TOML writes it (strings quoted and escaped, floats in their shortest round-trip form).
 std::string toml_literal(const config_value& v);

@@ -18,8 +18,9 @@ std::string to_toml(const config& c) {
     }
     if (k.applies && !k.applies(c)) continue;
     out += k.name + " = " +
-           (k.kind == detail::value_kind::list ? detail::toml_list_literal(k.get(c))
-                                               : detail::toml_literal(k.get(c))) +
+           (k.kind == detail::value_kind::list       ? detail::toml_list_literal(k.get(c))
+            : k.kind == detail::value_kind::int_list ? detail::toml_list_literal(k.get(c), true)
+                                                     : detail::toml_literal(k.get(c))) +
            "\n";
   }
   return out;

@@ -23,10 +23,30 @@ std::vector<chunk_spec> partition(const core::model_config& cfg, int chunks) {
   TROUPE_CHECK(chunks >= 1 && cfg.num_layers % chunks == 0,
                "cannot split " + std::to_string(cfg.num_layers) + " layers into " +
                    std::to_string(chunks) + " equal chunks");
-  const int per = cfg.num_layers / chunks;
+  return partition(cfg, std::vector<int>(static_cast<std::size_t>(chunks), cfg.num_layers / chunks));
+}
+
+std::vector<chunk_spec> partition(const core::model_config& cfg, const std::vector<int>& layers) {
+  int sum = 0;
+  for (int n : layers) {
+    TROUPE_CHECK(n >= 1, "a model chunk of " + std::to_string(n) + " layers");
+    sum += n;
+  }
+  TROUPE_CHECK(!layers.empty() && sum == cfg.num_layers,
+               "chunk layers summing to " + std::to_string(sum) + " for a " +
+                   std::to_string(cfg.num_layers) + "-layer model");
+  const int chunks = static_cast<int>(layers.size());
   std::vector<chunk_spec> out;
-  for (int i = 0; i < chunks; ++i) out.push_back({i * per, per, i == 0, i == chunks - 1});
+  int first = 0;
+  for (int i = 0; i < chunks; ++i) {
+    out.push_back({first, layers[static_cast<std::size_t>(i)], i == 0, i == chunks - 1});
+    first += layers[static_cast<std::size_t>(i)];
+  }
   return out;
+}
+
+std::vector<chunk_spec> partition(const core::config& c) {
+  return partition(c.model, core::chunk_layers(c));
 }
 
 namespace {
@@ -73,8 +93,10 @@ struct mb_state {
   }
 };
 
-/// What a forward keeps.
-enum class keep { all, all_but_attention, nothing };
+/// What a forward keeps: of a chunk (all, all_but_attention, nothing, per_layer: as
+/// chunk_impl::layer_keep says) or of one layer (all, all_but_attention, input: only its input,
+/// for a full recompute of that layer).
+enum class keep { all, all_but_attention, nothing, per_layer, input };
 
 }  // namespace
 
@@ -122,6 +144,7 @@ class chunk_impl {
       }
     }
     ops_ = make_layer_ops(cfg_, be_, act_);
+    recompute_layers_.assign(static_cast<std::size_t>(spec.num_layers), true);
   }
 
   core::model_config cfg_;
@@ -135,6 +158,8 @@ class chunk_impl {
   tensor frozen_, frozen_low_;
   std::unique_ptr<layer_ops> ops_;
   core::recompute_mode recompute_ = core::recompute_mode::none;
+  std::vector<bool> recompute_layers_;  // [spec_.num_layers]: the layers recompute_ applies to
+  bool whole_ = false;                  // full recompute of every layer: rerun the whole chunk
   std::map<int, mb_state> states_;
   std::map<int, tensor> losses_;  // per-row losses of each micro-batch, on the device
   std::size_t bytes_ = 0, peak_ = 0;
@@ -252,7 +277,9 @@ class chunk_impl {
     for (int l = 0; l < spec_.num_layers; ++l) {
       layer_acts a;
       tensor y = ops_->forward(w.layers[l], x, a);
-      if (k == keep::all_but_attention) a.att = {}, a.lse = {};
+      const keep kl = k == keep::per_layer ? layer_keep(l) : k;
+      if (kl == keep::all_but_attention) a.att = {}, a.lse = {};
+      if (kl == keep::input) a = layer_acts{.x = a.x};
       if (k != keep::nothing) st.layers[l] = std::move(a);
       x = std::move(y);
     }
@@ -269,6 +296,22 @@ class chunk_impl {
       st.head = std::move(h);
     }
     return {};
+  }
+
+  /// What layer l (local) keeps under per-layer recompute.
+  keep layer_keep(int l) const {
+    if (!recompute_layers_[static_cast<std::size_t>(l)]) return keep::all;
+    return recompute_ == core::recompute_mode::full ? keep::input : keep::all_but_attention;
+  }
+
+  /// The chunk-level keep of a training forward.
+  keep forward_keep() const {
+    if (recompute_ == core::recompute_mode::none) return keep::all;
+    if (whole_) return keep::nothing;
+    bool every = true;
+    for (bool b : recompute_layers_) every = every && b;
+    if (every && recompute_ == core::recompute_mode::selective) return keep::all_but_attention;
+    return keep::per_layer;
   }
 
   /// Final norm and LM head of h.x: fills h.n and its statistics, returns the logits.
@@ -292,9 +335,7 @@ class chunk_impl {
       st.tokens = own(input.reshape({n}));
     else
       st.input = own(input);
-    keep k = recompute_ == core::recompute_mode::none        ? keep::all
-             : recompute_ == core::recompute_mode::selective ? keep::all_but_attention
-                                                             : keep::nothing;
+    keep k = forward_keep();
     tensor out;
     if (spec_.has_head) {
       TROUPE_CHECK(targets.defined() && targets.type() == core::dtype::i32 &&
@@ -363,6 +404,14 @@ class chunk_impl {
     }
     st.stash.assign(spec_.num_layers, {});
     for (int l = spec_.num_layers - 1; l >= 0; --l) {
+      // A layer recomputed in full kept only its input: rerun its forward (the same ops on the
+      // same input, so the same bits) right before its backward.
+      if (!st.layers[l].n1.defined()) {
+        layer_acts a;
+        ops_->forward(w.layers[l], st.layers[l].x, a);
+        st.layers[l] = std::move(a);
+        account(st);
+      }
       tensor dx = ops_->backward_input(w.layers[l], st.layers[l], dy, st.stash[l],
                                        with_weights ? &g.layers[l] : nullptr);
       account(st);
@@ -485,7 +534,22 @@ void chunk::trainable_updated() {
 
 void chunk::zero_grads() { impl_->be_.zero(impl_->grads_); }
 
-void chunk::set_recompute(core::recompute_mode mode) { impl_->recompute_ = mode; }
+void chunk::set_recompute(core::recompute_mode mode, const std::vector<bool>& layers) {
+  chunk_impl& m = *impl_;
+  const chunk_spec& sp = m.spec_;
+  TROUPE_CHECK(layers.empty() || static_cast<int>(layers.size()) == m.cfg_.num_layers,
+               "a recompute choice of " + std::to_string(layers.size()) + " layers for a " +
+                   std::to_string(m.cfg_.num_layers) + "-layer model");
+  m.recompute_ = mode;
+  m.recompute_layers_.assign(static_cast<std::size_t>(sp.num_layers), true);
+  if (!layers.empty())
+    for (int l = 0; l < sp.num_layers; ++l)
+      m.recompute_layers_[static_cast<std::size_t>(l)] =
+          layers[static_cast<std::size_t>(sp.first_layer + l)];
+  bool every = true;
+  for (bool b : m.recompute_layers_) every = every && b;
+  m.whole_ = mode == core::recompute_mode::full && every;
+}
 
 tensor chunk::forward(int mb, const tensor& input, const tensor& targets, float grad_scale) {
   return impl_->forward(mb, input, targets, grad_scale);

@@ -40,6 +40,12 @@ struct chunk_spec {
 
 /// Splits cfg.num_layers into `chunks` contiguous chunks of equal size. REQUIRES: divisible.
 std::vector<chunk_spec> partition(const core::model_config& cfg, int chunks);
+/// Splits cfg.num_layers into contiguous chunks of `layers[i]` layers each. REQUIRES: every
+/// entry >= 1, summing to num_layers.
+std::vector<chunk_spec> partition(const core::model_config& cfg, const std::vector<int>& layers);
+/// The run's split: pipeline_stage x virtual_pipeline chunks as core::chunk_layers(c) says (even,
+/// or uneven with parallel.stage_layers / first_stage_layers / last_stage_layers).
+std::vector<chunk_spec> partition(const core::config& c);
 
 /// One named parameter (Hugging Face naming, e.g. "h.3.attn.c_attn.weight" for GPT-2,
 /// "model.layers.3.self_attn.q_proj.weight" for LLaMA) inside the chunk's flat buffers. Linear
@@ -106,7 +112,12 @@ class chunk {
   void trainable_updated();
   void zero_grads();
 
-  void set_recompute(core::recompute_mode mode);
+  /// Which activations forwards keep. `layers` (global layer indices, [num_layers] or empty =
+  /// every layer) names the layers `mode` applies to; the others keep everything. When every layer
+  /// of the chunk recomputes in full, the chunk keeps only its input and reruns its whole forward
+  /// (head included) before the backward; otherwise a fully recomputed layer keeps only its input
+  /// and reruns its own forward just before its backward, and the head keeps what it needs.
+  void set_recompute(core::recompute_mode mode, const std::vector<bool>& layers = {});
 
   /// Forward of micro-batch `mb`: rows = B × seq_length tokens for any B >= 1.
   /// input: int32 tokens [B*T] on the first chunk, hidden [B*T, C] otherwise.

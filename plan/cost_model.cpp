@@ -80,20 +80,34 @@ int forward_ops_per_layer(const core::model_config& m) {
 }
 
 schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal) {
-  const int chunks = cfg.parallel.pipeline_stage * cfg.parallel.virtual_pipeline;
-  const int layers = cfg.model.num_layers / chunks;
+  const std::vector<int> split = core::chunk_layers(cfg);
+  const std::vector<bool> recomputed = core::recompute_layers(cfg);
   const std::int64_t rows =
       static_cast<std::int64_t>(cfg.parallel.micro_batch_size) * cfg.model.seq_length;
-  const double ops = forward_ops_per_layer(cfg.model) * layers;
-  // The slowest chunk sets the pipeline's pace: the one with the head (the embedding is a lookup).
-  const double f_flops = forward_flops(cfg.model, layers, true, rows);
-  const double f = f_flops / cal.flops_per_s + ops * cal.op_overhead_s;
-  double extra = 0;  // recomputed forward work inside the backward
-  if (cfg.recompute.mode == core::recompute_mode::full) {
-    extra = f;
-  } else if (cfg.recompute.mode == core::recompute_mode::selective) {
-    extra = layers * 2.0 * static_cast<double>(rows) * cfg.model.seq_length *
-            cfg.model.hidden_size / cal.flops_per_s;
+  const auto forward_time = [&](int layers, bool head) {
+    const double ops = forward_ops_per_layer(cfg.model) * layers;
+    return forward_flops(cfg.model, layers, head, rows) / cal.flops_per_s + ops * cal.op_overhead_s;
+  };
+  // The slowest chunk sets the pipeline's pace (the embedding is a lookup; the head is not):
+  // with an uneven split, the chunk whose layers (and head) cost most.
+  double f = 0, extra = 0;  // extra: recomputed forward work inside the backward
+  int first = 0;
+  for (std::size_t i = 0; i < split.size(); ++i) {
+    const int layers = split[i];
+    const bool head = i + 1 == split.size();
+    int again = 0;  // layers of this chunk that recompute
+    for (int l = first; l < first + layers; ++l) again += recomputed[static_cast<std::size_t>(l)];
+    first += layers;
+    const double fi = forward_time(layers, head);
+    double xi = 0;
+    if (cfg.recompute.mode == core::recompute_mode::full) {
+      // Every layer recomputing reruns the chunk, head included; otherwise only those layers.
+      xi = again == layers ? fi : forward_time(again, false);
+    } else if (cfg.recompute.mode == core::recompute_mode::selective) {
+      xi = again * 2.0 * static_cast<double>(rows) * cfg.model.seq_length *
+           cfg.model.hidden_size / cal.flops_per_s;
+    }
+    if (3 * fi + xi > 3 * f + extra) f = fi, extra = xi;  // forward + backward time
   }
   schedules::cost_model c;
   c.f = f;

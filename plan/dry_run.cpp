@@ -62,7 +62,7 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
   out.low.assign(l.pp, 0);
   out.frozen.assign(l.pp, 0);
   out.saved_per_microbatch.assign(l.pp, 0);
-  const auto specs = model::partition(cfg.model, l.chunks());
+  const auto specs = model::partition(cfg);
   const auto epoch = std::chrono::steady_clock::now();
 
   // Build every worker's stage (chunks as build_stage_chunks makes them, without the host-side
@@ -78,7 +78,7 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
         kernels::meta_backend::scope s(*wp.stage_be, "parameters and gradients");
         for (int i = 0; i < l.v; ++i) {
           model::chunk c(cfg.model, specs[p + i * l.pp], *wp.stage_be, cfg.precision.compute);
-          c.set_recompute(cfg.recompute.mode);
+          c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
           if (d == 0) {
             out.params[p] += wp.stage_be->rounded(c.flat_params().bytes());
             out.grads[p] += wp.stage_be->rounded(c.flat_grads().bytes());
@@ -116,7 +116,7 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
     for (int i = 0; i < l.v; ++i) {
       const model::chunk_spec& spec = specs[p + i * l.pp];
       model::chunk c(cfg.model, spec, probe, cfg.precision.compute);
-      c.set_recompute(cfg.recompute.mode);
+      c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
       core::tensor in = spec.has_embedding
                             ? probe.empty({rows}, core::dtype::i32)
                             : probe.empty({rows, cfg.model.hidden_size},

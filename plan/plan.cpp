@@ -47,6 +47,12 @@ std::string describe(const job_plan& p) {
   std::ostringstream s;
   s << "dp " << p.dp << " × pp " << p.pp;
   if (p.v > 1) s << " (virtual " << p.v << ")";
+  const auto& cl = p.chunk_layers;
+  if (std::any_of(cl.begin(), cl.end(), [&](int n) { return n != cl.front(); })) {
+    s << ", layers [";
+    for (std::size_t i = 0; i < cl.size(); ++i) s << (i ? ", " : "") << cl[i];
+    s << "]";
+  }
   s << ", " << p.schedule << ", " << p.microbatches << " micro-batches of " << p.micro_batch_size
     << ", recompute " << p.recompute << ", ZeRO-" << p.zero_stage << ", " << p.precision;
   if (p.offload) s << ", offload";
@@ -110,6 +116,15 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
   p.zero_stage = l.zero_stage;
   p.schedule = sched.value().name;
   p.recompute = recompute_name(cfg.recompute.mode);
+  if (cfg.recompute.mode != core::recompute_mode::none && cfg.recompute.layers > 0)
+    p.recompute += " (first " + std::to_string(cfg.recompute.layers) + " layers of each chunk)";
+  if (cfg.recompute.mode != core::recompute_mode::none && !cfg.recompute.layer_list.empty()) {
+    p.recompute += " (layers";
+    for (std::size_t i = 0; i < cfg.recompute.layer_list.size(); ++i)
+      p.recompute += (i ? ", " : " ") + std::to_string(cfg.recompute.layer_list[i]);
+    p.recompute += ")";
+  }
+  p.chunk_layers = core::chunk_layers(cfg);
   p.precision = precision_name(cfg.precision.compute);
   p.one_device = o.one_device;
   p.device_memory = o.device_memory;
@@ -249,7 +264,10 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
       variant("--set optimizer.offload=true (optimizer state in host memory)",
               [](core::config& c) { c.optimizer.offload = true; });
     const int pp2 = cfg.parallel.pipeline_stage * 2;
-    if (!o.one_device && cfg.model.num_layers % (pp2 * cfg.parallel.virtual_pipeline) == 0 &&
+    // Not with an uneven split: its keys name the present chunks, so the one --set would not do.
+    const bool even = cfg.parallel.stage_layers.empty() && cfg.parallel.first_stage_layers == 0 &&
+                      cfg.parallel.last_stage_layers == 0;
+    if (!o.one_device && even && cfg.model.num_layers % (pp2 * cfg.parallel.virtual_pipeline) == 0 &&
         cfg.parallel.micro_batch_num * cfg.train.gradient_accumulation_steps >= pp2)
       variant("--set parallel.pipeline_stage=" + std::to_string(pp2) + " (twice the devices)",
               [pp2](core::config& c) { c.parallel.pipeline_stage = pp2; });

@@ -64,6 +64,7 @@ struct job_plan {
   std::string device;            // cpu | cuda
   int dp = 1, pp = 1, v = 1, microbatches = 1, micro_batch_size = 1, zero_stage = 0;
   std::string schedule, recompute, precision;
+  std::vector<int> chunk_layers;  // layers of each model chunk (core::chunk_layers)
   bool one_device = true;
   std::vector<rank_plan> ranks;
   std::uint64_t device_memory = 0;  // 0 = unknown

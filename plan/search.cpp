@@ -18,7 +18,7 @@ namespace {
 /// gradients, low-precision copy, frozen weights ([lora]), and its shard's optimizer state.
 std::uint64_t static_bound(const core::config& c) {
   const int pp = c.parallel.pipeline_stage, v = c.parallel.virtual_pipeline;
-  const auto specs = model::partition(c.model, pp * v);
+  const auto specs = model::partition(c);
   std::uint64_t worst = 0;
   const std::uint64_t low = c.precision.compute == core::precision_kind::fp32 ? 0 : 2;
   for (int p = 0; p < pp; ++p) {
@@ -87,6 +87,11 @@ core::result<search_result> search(const core::config& base, const search_option
             c.schedule.name = s.name;
             c.schedule.file.clear();
             c.recompute.mode = rc;
+            // The config's uneven split names its own chunk count; other layouts split evenly.
+            if (pp != base.parallel.pipeline_stage || s.v != base.parallel.virtual_pipeline) {
+              c.parallel.stage_layers.clear();
+              c.parallel.first_stage_layers = c.parallel.last_stage_layers = 0;
+            }
             c.optimizer.zero_stage = z;
             c.runtime.device = "cuda";
             plan_options po;

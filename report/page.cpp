@@ -211,6 +211,12 @@ json run_json(const run_data& run, const page_options& o) {
     std::string layout = "pp " + std::to_string(c.parallel.pipeline_stage) + " × dp " +
                          std::to_string(c.parallel.data_parallel);
     if (c.parallel.virtual_pipeline > 1) layout += " × v " + std::to_string(c.parallel.virtual_pipeline);
+    const std::vector<int> split = core::chunk_layers(c);
+    if (std::any_of(split.begin(), split.end(), [&](int n) { return n != split.front(); })) {
+      layout += ", layers [";  // an uneven split: each chunk's layers
+      for (std::size_t i = 0; i < split.size(); ++i) layout += (i ? ", " : "") + std::to_string(split[i]);
+      layout += "]";
+    }
     summary["layout"] = layout;
   }
 

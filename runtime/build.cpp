@@ -39,7 +39,7 @@ core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& c
                                                            const job_layout& l, int pp,
                                                            kernels::backend& be,
                                                            const model::checkpoint::reader* ck) {
-  auto specs = model::partition(cfg.model, l.chunks());
+  auto specs = model::partition(cfg);
   // A fresh run with model.init starts from those weights; each chunk loads only its own tensors.
   std::shared_ptr<const model::hf::weights> init;
   if (!ck && !cfg.model.init.empty()) {
@@ -51,7 +51,7 @@ core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& c
   for (int i = 0; i < l.v; ++i) {
     model::chunk c(cfg.model, specs[pp + i * l.pp], be, cfg.precision.compute);
     c.init(cfg.train.seed);
-    c.set_recompute(cfg.recompute.mode);
+    c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
     if (ck) {
       if (auto st = model::hf::load_frozen_base(cfg, be, c); !st) return st.err();
       auto st = model::checkpoint::restore(*ck, be, cfg.model, c, nullptr);

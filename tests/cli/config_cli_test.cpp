@@ -165,3 +165,33 @@ TEST_CASE("config check reads [lora], prints the trainable parameters and names 
   CHECK(contains(b.err, bad + ":3:11: lora.targets: 'c_atn' is not a gpt2 module; did you mean 'c_attn'?"));
   CHECK(contains(b.err, "hint: lora.targets names one of: c_attn, c_proj"));
 }
+
+TEST_CASE("config check shows an uneven split and refuses a bad one naming the key and line") {
+  work_dir dir("stages");
+  const run_result ok = config_check(
+      dir, "'" + tiny + "' --no-file-check --set model.num_layers=5 --set parallel.stage_layers=[1,4]");
+  CHECK_MESSAGE(ok.code == 0, ok.err);
+  CHECK(contains(ok.out, "stage_layers                = \"1,4\""));
+  CHECK(contains(ok.out, "layers_per_stage  = 4"));
+  CHECK(contains(ok.out, "the largest of [1, 4] per pipeline rank"));
+  const run_result j = config_check(
+      dir, "'" + tiny + "' --json --no-file-check --set model.num_layers=5 --set parallel.stage_layers=[1,4]");
+  REQUIRE(j.code == 0);
+  const auto json = nlohmann::json::parse(j.out);
+  CHECK(json["derived"]["stage_layers"] == nlohmann::json::array({1, 4}));
+  CHECK(json["derived"]["layers_per_stage"] == 4);
+
+  const std::string bad = dir.write("bad.toml",
+                                    "[model]\nnum_layers = 16\n[parallel]\npipeline_stage = 4\n"
+                                    "stage_layers = [3, 5, 5, 2]\n[recompute]\nmode = \"full\"\n");
+  const run_result sum = config_check(dir, "'" + bad + "' --no-file-check");
+  CHECK(sum.code == 1);
+  CHECK(contains(sum.err, "bad.toml:5:16: parallel.stage_layers: stage_layers [3, 5, 5, 2] sum to 15, "
+                          "but model.num_layers is 16"));
+  CHECK(contains(sum.err, "[3, 5, 5, 3]"));
+  const run_result recompute = config_check(
+      dir, "'" + bad + "' --no-file-check --set parallel.stage_layers=[4,4,4,4] --set recompute.layers=9");
+  CHECK(recompute.code == 1);
+  CHECK(contains(recompute.err, "recompute.layers 9 is more than the 4 layers of the largest model chunk"));
+  CHECK(contains(recompute.err, "--set recompute.layers=9"));
+}

@@ -646,3 +646,115 @@ TEST_CASE("model.init is a path, checked to exist, and not part of the model's i
   CHECK(other.same_model(c.model));
   CHECK_FALSE(other == c.model);
 }
+
+TEST_CASE("uneven pipeline stages: stage_layers and the first/last offsets, checked with hints") {
+  const std::string four = "[model]\nnum_layers = 16\n[parallel]\npipeline_stage = 4\n";
+  CHECK(core::chunk_layers(parse_ok(four + "stage_layers = [3, 5, 5, 3]\n")) ==
+        std::vector<int>{3, 5, 5, 3});
+  CHECK(core::chunk_layers(parse_ok(four, {"parallel.stage_layers=3,5,5,3"})) ==
+        std::vector<int>{3, 5, 5, 3});
+  CHECK(core::chunk_layers(parse_ok(four + "first_stage_layers = 2\nlast_stage_layers = 2\n")) ==
+        std::vector<int>{2, 6, 6, 2});
+  CHECK(core::chunk_layers(parse_ok(four)) == std::vector<int>{4, 4, 4, 4});
+  // An uneven split lets num_layers be any count of at least one per chunk.
+  CHECK(core::chunk_layers(parse_ok("[model]\nnum_layers = 5\n[parallel]\npipeline_stage = 2\n"
+                                    "stage_layers = [2, 3]\n")) == std::vector<int>{2, 3});
+
+  SUBCASE("the sum must be num_layers") {
+    const core::error e = parse_bad(four + "stage_layers = [3, 5, 5, 2]\n");
+    CHECK(e.where.key == "parallel.stage_layers");
+    CHECK(e.where.line == 5);
+    CHECK(e.message == "stage_layers [3, 5, 5, 2] sum to 15, but model.num_layers is 16");
+    CHECK(contains(e.hint, "[3, 5, 5, 3]"));
+    CHECK(contains(e.hint, "[4, 4, 4, 4] (even)"));
+  }
+  SUBCASE("one entry per chunk") {
+    const core::error e = parse_bad(four + "stage_layers = [8, 8]\n");
+    CHECK(e.where.key == "parallel.stage_layers");
+    CHECK(contains(e.message, "stage_layers has 2 entries, but pipeline_stage 4 x virtual_pipeline 1 = 4 model chunks"));
+    CHECK(contains(e.hint, "[4, 4, 4, 4]"));
+    const core::error v = parse_bad(four + "virtual_pipeline = 2\nstage_layers = [3, 5, 5, 3]\n");
+    CHECK(contains(v.message, "= 8 model chunks"));
+    CHECK(contains(v.hint, "[2, 2, 2, 2, 2, 2, 2, 2]"));
+  }
+  SUBCASE("no chunk without layers") {
+    const core::error e = parse_bad(four + "stage_layers = [4, 0, 6, 6]\n");
+    CHECK(e.where.key == "parallel.stage_layers");
+    CHECK(contains(e.message, "item 1 of the list, 0, is out of range [1, 10000]"));
+    CHECK(contains(e.hint, "at least one layer"));
+    const core::error t = parse_bad(four + "stage_layers = [4, \"x\", 6, 6]\n");
+    CHECK(contains(t.message, "item 1 of the list is a string"));
+    const core::error o = parse_bad(four, {"parallel.stage_layers=4,four"});
+    CHECK(contains(o.message, "'four' in the list is not an integer"));
+  }
+  SUBCASE("offsets that leave an uneven rest name the nearby values that work") {
+    const core::error e = parse_bad(four + "first_stage_layers = 3\n");
+    CHECK(e.where.key == "parallel.first_stage_layers");
+    CHECK(e.message == "num_layers 16 - first_stage_layers 3 - last_stage_layers 0 = 13 layers do "
+                       "not split evenly over the other 3 chunk(s) of pipeline_stage 4 x "
+                       "virtual_pipeline 1 = 4 model chunks");
+    CHECK(contains(e.hint, "use parallel.first_stage_layers = 1 or 4"));
+    CHECK(contains(e.hint, "parallel.stage_layers"));
+    const core::error two = parse_bad("[model]\nnum_layers = 6\n[parallel]\npipeline_stage = 2\n"
+                                      "first_stage_layers = 2\nlast_stage_layers = 3\n");
+    CHECK(contains(two.message, "first_stage_layers 2 + last_stage_layers 3 = 5, but the two chunks "
+                                "must hold num_layers 6"));
+    CHECK(contains(two.hint, "= 3"));
+  }
+  SUBCASE("offsets need more than one chunk; not both forms at once") {
+    const core::error one = parse_bad("[parallel]\nlast_stage_layers = 2\n");
+    CHECK(one.where.key == "parallel.last_stage_layers");
+    CHECK(contains(one.message, "one chunk holds every layer"));
+    const core::error both = parse_bad(four + "stage_layers = [3, 5, 5, 3]\nfirst_stage_layers = 3\n");
+    CHECK(both.where.key == "parallel.first_stage_layers");
+    CHECK(contains(both.message, "both set"));
+  }
+  SUBCASE("the even split's error mentions the uneven keys") {
+    const core::error e = parse_bad("[model]\nnum_layers = 5\n[parallel]\npipeline_stage = 2\n");
+    CHECK(contains(e.hint, "parallel.stage_layers (e.g. [3, 2])"));
+  }
+  SUBCASE("a resolved config writes the split and reads it back") {
+    const core::config c = parse_ok(four + "stage_layers = [3, 5, 5, 3]\n");
+    CHECK(contains(core::to_toml(c), "stage_layers = [3, 5, 5, 3]\n"));
+    CHECK(parse_ok(core::to_toml(c)) == c);
+    CHECK(contains(core::to_toml(parse_ok("")), "stage_layers = []\n"));
+  }
+}
+
+TEST_CASE("per-layer recompute: recompute.layers and recompute.layer_list, checked with hints") {
+  const std::string four = "[model]\nnum_layers = 8\n[parallel]\npipeline_stage = 2\n";
+  const core::config n = parse_ok(four + "[recompute]\nmode = \"full\"\nlayers = 3\n");
+  CHECK(core::recompute_layers(n) ==
+        std::vector<bool>{true, true, true, false, true, true, true, false});
+  const core::config l = parse_ok(four + "[recompute]\nmode = \"selective\"\nlayer_list = [7, 1]\n");
+  CHECK(core::recompute_layers(l) ==
+        std::vector<bool>{false, true, false, false, false, false, false, true});
+  CHECK(parse_ok(core::to_toml(l)) == l);
+  CHECK(parse_ok(core::to_toml(n)) == n);
+
+  const core::error none = parse_bad(four + "[recompute]\nlayers = 2\n");
+  CHECK(none.where.key == "recompute.layers");
+  CHECK(contains(none.message, "recompute.mode = \"none\""));
+  CHECK(contains(none.hint, "\"full\" or \"selective\""));
+  const core::error none_list = parse_bad(four + "[recompute]\nlayer_list = [2]\n");
+  CHECK(none_list.where.key == "recompute.layer_list");
+
+  const core::error both =
+      parse_bad(four + "[recompute]\nmode = \"full\"\nlayers = 2\nlayer_list = [1]\n");
+  CHECK(both.where.key == "recompute.layer_list");
+  CHECK(contains(both.message, "both set"));
+
+  const core::error many = parse_bad(four + "[recompute]\nmode = \"full\"\nlayers = 5\n");
+  CHECK(many.where.key == "recompute.layers");
+  CHECK(many.message == "recompute.layers 5 is more than the 4 layers of the largest model chunk");
+  CHECK(contains(many.hint, "use 1..4"));
+
+  const core::error past = parse_bad(four + "[recompute]\nmode = \"full\"\nlayer_list = [1, 8]\n");
+  CHECK(past.where.key == "recompute.layer_list");
+  CHECK(past.message == "item 1 of recompute.layer_list, 8, is not a layer of the 8-layer model");
+  CHECK(contains(past.hint, "0 to num_layers - 1 = 7"));
+  const core::error twice = parse_bad(four + "[recompute]\nmode = \"full\"\nlayer_list = [3, 3]\n");
+  CHECK(contains(twice.message, "layer 3 is listed twice"));
+  const core::error negative = parse_bad(four + "[recompute]\nmode = \"full\"\nlayer_list = [-1]\n");
+  CHECK(contains(negative.message, "out of range [0, 9999]"));
+}

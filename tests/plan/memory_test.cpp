@@ -142,3 +142,67 @@ TEST_CASE("with optimizer.offload the planned device peaks still match a CPU run
     compare(c);
   }
 }
+
+namespace {
+
+std::uint64_t term(const plan::rank_plan& r, const std::string& name) {
+  for (const auto& t : r.terms)
+    if (t.name == name) return t.bytes;
+  return 0;
+}
+
+/// `c` with `sets` applied through the parser (validated as `troupe plan --set` would).
+core::config with(const core::config& c, const std::vector<std::string>& sets) {
+  auto r = core::parse_config(core::to_toml(c), "memory_test", sets);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
+  return r.value();
+}
+
+}  // namespace
+
+TEST_CASE("the plan follows uneven stages and per-layer recompute, and matches a CPU run within 10 %") {
+  for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama}) {
+    INFO((arch == core::arch_kind::gpt2 ? "gpt2" : "llama"));
+    scratch_dir tmp("plan_uneven");
+    const core::config base = layout(tmp, arch, 2, 1, core::recompute_mode::none, 0);
+    // The first stage's parameters grow with every layer moved onto it, the last stage's shrink.
+    std::vector<std::uint64_t> first, last;
+    for (const std::string split : {"[1,3]", "[2,2]", "[3,1]"}) {
+      auto p = plan::make_plan(with(base, {"parallel.stage_layers=" + split}), {});
+      REQUIRE(p.ok());
+      REQUIRE(p->ranks.size() == 2);
+      first.push_back(term(p->ranks[0], "fp32 parameters"));
+      last.push_back(term(p->ranks[1], "fp32 parameters"));
+    }
+    CHECK(first[0] < first[1]);
+    CHECK(first[1] < first[2]);
+    CHECK(last[0] > last[1]);
+    CHECK(last[1] > last[2]);
+    // The even split is the default's plan.
+    auto even = plan::make_plan(base, {});
+    REQUIRE(even.ok());
+    CHECK(term(even->ranks[0], "fp32 parameters") == first[1]);
+
+    // Activations: recomputing some layers of a chunk keeps less than none, more than all.
+    const auto saved = [&](const std::vector<std::string>& sets) {
+      auto p = plan::make_plan(with(base, sets), {});
+      REQUIRE(p.ok());
+      return p->ranks[0].saved_per_microbatch;
+    };
+    const std::uint64_t none = saved({}), all = saved({"recompute.mode=full"}),
+                        one = saved({"recompute.mode=full", "recompute.layers=1"}),
+                        listed = saved({"recompute.mode=full", "recompute.layer_list=[0]"}),
+                        sel_all = saved({"recompute.mode=selective"}),
+                        sel_one = saved({"recompute.mode=selective", "recompute.layers=1"});
+    CHECK(all < one);
+    CHECK(one < none);
+    CHECK(listed == one);
+    CHECK(sel_all < sel_one);
+    CHECK(sel_one < none);
+
+    // Planned peaks against a real run, uneven and per-layer.
+    compare(with(base, {"parallel.stage_layers=[1,3]", "recompute.mode=full", "recompute.layers=1"}));
+    compare(with(base, {"parallel.stage_layers=[3,1]", "recompute.mode=selective",
+                        "recompute.layer_list=[1,3]"}));
+  }
+}
