@@ -462,3 +462,26 @@ TEST_CASE("instruction data: the whole run and each worker alone replay bit for 
     CHECK(rep.messages > 0);
   }
 }
+
+TEST_CASE("a run with uneven stages and per-layer recompute replays bit for bit, whole and one rank") {
+  scratch_dir tmp("rp_uneven");
+  auto base = recorded_config(tmp, 2, 1);
+  base.runtime.record_tensors = true;
+  auto parsed = core::parse_config(core::to_toml(base), "rp_uneven",
+                                   {"parallel.stage_layers=[3,1]", "recompute.mode=full",
+                                    "recompute.layers=2"});
+  REQUIRE_MESSAGE(parsed.ok(), (parsed.ok() ? "" : parsed.err().to_string()));
+  const core::config cfg = parsed.value();
+  train(cfg);
+  auto rep = replay(cfg.runtime.run_dir);
+  CHECK_MESSAGE(rep.matched, rep.mismatch);
+  CHECK(rep.messages == static_cast<std::int64_t>(records(cfg).size()));
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank ", rank);
+    actors::replay_options opt;
+    opt.rank = rank;
+    auto one = replay(cfg.runtime.run_dir, opt);
+    CHECK_MESSAGE(one.matched, one.mismatch);
+    CHECK(one.messages > 0);
+  }
+}
