@@ -219,6 +219,17 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
     core::config whole = cfg;
     whole.parallel.pipeline_stage = 1;
     whole.parallel.virtual_pipeline = 1;
+    whole.parallel.stage_layers.clear();
+    whole.parallel.first_stage_layers = whole.parallel.last_stage_layers = 0;
+    // The same layers recompute as in the config's chunks, named by index.
+    const std::vector<bool> again = core::recompute_layers(cfg);
+    if (std::find(again.begin(), again.end(), false) != again.end()) {
+      whole.recompute.layers = 0;
+      whole.recompute.layer_list.clear();
+      for (std::size_t i = 0; i < again.size(); ++i)
+        if (again[i]) whole.recompute.layer_list.push_back(static_cast<int>(i));
+      if (whole.recompute.layer_list.empty()) whole.recompute.mode = core::recompute_mode::none;
+    }
     const schedules::cost_model w = chunk_costs(whole, o.cal);
     p.pipeline_s = (w.f + w.b) * l.microbatches * l.dp;
   }
