@@ -117,7 +117,7 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
   p.schedule = sched.value().name;
   p.recompute = recompute_name(cfg.recompute.mode);
   if (cfg.recompute.mode != core::recompute_mode::none && cfg.recompute.layers > 0)
-    p.recompute += " (first " + std::to_string(cfg.recompute.layers) + " layers of each chunk)";
+    p.recompute += " (the first " + std::to_string(cfg.recompute.layers) + " of each chunk's layers)";
   if (cfg.recompute.mode != core::recompute_mode::none && !cfg.recompute.layer_list.empty()) {
     p.recompute += " (layers";
     for (std::size_t i = 0; i < cfg.recompute.layer_list.size(); ++i)
