@@ -15,6 +15,27 @@ const char* recompute_name(core::recompute_mode m) {
   return m == core::recompute_mode::none ? "none" : m == core::recompute_mode::full ? "full" : "selective";
 }
 
+/// ", layers [1, 3]" for an uneven split, "" for an even one.
+std::string split_text(const core::config& cfg) {
+  const std::vector<int> split = core::chunk_layers(cfg);
+  if (std::all_of(split.begin(), split.end(), [&](int n) { return n == split.front(); })) return {};
+  std::string out = ", layers [";
+  for (std::size_t i = 0; i < split.size(); ++i) out += (i ? ", " : "") + std::to_string(split[i]);
+  return out + "]";
+}
+
+/// " of layers 0, 2" when recompute applies to some layers only.
+std::string recompute_layers_text(const core::config& cfg) {
+  const std::vector<bool> mask = core::recompute_layers(cfg);
+  if (cfg.recompute.mode == core::recompute_mode::none ||
+      std::find(mask.begin(), mask.end(), false) == mask.end())
+    return {};
+  std::string out;
+  for (std::size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) out += (out.empty() ? " of layers " : ", ") + std::to_string(i);
+  return out.empty() ? " of no layer" : out;
+}
+
 }  // namespace
 
 bool hosted_job::hosts(int w) const { return std::binary_search(workers.begin(), workers.end(), w); }
@@ -95,10 +116,11 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
 
   if (opt.log && h.hosts(0)) {
     std::fprintf(opt.log,
-                 "troupe: %d worker(s) as actors: data_parallel %d × pipeline_stage %d (virtual %d), "
-                 "schedule %s, %d micro-batches per replica, ZeRO-%d, recompute %s\n",
-                 layout.workers(), layout.dp, layout.pp, layout.v, j.program.name.c_str(),
-                 layout.microbatches, layout.zero_stage, recompute_name(cfg.recompute.mode));
+                 "troupe: %d worker(s) as actors: data_parallel %d × pipeline_stage %d (virtual %d%s), "
+                 "schedule %s, %d micro-batches per replica, ZeRO-%d, recompute %s%s\n",
+                 layout.workers(), layout.dp, layout.pp, layout.v, split_text(cfg).c_str(),
+                 j.program.name.c_str(), layout.microbatches, layout.zero_stage,
+                 recompute_name(cfg.recompute.mode), recompute_layers_text(cfg).c_str());
     std::fflush(opt.log);
   }
 

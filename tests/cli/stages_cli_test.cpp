@@ -38,6 +38,7 @@ std::string write_config(const scratch_dir& tmp, const std::string& arch) {
 struct result {
   std::vector<std::string> losses;            // "step:loss" of metrics.jsonl
   std::map<std::string, std::uint64_t> hashes;  // tensor name -> xxh64 of the last checkpoint
+  std::string log;                              // stdout and stderr
 };
 
 result train(const scratch_dir& tmp, const std::string& config, const std::string& run,
@@ -47,6 +48,7 @@ result train(const scratch_dir& tmp, const std::string& config, const std::strin
                                   "train '" + config + "' --set runtime.run_dir='" + dir + "' " + args);
   REQUIRE_MESSAGE(r.code == 0, r.err);
   result out;
+  out.log = r.out + r.err;
   std::istringstream in(slurp(fs::path(dir) / "metrics.jsonl"));
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
@@ -81,6 +83,10 @@ TEST_CASE("troupe train with uneven stages and per-layer recompute equals the ev
       const result r = train(tmp, config, name, args);
       CHECK(r.losses == ref.losses);
       CHECK(r.hashes == ref.hashes);
+      // The start line names the split and the layers that recompute.
+      if (name == "uneven") CHECK_MESSAGE(contains(r.log, "(virtual 1, layers [1, 2])"), r.log);
+      if (name == "offset_recompute")
+        CHECK_MESSAGE(contains(r.log, "recompute full of layers 0, 2"), r.log);
     }
     // A split that does not add up is refused before any step, naming the key.
     const run_result bad = run_troupe(tmp.path,
