@@ -72,6 +72,15 @@ TEST_CASE("lora: pipeline splits, schedules and recompute are bit-identical to t
       cfg.recompute.mode = mode;
       check_identical(actors_run(cfg), oracle);
     }
+    // An uneven split with per-layer recompute (core::chunk_layers, core::recompute_layers).
+    {
+      INFO("stage_layers [3, 1], recompute.layers 1");
+      auto cfg = lora_config(tmp, 2, 1, arch);
+      cfg.parallel.stage_layers = {3, 1};
+      cfg.recompute.mode = core::recompute_mode::full;
+      cfg.recompute.layers = 1;
+      check_identical(actors_run(cfg), oracle);
+    }
   }
 }
 
