@@ -46,12 +46,12 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
   }
   calibration cal = default_calibration(cfg.runtime.device, cfg.precision.compute);
   cal.source = "measured";
-  const int layers = std::min(cfg.model.num_layers, 2);
   const std::int64_t rows =
       static_cast<std::int64_t>(cfg.parallel.micro_batch_size) * cfg.model.seq_length;
 
-  // A chunk forward + backward of one micro-batch.
-  {
+  // Forward + backward of one micro-batch through a chunk of `layers` layers with the embedding
+  // and the head.
+  auto chunk_seconds = [&](int layers) {
     model::chunk c(cfg.model, model::chunk_spec{0, layers, true, true}, *be, cfg.precision.compute);
     c.init(cfg.train.seed);
     core::tensor tokens = core::tensor::zeros({rows}, core::dtype::i32);
@@ -66,10 +66,28 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
       c.backward(0, {});
       c.release(0);
     };
-    const double t = time_per_call(once, *be, repeats);
+    return time_per_call(once, *be, repeats);
+  };
+  // Two chunk depths separate the time per layer from what every micro-batch pays once (the
+  // embedding, the head and the cross-entropy, which run at another rate than the layers); the
+  // rate is then the config's whole model's FLOPs over its time, so that a deep model is not
+  // priced at the rate of a shallow chunk dominated by its head.
+  {
+    const int L = cfg.model.num_layers;
+    const int a = std::min(L, 1), b = std::min(L, 3);
+    const double t_a = chunk_seconds(a);
+    double per_layer = 0, fixed = t_a;
+    if (b > a) {
+      const double t_b = chunk_seconds(b);
+      per_layer = (t_b - t_a) / (b - a);
+      fixed = t_a - a * per_layer;
+    }
+    double whole = L * per_layer + fixed;
+    int layers = L;
+    if (per_layer <= 0 || fixed <= 0) whole = t_a, layers = a;  // too noisy to separate
     const double flops = 3 * forward_flops(cfg.model, layers, true, rows);
     const double overhead = 3.0 * forward_ops_per_layer(cfg.model) * layers * cal.op_overhead_s;
-    cal.flops_per_s = flops / std::max(t - overhead, t / 2);
+    cal.flops_per_s = flops / std::max(whole - overhead, whole / 2);
   }
   // AdamW over 16M elements: 28 bytes each.
   {
