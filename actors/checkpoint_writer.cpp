@@ -4,8 +4,9 @@
 // "<name>.exp_avg" / "<name>.exp_avg_sq", and the loss scaler's state when dynamic loss scaling is
 // on (it comes with the coordinator's announcement) — and writes them with model::checkpoint::save
 // (temporary directory, fsync, rename), then tells the coordinator.
-#include <cstring>
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <optional>
 
 #include "actors/actors.hpp"
@@ -92,6 +93,13 @@ core::result<std::string> write(const job& j, const std::string& root, std::int6
     std::copy(p.scaler.begin(), p.scaler.end(), s.data<double>());
     req.shards.push_back({"optimizer-scaler.safetensors", "optimizer",
                           {{model::loss_scaler_tensor_name, s}}});
+  }
+  if (j.fault && j.fault->kind == core::fault_kind::enospc && j.fault->step == req.step) {
+    // TROUPE_FAULT=enospc (test only): the disk fills up while the second file is written.
+    req.full_at_shard = req.shards.size() > 1 ? 1 : 0;
+    std::fprintf(stderr, "troupe: %s: the disk fills up halfway through %s of the checkpoint of step %d\n",
+                 j.fault->label().c_str(), req.shards[req.full_at_shard].file.c_str(), req.step);
+    std::fflush(stderr);
   }
   return model::checkpoint::save(root, req, j.cfg.checkpoint.keep);
 }

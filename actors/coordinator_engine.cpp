@@ -96,6 +96,7 @@ void coordinator_engine::begin_step(std::int64_t step) {
   step_ = step;
   losses_.clear();
   norms_.clear();
+  nonfinite_.clear();
   reports_.clear();
   shard_reports_ = 0;
   t_step_ = clock::now();
@@ -125,6 +126,7 @@ void coordinator_engine::on_norm(norm_part n) {
             std::to_string(core::exact_sum_words),
         "every worker must run the same troupe build; rebuild and relaunch"));
   norms_[{n.chunk, n.part}] = std::move(n.sumsq);
+  if (!n.nonfinite.empty() && nonfinite_.empty()) nonfinite_ = std::move(n.nonfinite);
   maybe_decide();
 }
 
@@ -147,13 +149,23 @@ void coordinator_engine::maybe_decide() {
   // arithmetic on the device): same norm, clip, lr, skip, scale.
   const model::step_decision d =
       model::decide_step(sumsq, scaler_, cfg_.optimizer, cfg_.train, static_cast<int>(step_));
+  // Whose gradient it was, as the optimizer shards found it.
+  const std::string culprit = nonfinite_.empty() ? std::string() : ": " + nonfinite_;
   if (!d.skip && !std::isfinite(d.grad_norm))
     // Without dynamic loss scaling a non-finite gradient would poison every parameter.
     return fail(core::error::make(
         "the gradient norm is " + std::string(std::isnan(d.grad_norm) ? "NaN" : "infinite") +
-            " at step " + std::to_string(step_) + "; the parameters were not updated",
+            " at step " + std::to_string(step_) + culprit + "; the parameters were not updated",
         "lower optimizer.lr or set train.grad_clip; with fp16 turn on "
         "precision.dynamic_loss_scale; resume from the last checkpoint with --resume"));
+  if (d.skip && log_) {
+    std::fprintf(log_,
+                 "the gradient is not finite at step %lld%s; the step is skipped (dynamic loss "
+                 "scaling), loss scale %g -> %g\n",
+                 static_cast<long long>(step_), culprit.c_str(), static_cast<double>(d.loss_scale),
+                 static_cast<double>(d.next_loss_scale));
+    std::fflush(log_);
+  }
   decision_ = d;
   phase_ = coordinator_phase::updating;
   out_.push_back(clip_decision{step_, d.grad_scale, d.lr, d.adam_step, d.skip, d.loss_scale});
@@ -206,7 +218,9 @@ void coordinator_engine::maybe_finish_step() {
     o.skipped = decision_.skip;
     o.next_loss_scale = decision_.next_loss_scale;
   }
-  pending_fields_ = stage_fields();
+  pending_fields_ = stage_fields() + skew_fields();
+  if (decision_.skip && !nonfinite_.empty())
+    pending_fields_ += ",\"nonfinite\":" + nlohmann::json(nonfinite_).dump();
   write_trace();
 
   const int done = static_cast<int>(step_) + 1;
@@ -322,6 +336,50 @@ std::string coordinator_engine::stage_fields() {
   return "\"bubble\":" + std::to_string(bubble) + ",\"stages\":" + out.dump();
 }
 
+/// The stage whose compute time this step is furthest above the median of the other replicas of
+/// its pipeline stage (they run the same instructions on as much data, so a healthy job keeps them
+/// close): the metrics line's field "skew", and a log line when it is a straggler (straggler_ratio,
+/// straggler_excess_s) — once per straggler, again only after another rank was the worst or none
+/// was. Empty without data parallelism (no replica to compare with).
+std::string coordinator_engine::skew_fields() {
+  std::map<int, std::vector<const stage_report*>> by_pp;
+  for (auto& r : reports_) by_pp[r.pp].push_back(&r);
+  const stage_report* worst = nullptr;
+  double ratio = 0, median = 0;
+  for (auto& [p, rs] : by_pp)
+    for (const stage_report* r : rs) {
+      std::vector<double> others;
+      for (const stage_report* o : rs)
+        if (o != r) others.push_back(o->busy_s);
+      if (others.empty()) continue;
+      std::sort(others.begin(), others.end());
+      const std::size_t n = others.size();
+      const double m = n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
+      if (m <= 0 || r->busy_s / m <= ratio) continue;
+      worst = r;
+      ratio = r->busy_s / m;
+      median = m;
+    }
+  if (!worst) return "";
+  const int rank = layout_.worker(worst->dp, worst->pp);
+  const bool straggling = ratio >= straggler_ratio && worst->busy_s - median >= straggler_excess_s;
+  if (straggling && rank != straggler_ && log_) {
+    std::fprintf(log_,
+                 "straggler at step %lld: %s (rank %d) computed for %.3f s, %.1fx the median "
+                 "%.3f s of the other replicas of pipeline stage %d (metrics.jsonl: \"skew\")\n",
+                 static_cast<long long>(step_),
+                 actor_name(address{role::stage, worst->dp, worst->pp}).c_str(), rank,
+                 worst->busy_s, ratio, median, worst->pp);
+    std::fflush(log_);
+  }
+  straggler_ = straggling ? rank : -1;
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                ",\"skew\":{\"rank\":%d,\"ratio\":%.3f,\"busy_s\":%.6f,\"median_busy_s\":%.6f}",
+                rank, ratio, worst->busy_s, median);
+  return buf;
+}
+
 void coordinator_engine::write_trace() {
   if (!trace_.is_open()) return;
   std::string chunk;
@@ -366,9 +424,13 @@ void coordinator_engine::print_memory() {
   std::fprintf(log_, "\n");
 }
 
-void coordinator_engine::on_heartbeat(worker_heartbeat h) {
+void coordinator_engine::on_heartbeat(worker_heartbeat h, clock::time_point now) {
   const int rank = h.rank;
-  beats_[rank] = {std::move(h), clock::now()};
+  // A stage that moved on since its last heartbeat is progress, though no step ended: a slow
+  // worker (a straggler) is not a hung one.
+  const auto before = beats_.find(rank);
+  if (before != beats_.end() && before->second.first.status != h.status) progressed(now);
+  beats_[rank] = {std::move(h), now};
 }
 
 bool coordinator_engine::on_failure(const actor_failure& f, bool defer) {
@@ -409,6 +471,8 @@ core::error coordinator_engine::process_lost(int rank, const std::string& why) c
 void coordinator_engine::on_down(const address& who, bool unreachable, const std::string& reason) {
   if (phase_ == coordinator_phase::stopped) return;
   if (unreachable) return fail(process_lost(worker_of(layout_, who), reason));
+  // An actor that failed ends after its report: the held report says more than its end.
+  if (deferred_) return;
   fail(core::error::make(actor_name(who) + " stopped unexpectedly during step " +
                              std::to_string(step_) + " (" + reason + ")",
                          "see the messages above; rerun with the same config to reproduce it "
@@ -418,6 +482,11 @@ void coordinator_engine::on_down(const address& who, bool unreachable, const std
 watchdog_action coordinator_engine::on_tick(clock::time_point now) {
   if (phase_ == coordinator_phase::stopped) return watchdog_action::wait;
   const double idle = std::chrono::duration<double>(now - last_progress_).count();
+  if (asking_ && last_progress_ > asked_at_) {
+    // Something moved while the stages were being asked: slow, not hung.
+    asking_ = false;
+    return watchdog_action::wait;
+  }
   if (asking_) {
     std::string text = "no progress for " + std::to_string(static_cast<int>(idle)) +
                        " s at step " + std::to_string(step_) + "; who waits on whom:";
@@ -430,6 +499,8 @@ watchdog_action coordinator_engine::on_tick(clock::time_point now) {
   // Waiting for an evaluation's snapshot is not a hang of the pipeline.
   if (idle > watchdog_.count() / 1000.0 && phase_ != coordinator_phase::evaluating) {
     asking_ = true;
+    asked_at_ = now;
+    hang_lines_.clear();
     return watchdog_action::ask;
   }
   return watchdog_action::wait;

@@ -14,6 +14,7 @@
 // event may queue commands (take_commands) for the host to send, in order.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -73,6 +74,12 @@ struct checkpoint_cmd {  // to the writer (announce, with the loss scaler's stat
 // clip_decision goes to every shard.
 using coordinator_command = std::variant<begin_step_cmd, clip_decision, snapshot_cmd, checkpoint_cmd>;
 
+/// A stage computing at least this many times as long in a step as the median of the other
+/// replicas of its pipeline stage, and at least straggler_excess_s longer (shorter differences are
+/// the noise of a busy host), is reported as a straggler (coordinator_engine, metrics "skew").
+inline constexpr double straggler_ratio = 2.0;
+inline constexpr double straggler_excess_s = 0.05;
+
 /// What the watchdog should do after a tick.
 enum class watchdog_action {
   wait,       // tick again in a second
@@ -99,14 +106,18 @@ class coordinator_engine {
   /// Chunk `chunk`'s parameters for the evaluation that is due.
   void on_snapshot(int chunk, core::tensor params);
   void on_checkpoint(const checkpoint_written& w);
-  void on_heartbeat(worker_heartbeat h);
+  /// A worker's heartbeat at `now`: its stage's status line; a line that changed since the
+  /// worker's last heartbeat counts as progress (a slow stage is not a hung one).
+  void on_heartbeat(worker_heartbeat h, clock::time_point now = clock::now());
   /// An actor reported a failure. Across processes (`defer` true) a survivor often fails first,
   /// on the lost connection to a dead worker: the failure is held until on_deferred_timeout so the
   /// dead process's down message, which names the real culprit, can come first. Returns true when
   /// the host must call on_deferred_timeout later.
   bool on_failure(const actor_failure& f, bool defer);
   void on_deferred_timeout();
-  /// The actor at `who` ended without a report. `unreachable`: its process's connection is lost.
+  /// The actor at `who` ended. `unreachable`: its process's connection is lost (that stops the job
+  /// naming the process); otherwise, unless a failure report is already held, the job stops naming
+  /// the actor.
   void on_down(const address& who, bool unreachable, const std::string& reason);
   /// The watchdog's tick at `now`.
   watchdog_action on_tick(clock::time_point now);
@@ -133,10 +144,11 @@ class coordinator_engine {
   void close_trace();
   void write_trace();
   std::string stage_fields();
+  std::string skew_fields();
   void print_memory();
   core::error process_lost(int rank, const std::string& why) const;
   int expected_norm_parts() const;
-  void progressed() { last_progress_ = clock::now(); }
+  void progressed(clock::time_point at = clock::now()) { last_progress_ = std::max(last_progress_, at); }
 
   const core::config& cfg_;
   job_layout layout_;
@@ -157,6 +169,7 @@ class coordinator_engine {
   clock::time_point t_step_;
   std::map<int, std::vector<double>> losses_;                        // dp -> per-mb loss sums
   std::map<std::pair<int, int>, std::vector<std::int64_t>> norms_;   // (chunk, part) -> exact sum
+  std::string nonfinite_;  // the first shard's note on a non-finite gradient this step
   model::loss_scaler scaler_;
   model::step_decision decision_;
   std::vector<stage_report> reports_;
@@ -178,6 +191,8 @@ class coordinator_engine {
   std::optional<core::error> deferred_;
   clock::time_point last_progress_ = clock::now();
   bool asking_ = false;  // the watchdog asked the stages; the next tick reports
+  clock::time_point asked_at_;
+  int straggler_ = -1;   // the rank last reported as a straggler (-1: none now)
   std::vector<std::string> hang_lines_;
 };
 

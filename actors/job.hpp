@@ -9,6 +9,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "actors/recorder.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/fault.hpp"
 #include "schedules/schedule.hpp"
 #include "transport/transport.hpp"
 
@@ -35,6 +37,9 @@ struct job {
   std::shared_ptr<message_sink> sink;
   /// A test-only bit flip of one sent tensor (actors/perturb.hpp); null = none.
   std::shared_ptr<send_perturbation> perturb;
+  /// A test-only injected fault (TROUPE_FAULT, core/fault.hpp): the checkpoint writer acts on
+  /// `enospc`, the stages of its rank on `nan` and `slow`; none = none.
+  std::optional<core::fault_spec> fault;
   std::chrono::steady_clock::time_point epoch;
   std::chrono::milliseconds recv_timeout{60000};
   std::FILE* log = stdout;
@@ -102,8 +107,10 @@ void report_exceptions(Self* self, std::shared_ptr<job> j, address me, Where whe
       [self, j = std::move(j), me, where](caf::scheduled_actor*, std::exception_ptr& e) {
         const std::string what = exception_text(e);
         auto [step, instruction] = where();
-        self->send(j->coordinator,
-                   actor_failure{actor_name(me), j->worker_of(me), step, instruction, what});
+        // Urgent, as the down message this actor's end sends next is: so the coordinator reads
+        // the failure, which names the step and instruction, before it learns of the end.
+        self->template send<caf::message_priority::high>(
+            j->coordinator, actor_failure{actor_name(me), j->worker_of(me), step, instruction, what});
         return caf::make_error(caf::sec::runtime_error, what);
       });
 }

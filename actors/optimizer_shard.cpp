@@ -47,7 +47,8 @@ caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
         self->state.step = m.step;
         if (eng.reduce(m.step)) {
           for (auto& [chunk, blocks] : eng.take_norm_parts())
-            self->send(j->coordinator, norm_part{m.step, chunk, part, std::move(blocks)});
+            self->send(j->coordinator,
+                       norm_part{m.step, chunk, part, std::move(blocks), eng.nonfinite()});
         }
         apply_when_reduced(self, *j, pp, part);
       },

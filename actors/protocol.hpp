@@ -50,7 +50,7 @@ typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, norm_part& x) {
-  return f(TROUPE_INSPECT_NAME("norm_part"), x.step, x.chunk, x.part, x.sumsq);
+  return f(TROUPE_INSPECT_NAME("norm_part"), x.step, x.chunk, x.part, x.sumsq, x.nonfinite);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, clip_decision& x) {

@@ -1,10 +1,22 @@
 #include "actors/shard_engine.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.hpp"
 
 namespace troupe::actors {
+namespace {
+
+/// Index of the first non-finite value of a host f32 tensor, or -1.
+std::int64_t first_nonfinite(const core::tensor& host) {
+  const float* x = host.data<float>();
+  for (std::int64_t i = 0; i < host.numel(); ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
+}
+
+}  // namespace
 
 shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, int part,
                            kernels::backend& be, std::vector<shard_chunk> chunks,
@@ -96,11 +108,16 @@ bool shard_engine::reduce(std::int64_t step) {
     for (int d = 0; d < layout_.dp; ++d)
       if (!stash_.count(key(i, d))) return false;
   norm_parts_.clear();
+  nonfinite_.clear();
   bool adopted = false;
+  // Every replica's slices, kept until the norm is known: when it is not finite, they tell whose
+  // gradient went wrong (held views, no copies).
+  std::vector<std::vector<core::tensor>> slices(chunks_.size());
   for (std::size_t i = 0; i < chunks_.size(); ++i) {
     // replica 0 + replica 1 + ... : the fixed order that makes the sum reproducible
     for (int d = 0; d < layout_.dp; ++d) {
       core::tensor g = stash_.extract(key(i, d)).mapped();
+      slices[i].push_back(g);
       TROUPE_CHECK(g.numel() == reduced_[i].numel(),
                    "gradient slice of chunk " + std::to_string(chunks_[i].chunk) + " from replica " +
                        std::to_string(d) + " has " + std::to_string(g.numel()) +
@@ -126,6 +143,7 @@ bool shard_engine::reduce(std::int64_t step) {
       const core::exact_sum s = model::gradient_sumsq(be_, mine);
       norm_parts_.emplace_back(chunks_[i].chunk,
                                std::vector<std::int64_t>(s.words, s.words + core::exact_sum_words));
+      if (nonfinite_.empty() && !std::isfinite(s.value())) nonfinite_ = locate_nonfinite(i, slices[i]);
     }
   }
   if (host_) {
@@ -171,6 +189,30 @@ std::vector<model::param_slot> shard_engine::piece_slots(const piece& pc,
     out.push_back(std::move(p));
   }
   return out;
+}
+
+std::string shard_engine::locate_nonfinite(std::size_t i, const std::vector<core::tensor>& slices) {
+  const std::int64_t lo = ranges_[i].first;
+  for (int d = 0; d < static_cast<int>(slices.size()); ++d) {
+    if (slices[d].numel() == 0) continue;
+    const core::tensor host = be_.to_host(slices[d]);  // gradients are fp32
+    const std::int64_t at = first_nonfinite(host);
+    if (at < 0) continue;
+    std::string name = "?";
+    std::int64_t within = lo + at;
+    for (const auto& p : chunks_[i].params)
+      if (lo + at >= p.offset && lo + at < p.offset + p.numel) {
+        name = p.name;
+        within = lo + at - p.offset;
+      }
+    return std::string(std::isnan(host.data<float>()[at]) ? "NaN" : "an infinity") +
+           " in the gradient of " + name + " (element " + std::to_string(within) + " of it; chunk " +
+           std::to_string(chunks_[i].chunk) + ") from " + actor_name(address{role::stage, d, pp_}) +
+           " (rank " + std::to_string(layout_.worker(d, pp_)) + ")";
+  }
+  // Every replica's own slice is finite and their sum is not: it overflowed while they were added.
+  return "the sum of the replicas' gradients of chunk " + std::to_string(chunks_[i].chunk) +
+         " overflowed (each replica's own gradient is finite)";
 }
 
 std::vector<std::pair<int, std::vector<std::int64_t>>> shard_engine::take_norm_parts() {

@@ -20,6 +20,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,10 @@ class shard_engine {
   /// Norm blocks of each chunk's slice after reduce(), as (chunk, blocks); empty when this shard
   /// does not contribute to the norm.
   std::vector<std::pair<int, std::vector<std::int64_t>>> take_norm_parts();
+  /// After reduce(), when this shard's part of the gradient norm is not finite: where the first
+  /// non-finite value came from — "NaN in the gradient of h.1.attn.c_attn.weight (element 5 of
+  /// it, chunk 1) from stage(dp=1, pp=1) (rank 3)"; "" when the part is finite.
+  const std::string& nonfinite() const { return nonfinite_; }
   /// AdamW on the owned slices with the coordinator's decision — gradient factor `scale` (clip and
   /// loss-scale undo), learning rate, AdamW's 1-based t — or, when `skip` (dynamic loss scaling
   /// saw an overflow), no update at all. Either way queues the parameter slices (and, under
@@ -99,6 +104,7 @@ class shard_engine {
   std::vector<model::param_slot> piece_slots(const piece& p, const core::tensor& staged) const;
   /// Queues the host copy of pieces_[next_piece_] into staging buffer `buffer` (offload).
   void copy_next_piece(int buffer);
+  std::string locate_nonfinite(std::size_t i, const std::vector<core::tensor>& slices);
 
   const core::config& cfg_;
   job_layout layout_;
@@ -125,6 +131,7 @@ class shard_engine {
   std::map<std::pair<transport::tag, int>, core::tensor> stash_;
   std::int64_t reduced_step_ = -1;
   std::vector<std::pair<int, std::vector<std::int64_t>>> norm_parts_;
+  std::string nonfinite_;
   std::vector<outgoing> out_;
 };
 

@@ -1,6 +1,9 @@
 #include "actors/stage_engine.hpp"
 
 #include <cmath>
+#include <cstdio>
+#include <limits>
+#include <thread>
 
 #include "core/error.hpp"
 #include "model/optimizer.hpp"
@@ -168,6 +171,11 @@ bool stage_engine::run() {
       return false;
     }
     auto t1 = clock::now();
+    if (fault_ && fault_->kind == core::fault_kind::slow && schedules::is_compute(op.kind)) {
+      // TROUPE_FAULT=slow (test only): a straggler, as a slower device or a throttled host is.
+      std::this_thread::sleep_for((t1 - t0) * (fault_->factor - 1));
+      t1 = clock::now();
+    }
     if (blocked_since_) {
       record("wait " + schedules::to_string(op), event_cat::wait, *blocked_since_, t0);
       blocked_since_.reset();
@@ -249,7 +257,40 @@ bool stage_engine::execute(const schedules::instruction& op) {
   return true;
 }
 
+/// TROUPE_FAULT=nan (test only): a NaN in one element of this stage's first chunk's gradient
+/// in the fault's step, just before the gradient leaves for the optimizer shards — as a bad kernel,
+/// a flipped bit in memory or an overflow would leave it.
+void stage_engine::maybe_inject_nan(int c) {
+  if (!fault_ || fault_->kind != core::fault_kind::nan || nan_injected_ || step_ != fault_->step ||
+      c != pp_)
+    return;
+  nan_injected_ = true;
+  // The middle element of the middle parameter (not padding between parameters, which no norm
+  // and no update reads).
+  const auto& params = chunk_for(c).params();
+  const model::param_info& p = params.at(params.size() / 2);
+  const std::int64_t at = p.offset + p.numel / 2;
+  core::tensor g = chunk_for(c).flat_grads();
+  core::tensor nan = core::tensor::zeros({1}, core::dtype::f32);
+  nan.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  core::tensor dst = g.slice(at, {1});
+  if (g.type() == core::dtype::f32) {
+    be_.copy(nan, dst);
+  } else {
+    core::tensor one = be_.empty({1}, g.type());
+    be_.convert(on_device(nan), one);
+    be_.copy(one, dst);
+  }
+  std::fprintf(stderr,
+               "troupe: %s: stage(dp=%d, pp=%d) put a NaN into element %lld of the gradient of %s "
+               "(chunk %d) at step %lld\n",
+               fault_->label().c_str(), dp_, pp_, static_cast<long long>(p.numel / 2), p.name.c_str(),
+               c, static_cast<long long>(step_));
+  std::fflush(stderr);
+}
+
 void stage_engine::send_slices(int c) {
+  maybe_inject_nan(c);
   core::tensor g = chunk_for(c).flat_grads();
   for (int k = 0; k < layout_.dp; ++k) {
     auto [lo, hi] = layout_.shard_range(g.numel(), k);

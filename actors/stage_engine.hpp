@@ -20,6 +20,7 @@
 #include "actors/layout.hpp"
 #include "actors/wire.hpp"
 #include "core/config.hpp"
+#include "core/fault.hpp"
 #include "kernels/backend.hpp"
 #include "model/chunk.hpp"
 #include "model/loader.hpp"
@@ -65,6 +66,8 @@ class stage_engine {
   /// that every rank computes alike), which is fewer than the tokens with masked instruction data.
   /// Without it every token of the global batch is a target.
   void set_data(std::shared_ptr<const model::loader> data) { data_ = std::move(data); }
+  /// Arms a test-only fault of this stage's worker (TROUPE_FAULT nan or slow, core/fault.hpp).
+  void inject(const core::fault_spec& f) { fault_ = f; }
   /// Starts step `step`: resets the program counter and timings. `loss_scale` multiplies the loss
   /// gradient (dynamic loss scaling; 1 without).
   void begin_step(std::int64_t step, float loss_scale = 1.0f);
@@ -110,6 +113,7 @@ class stage_engine {
   void emit(address to, transport::tag tg, core::tensor t);
   void record(const std::string& name, event_cat cat, clock::time_point start, clock::time_point end);
   void maybe_inject_fault(const schedules::instruction& op) const;
+  void maybe_inject_nan(int chunk);
 
   const core::config& cfg_;
   job_layout layout_;
@@ -140,6 +144,8 @@ class stage_engine {
   };
   std::map<int, reduce_progress> reduce_state_;
   bool finishing_ = false;  // past the last instruction: deferred reductions run now
+  std::optional<core::fault_spec> fault_;  // test only (inject)
+  bool nan_injected_ = false;
 };
 
 }  // namespace troupe::actors

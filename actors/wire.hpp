@@ -114,6 +114,7 @@ struct norm_part {
   std::int32_t chunk = 0;
   std::int32_t part = 0;
   std::vector<std::int64_t> sumsq;
+  std::string nonfinite;  // when the sum is not finite: whose value first was not (shard_engine)
 };
 
 /// The coordinator's decision for step `step` (model::decide_step): AdamW's gradient factor

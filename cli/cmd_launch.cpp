@@ -28,6 +28,7 @@
 #include "cli/launch_workers.hpp"
 #include "cli/plan_check.hpp"
 #include "core/config.hpp"
+#include "core/fault.hpp"
 #include "core/machine.hpp"
 #include "model/checkpoint.hpp"
 #include "runtime/preflight.hpp"
@@ -439,6 +440,11 @@ int run_launch(launch_args& a) {
       return usage_error;
     }
   }
+  auto fault = core::fault_from_env();  // read by the workers; checked here first
+  if (!fault) {
+    print_error(fault.err().to_string());
+    return usage_error;
+  }
   if (!a.no_plan_check)
     if (int rc = check_plan(cfg.value(), a.device_memory, true)) return rc;
   auto planned = make_plan(a, cfg.value());
@@ -447,6 +453,14 @@ int run_launch(launch_args& a) {
     return usage_error;
   }
   const launch_plan& p = planned.value();
+  if (fault.value() && fault.value()->rank >= p.worker_num) {
+    print_error(core::error::make(fault.value()->label() + " names rank " +
+                                      std::to_string(fault.value()->rank) + " in a job of " +
+                                      std::to_string(p.worker_num) + " workers",
+                                  "test only; ranks are 0 .. --worker_num - 1 (docs/faults.md)")
+                    .to_string());
+    return usage_error;
+  }
   if (auto st = core::check_local_workers(
           cfg.value(), p.local_worker_num, true,
           std::to_string(p.local_worker_num) + " workers on this node (--local_worker_num)");

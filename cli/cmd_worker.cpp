@@ -4,7 +4,8 @@
 // TROUPE_LOCAL_WORKER_NUM, TROUPE_NODE_RANK, TROUPE_LOCAL_RANK, TROUPE_JOB_TOKEN and, optionally,
 // TROUPE_RDZV_TIMEOUT_MS and TROUPE_RESTARTS. Started by hand (with those variables set) it
 // behaves the same.
-// TROUPE_PERTURB_SEND (test only, actors/perturb.hpp) flips one bit of one tensor it sends.
+// TROUPE_PERTURB_SEND (test only, actors/perturb.hpp) flips one bit of one tensor it sends;
+// TROUPE_FAULT (test only, core/fault.hpp) injects one fault, in the first attempt only.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -15,6 +16,7 @@
 #include "runtime/preflight.hpp"
 #include "cli/live_report.hpp"
 #include "core/config.hpp"
+#include "core/fault.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -115,6 +117,25 @@ int run_worker_command(const worker_args& a) {
     }
     opt->run.perturb = p.value();
   }
+  auto fault = core::fault_from_env();
+  if (!fault) {
+    print_error(fault.err().to_string());
+    return 2;
+  }
+  if (fault.value()) {
+    if (fault.value()->rank >= opt->world_size) {
+      print_error(core::error::make(fault.value()->label() + " names rank " +
+                                        std::to_string(fault.value()->rank) + " in a job of " +
+                                        std::to_string(opt->world_size) + " workers")
+                      .to_string());
+      return 2;
+    }
+    // A fault stands for a one-off failure: the attempts after a restart run without it.
+    if (opt->run.restarts == 0) opt->run.fault = fault.value();
+    else if (fault.value()->rank == rank || (fault.value()->rank < 0 && rank == 0))
+      std::fprintf(stderr, "troupe worker rank %d: %s is not injected again after a restart\n", rank,
+                   fault.value()->label().c_str());
+  }
   bool reported = false;
   opt->report = [&reported](const core::error& e) {
     print_error(e.to_string());
@@ -153,6 +174,8 @@ const command_registrar reg{command{
           "far, written into metrics lines).\n"
           "Test only: TROUPE_PERTURB_SEND=rank:step:instruction flips the lowest bit of the\n"
           "first tensor that instruction sends, to show what troupe replay finds (docs/replay.md).\n"
+          "Test only: TROUPE_FAULT=drop:RANK:STEP | enospc:STEP | nan:RANK:STEP | slow:RANK:FACTOR\n"
+          "injects one fault in the first attempt of the job (docs/faults.md).\n"
           "Exit status: 0 the job finished; 1 the job failed (the message names the rank);\n"
           "2 the environment is incomplete.");
       return [a] { return run_worker_command(*a); };

@@ -179,13 +179,26 @@ core::result<std::string> save(const std::string& root, const save_request& req,
   fs::remove_all(tmp_dir, ec);
   fs::create_directory(tmp_dir, ec);
   if (ec) return file_error(tmp_dir.string(), "cannot create: " + ec.message());
+  // A failed write leaves nothing half-made behind: the temporary directory goes (it is never
+  // read: only step_* directories are), `latest` and the older checkpoints stay as they were.
+  auto failed = [&](core::error e) {
+    std::error_code ignored;
+    fs::remove_all(tmp_dir, ignored);
+    return e;
+  };
 
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
   nlohmann::ordered_json tensors = nlohmann::ordered_json::object();
-  for (const shard_spec& s : req.shards) {
+  for (std::size_t k = 0; k < req.shards.size(); ++k) {
+    const shard_spec& s = req.shards[k];
+    std::uint64_t full_after = UINT64_MAX;
+    if (static_cast<int>(k) == req.full_at_shard) {
+      full_after = 0;
+      for (const auto& t : s.tensors) full_after += t.value.bytes() / 2;
+    }
     auto info = safetensors::write((tmp_dir / s.file).string(), s.tensors,
-                                   {{"format", "pt"}, {"troupe_kind", s.kind}});
-    if (!info) return info.err();
+                                   {{"format", "pt"}, {"troupe_kind", s.kind}}, full_after);
+    if (!info) return failed(info.err());
     files.push_back({{"path", s.file},
                      {"kind", s.kind},
                      {"bytes", info->bytes},
@@ -209,8 +222,8 @@ core::result<std::string> save(const std::string& root, const save_request& req,
   j["files"] = std::move(files);
   j["tensors"] = std::move(tensors);
   if (auto st = write_file_synced((tmp_dir / manifest_name).string(), j.dump(1) + "\n"); !st)
-    return st.err();
-  if (auto st = fsync_dir(tmp_dir.string()); !st) return st.err();
+    return failed(st.err());
+  if (auto st = fsync_dir(tmp_dir.string()); !st) return failed(st.err());
 
   // A directory cannot be renamed over a non-empty one: move an older copy of this step aside
   // first, so that at every moment either the old or the new checkpoint is whole under its name.

@@ -58,6 +58,9 @@ struct save_request {
   /// they came from and their hash. Empty when every weight trains (no "base" in the manifest).
   std::string base_source;
   std::string base_xxh64;
+  /// Test only (TROUPE_FAULT=enospc, core/fault.hpp): the write of shards[full_at_shard] finds the
+  /// disk full halfway through its tensors' bytes. -1 = never.
+  int full_at_shard = -1;
 };
 
 /// "step_000300".
@@ -65,7 +68,9 @@ std::string dir_name(int step);
 
 /// Writes <root>/step_NNNNNN atomically (replacing an older one of the same step), updates
 /// <root>/latest, then deletes the oldest step directories beyond `keep` (0 = keep all).
-/// Returns the checkpoint directory.
+/// Returns the checkpoint directory. On failure (a full disk, ...) the error names the file; the
+/// partly written temporary directory is removed and every earlier checkpoint and `latest` are
+/// left as they were.
 core::result<std::string> save(const std::string& root, const save_request& req, int keep = 0);
 
 struct file_record {

@@ -55,17 +55,23 @@ error tensor_error(const std::string& path, const std::string& name, std::string
   return e;
 }
 
-// Writes all of [data, data + n) or reports why not.
-bool write_all(int fd, const void* data, std::size_t n) {
+// Writes all of [data, data + n) or reports why not. `room`: bytes the file may still take before
+// writes fail with ENOSPC (a test's full disk; UINT64_MAX = no limit).
+bool write_all(int fd, const void* data, std::size_t n, std::uint64_t& room) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
+    if (room == 0) {
+      errno = ENOSPC;
+      return false;
+    }
+    ssize_t w = ::write(fd, p, static_cast<std::size_t>(std::min<std::uint64_t>(n, room)));
     if (w < 0) {
       if (errno == EINTR) continue;
       return false;
     }
     p += w;
     n -= static_cast<std::size_t>(w);
+    if (room != UINT64_MAX) room -= static_cast<std::uint64_t>(w);
   }
   return true;
 }
@@ -100,7 +106,8 @@ std::string hex64(std::uint64_t v) {
 }
 
 core::result<write_info> write(const std::string& path, const std::vector<named_tensor>& tensors,
-                               const std::map<std::string, std::string>& metadata) {
+                               const std::map<std::string, std::string>& metadata,
+                               std::uint64_t full_after) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
@@ -127,12 +134,13 @@ core::result<write_info> write(const std::string& path, const std::vector<named_
   write_info info;
   XXH64_state_t* state = XXH64_createState();
   XXH64_reset(state, 0);
-  bool ok = write_all(fd, len_le, 8) && write_all(fd, text.data(), text.size());
+  std::uint64_t room = full_after;
+  bool ok = write_all(fd, len_le, 8, room) && write_all(fd, text.data(), text.size(), room);
   XXH64_update(state, len_le, 8);
   XXH64_update(state, text.data(), text.size());
   for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
     const auto& t = tensors[i].value;
-    ok = write_all(fd, t.raw(), t.bytes());
+    ok = write_all(fd, t.raw(), t.bytes(), room);
     XXH64_update(state, t.raw(), t.bytes());
     info.tensor_xxh64.push_back(xxh64(t.raw(), t.bytes()));
   }

@@ -51,9 +51,12 @@ struct write_info {
 };
 
 /// Writes `tensors` in the given order to `path` (created or truncated) and fsyncs it. Names must
-/// be unique and must not be "__metadata__".
+/// be unique and must not be "__metadata__". `full_after` is for tests only (TROUPE_FAULT=enospc,
+/// core/fault.hpp): once that many bytes of the file are written the next write fails with ENOSPC,
+/// as on a full disk.
 core::result<write_info> write(const std::string& path, const std::vector<named_tensor>& tensors,
-                               const std::map<std::string, std::string>& metadata = {});
+                               const std::map<std::string, std::string>& metadata = {},
+                               std::uint64_t full_after = UINT64_MAX);
 
 /// xxhash64 (seed 0) of a byte range; the hash used in checkpoint manifests.
 std::uint64_t xxh64(const void* data, std::size_t bytes);

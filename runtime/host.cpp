@@ -110,6 +110,7 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
     j.sink = h.rec;
   }
   j.perturb = opt.perturb;
+  j.fault = opt.fault;
   j.recv_timeout = std::chrono::seconds(cfg.runtime.watchdog_s);
   j.epoch = std::chrono::steady_clock::now();
   j.log = opt.log;
@@ -135,6 +136,9 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
     b->engine = std::make_unique<stage_engine>(cfg, layout, d, p, j.program.ranks.at(p), *b->be,
                                                std::move(chunks.value()), j.epoch);
     b->engine->set_data(h.train);
+    if (opt.fault && opt.fault->rank == w &&
+        (opt.fault->kind == core::fault_kind::nan || opt.fault->kind == core::fault_kind::slow))
+      b->engine->inject(*opt.fault);
     h.stages[{d, p}] = b;
   }
   for (int w : h.workers) {

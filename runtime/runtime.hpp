@@ -6,12 +6,14 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "actors/perturb.hpp"
 #include "actors/recorder.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/fault.hpp"
 #include "model/trainer.hpp"
 
 namespace troupe::actors {
@@ -34,6 +36,8 @@ struct run_options {
   std::vector<model::run_log::step_hook> step_hooks;
   /// Flips one bit of one tensor sent (actors/perturb.hpp, test only); null = none.
   std::shared_ptr<send_perturbation> perturb;
+  /// One injected fault (TROUPE_FAULT, core/fault.hpp; test only); none = none.
+  std::optional<core::fault_spec> fault;
   /// Automatic restarts of the job so far (`troupe launch --max-restarts`, TROUPE_RESTARTS):
   /// written into every metrics line when > 0.
   int restarts = 0;

@@ -262,6 +262,7 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
   transport::tcp_options to;
   to.job_token = opt.job_token;
   to.log = [rank](const std::string& line) { std::fprintf(stderr, "troupe worker %d: %s\n", rank, line.c_str()); };
+
   data_plane data;
   std::string blob;
   const bool gpu = cfg.runtime.device != "cpu";
@@ -296,6 +297,10 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
                      rank);
 #endif
   } else {
+    if (opt.run.fault && opt.run.fault->kind == core::fault_kind::drop && opt.run.fault->rank == rank) {
+      to.drop_step = opt.run.fault->step;  // TROUPE_FAULT=drop (test only; tcp only)
+      to.drop_label = opt.run.fault->label();
+    }
     auto tcp = transport::tcp_transport::bind(to);
     if (!tcp.ok()) return with_rank(tcp.err(), rank);
     data.tcp = tcp.value().get();

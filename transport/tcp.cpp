@@ -35,6 +35,7 @@ struct out_frame {
   std::vector<char> header;
   tensor payload;  // undefined for hello / bye
   bool counted;    // counts in peer_state::queued (what flush waits for)
+  tag tg{};        // a tensor's tag (unused for hello / bye)
 };
 
 struct incoming {
@@ -95,6 +96,7 @@ struct tcp_transport::impl {
   std::string aborted;
 
   // IO thread only.
+  bool dropped = false;  // tcp_options::drop_step has struck
   std::vector<outgoing> out;
   std::set<std::shared_ptr<incoming>> in;
   bool closing = false;
@@ -185,15 +187,22 @@ struct tcp_transport::impl {
     o.inflight = std::move(o.queue.front());
     o.queue.pop_front();
     const tensor& t = o.inflight->payload;
-    std::array<asio::const_buffer, 2> bufs{
-        asio::buffer(o.inflight->header),
-        asio::buffer(t.defined() ? t.raw() : nullptr, t.defined() ? t.bytes() : 0)};
+    const std::size_t bytes = t.defined() ? t.bytes() : 0;
+    // TROUPE_FAULT=drop (test only): half of this tensor leaves, then the connection is cut.
+    const bool drop = opt.drop_step >= 0 && !dropped && o.inflight->tg.step == opt.drop_step &&
+                      t.defined() && bytes >= 2;
+    if (drop) dropped = true;
+    const std::size_t sent = drop ? bytes / 2 : bytes;
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(o.inflight->header),
+                                           asio::buffer(t.defined() ? t.raw() : nullptr, sent)};
     auto sock = o.sock;
     asio::async_write(
-        *sock, bufs, until_done, [this, p, sock](boost::system::error_code ec, std::size_t) {
+        *sock, bufs, until_done,
+        [this, p, sock, drop, sent, bytes](boost::system::error_code ec, std::size_t) {
           if (closing || sock != out[p].sock) return;
           auto& o = out[p];
           bool counted = o.inflight->counted;
+          const tag tg = o.inflight->tg;
           o.inflight.reset();
           if (counted) {
             std::lock_guard<std::mutex> lk(mu);
@@ -203,6 +212,14 @@ struct tcp_transport::impl {
           if (ec)
             return out_lost(
                 p, "connection to " + who(p) + " lost while sending (" + ec.message() + ")");
+          if (drop) {
+            const std::string why = "the connection to " + who(p) + " was cut by " + opt.drop_label +
+                                    " halfway through " + tg.to_string() + " (" +
+                                    std::to_string(sent) + " of " + std::to_string(bytes) +
+                                    " bytes sent; test only)";
+            log(why);
+            return out_lost(p, why);
+          }
           write_next(p);
         });
   }
@@ -534,7 +551,7 @@ void tcp_transport::send(int dst, tensor t, const tag& tg) {
   h.dt = t.type();
   h.shape = t.shape();
   h.payload_bytes = t.bytes();
-  asio::post(m.io, [&m, dst, f = out_frame{h.encode(), std::move(t), true}]() mutable {
+  asio::post(m.io, [&m, dst, f = out_frame{h.encode(), std::move(t), true, tg}]() mutable {
     m.enqueue(dst, std::move(f));
   });
 }

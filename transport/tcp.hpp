@@ -50,6 +50,12 @@ struct tcp_options {
   /// Called on the IO thread, once per peer, when its connection is lost or it misbehaved (not
   /// when it closes its transport normally); `why` is the text recv would throw.
   std::function<void(int rank, const std::string& why)> on_peer_lost;
+  /// Test only (TROUPE_FAULT=drop, core/fault.hpp): in this step, the connection that carries this
+  /// rank's first tensor is closed halfway through that tensor's bytes, as a pulled cable or a
+  /// dead switch port would cut it. -1 = never.
+  std::int64_t drop_step = -1;
+  /// How the dropping names itself in the log and in the error peers get (the fault's label).
+  std::string drop_label;
 };
 
 class tcp_transport final : public transport {

@@ -52,8 +52,8 @@ std::vector<std::int64_t> norm_words(double sumsq) {
 // One step's messages from every stage and shard of the two-stage layout, up to the decision.
 void gather(coordinator_engine& e, std::int64_t step, std::vector<double> losses) {
   e.on_loss(loss_report{step, 0, std::move(losses)});
-  e.on_norm(norm_part{step, 0, 0, norm_words(0.25)});
-  e.on_norm(norm_part{step, 1, 0, norm_words(0.75)});
+  e.on_norm(norm_part{step, 0, 0, norm_words(0.25), ""});
+  e.on_norm(norm_part{step, 1, 0, norm_words(0.75), ""});
 }
 
 void report(coordinator_engine& e, std::int64_t step) {
@@ -96,9 +96,9 @@ TEST_CASE("a step goes gathering, updating, then the next step; the last waits f
 
   // The decision needs every replica's losses and every chunk's norm sum.
   e.on_loss(loss_report{0, 0, {64.0, 32.0}});
-  e.on_norm(norm_part{0, 0, 0, norm_words(0.25)});
+  e.on_norm(norm_part{0, 0, 0, norm_words(0.25), ""});
   CHECK(e.take_commands().empty());
-  e.on_norm(norm_part{0, 1, 0, norm_words(0.75)});
+  e.on_norm(norm_part{0, 1, 0, norm_words(0.75), ""});
   cs = e.take_commands();
   REQUIRE(cs.size() == 1);
   const clip_decision* d = command<clip_decision>(cs, 0);
@@ -267,4 +267,129 @@ TEST_CASE("evaluation: zero weights give ln(vocab); a token id out of range stop
     CHECK(has(m, "val_bad.bin"));
     CHECK(has(m, "model.vocab_size 64"));
   }
+}
+
+namespace {
+
+std::string read_log(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string out;
+  for (int c; (c = std::fgetc(f)) != EOF;) out += static_cast<char>(c);
+  return out;
+}
+
+const char* const culprit =
+    "NaN in the gradient of h.1.mlp.c_fc.weight (element 3 of it; chunk 1) from stage(dp=0, pp=1) (rank 1)";
+
+}  // namespace
+
+TEST_CASE("a non-finite gradient norm stops the job naming whose gradient the shard found it in") {
+  scratch_dir tmp("ce_nan_grad");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr);
+  e.start();
+  e.take_commands();
+  e.on_loss(loss_report{0, 0, {1.0, 1.0}});
+  e.on_norm(norm_part{0, 0, 0, norm_words(0.25), ""});
+  e.on_norm(norm_part{0, 1, 0, norm_words(std::nan("")), culprit});
+  CHECK(e.take_commands().empty());
+  const auto m = error_of(e);
+  CHECK(has(m, "the gradient norm is NaN at step 0: " + std::string(culprit) +
+                   "; the parameters were not updated"));
+}
+
+TEST_CASE("under dynamic loss scaling a non-finite gradient skips the step, saying whose it was") {
+  scratch_dir tmp("ce_nan_skip");
+  auto cfg = engine_config(tmp);
+  cfg.precision.dynamic_loss_scale = true;
+  std::FILE* log = std::tmpfile();
+  REQUIRE(log);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), log);
+  e.start();
+  e.take_commands();
+  e.on_loss(loss_report{0, 0, {1.0, 1.0}});
+  e.on_norm(norm_part{0, 0, 0, norm_words(0.25), ""});
+  e.on_norm(norm_part{0, 1, 0, norm_words(std::nan("")), culprit});
+  auto cs = e.take_commands();
+  REQUIRE(cs.size() == 1);
+  REQUIRE(command<clip_decision>(cs, 0));
+  CHECK(command<clip_decision>(cs, 0)->skip);
+  report(e, 0);
+  CHECK(e.phase() == coordinator_phase::gathering);  // step 1 goes on
+  const auto text = read_log(log);
+  CHECK_MESSAGE(has(text, "the gradient is not finite at step 0: " + std::string(culprit) +
+                              "; the step is skipped (dynamic loss scaling), loss scale 65536 -> 32768"),
+                text);
+  const auto metrics = model::testing::file_bytes(cfg.runtime.run_dir + "/metrics.jsonl");
+  CHECK(has(metrics, "\"skipped\":true"));
+  CHECK(has(metrics, "\"nonfinite\":\"" + std::string(culprit) + "\""));
+  std::fclose(log);
+}
+
+TEST_CASE("the watchdog counts a stage that moved on as progress, and withdraws its question when something moved") {
+  scratch_dir tmp("ce_watch_slow");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr, std::chrono::seconds(60));
+  e.start({{0, "hostA"}, {1, "hostB"}});
+  const auto t0 = coordinator_engine::clock::now();
+  const std::string at_f0 = "stage(dp=0, pp=1) (rank 1) step 0 at 1F0: computing";
+  const std::string at_f1 = "stage(dp=0, pp=1) (rank 1) step 0 at 1F1: computing";
+  e.on_heartbeat(worker_heartbeat{1, 42, at_f0}, t0 + std::chrono::seconds(1));
+  e.on_heartbeat(worker_heartbeat{1, 42, at_f1}, t0 + std::chrono::seconds(50));
+  CHECK(e.on_tick(t0 + std::chrono::seconds(70)) == watchdog_action::wait);  // moved 20 s ago
+  // The same line again is no progress: after 60 s the stages are asked...
+  e.on_heartbeat(worker_heartbeat{1, 42, at_f1}, t0 + std::chrono::seconds(100));
+  CHECK(e.on_tick(t0 + std::chrono::seconds(111)) == watchdog_action::ask);
+  // ...and a stage that moves on before the answer is due withdraws the question.
+  e.on_heartbeat(worker_heartbeat{1, 42, at_f0 + " "}, t0 + std::chrono::seconds(112));
+  CHECK(e.on_tick(t0 + std::chrono::seconds(114)) == watchdog_action::wait);
+  CHECK(e.phase() == coordinator_phase::gathering);
+  // Nothing moves any more: asked again, then stopped with the answers of that question only.
+  CHECK(e.on_tick(t0 + std::chrono::seconds(173)) == watchdog_action::ask);
+  e.hang_line("stage(dp=0, pp=1) (rank 1) step 0 at 1RECV_F0: waiting for 1RECV_F0<-0");
+  e.on_tick(t0 + std::chrono::seconds(176));
+  const auto m = error_of(e);
+  CHECK(has(m, "who waits on whom:\n    stage(dp=0, pp=1) (rank 1) step 0 at 1RECV_F0"));
+}
+
+TEST_CASE("a replica computing far longer than the others of its pipeline stage is reported as a straggler with its skew") {
+  scratch_dir tmp("ce_skew");
+  const auto cfg = engine_config(tmp);
+  job_layout two_replicas;
+  two_replicas.dp = 2;
+  two_replicas.microbatches = 2;
+  std::FILE* log = std::tmpfile();
+  REQUIRE(log);
+  coordinator_engine e(cfg, two_replicas, steps(0, 2), log);
+  e.start();
+  for (std::int64_t step = 0; step < 2; ++step) {
+    e.on_loss(loss_report{step, 0, {1.0, 1.0}});
+    e.on_loss(loss_report{step, 1, {1.0, 1.0}});
+    e.on_norm(norm_part{step, 0, 0, norm_words(0.25), ""});
+    for (int d = 0; d < 2; ++d) {
+      stage_report r;
+      r.step = step;
+      r.dp = d;
+      r.busy_s = d == 1 ? 2.5 : 0.5;  // replica 1 is five times slower
+      e.on_stage_report(std::move(r));
+      e.on_shard_report(shard_report{step, 0, d, 1024, 0});
+    }
+    if (step == 1) e.on_checkpoint(checkpoint_written{1, tmp / "ckpt", ""});
+  }
+  REQUIRE(e.outcome().has_value());
+  REQUIRE(e.outcome()->ok());
+  const auto text = read_log(log);
+  CHECK_MESSAGE(has(text, "straggler at step 0: stage(dp=1, pp=0) (rank 1) computed for 2.500 s, "
+                          "5.0x the median 0.500 s of the other replicas of pipeline stage 0"),
+                text);
+  CHECK_FALSE(has(text, "straggler at step 1"));  // once per straggler
+  const auto metrics = model::testing::file_bytes(cfg.runtime.run_dir + "/metrics.jsonl");
+  CHECK(std::count(metrics.begin(), metrics.end(), '\n') == 2);
+  size_t n = 0;
+  for (auto at = metrics.find("\"skew\":{\"rank\":1,\"ratio\":5.000,\"busy_s\":2.500000,\"median_busy_s\":0.500000}");
+       at != std::string::npos; at = metrics.find("\"skew\":{\"rank\":1,", at + 1))
+    ++n;
+  CHECK(n == 2);
+  std::fclose(log);
 }

@@ -229,8 +229,8 @@ TEST_CASE(
 
 TEST_CASE(
     "launch refuses a layout that does not split into nodes (or srun tasks), a node_rank outside "
-    "them, a multi-node job without a token and a malformed TROUPE_PERTURB_SEND, before starting "
-    "anything") {
+    "them, a multi-node job without a token and a malformed TROUPE_PERTURB_SEND or TROUPE_FAULT, "
+    "before starting anything") {
   scratch_dir tmp("launch_usage");
   auto job = write_config(tmp, 2, 2, 2);  // 4 workers
   const std::string port = std::to_string(free_port());
@@ -253,6 +253,9 @@ TEST_CASE(
        {"SLURM_JOB_NUM_NODES=1", "SLURM_STEP_NUM_TASKS=3", "SLURM_PROCID=1"},
        "do not split over Slurm's 3 nodes"},
       {{}, {"TROUPE_PERTURB_SEND=3:x:1SEND_B2->0"}, "TROUPE_PERTURB_SEND='3:x:1SEND_B2->0' is not rank:step:instruction"},
+      {{}, {"TROUPE_FAULT=melt:1:2"}, "TROUPE_FAULT='melt:1:2' names no known fault 'melt'"},
+      {{}, {"TROUPE_FAULT=slow:1:0.5"}, "TROUPE_FAULT='slow:1:0.5' is not slow:RANK:FACTOR"},
+      {{}, {"TROUPE_FAULT=drop:4:1"}, "TROUPE_FAULT=drop:4:1 names rank 4 in a job of 4 workers"},
   };
   int i = 0;
   for (const auto& c : cases) {

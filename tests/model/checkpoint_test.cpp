@@ -184,6 +184,28 @@ TEST_CASE("a checkpoint without a readable manifest is refused with a hint") {
   CHECK(error_of(dir.value()).find("hint") != std::string::npos);
 }
 
+TEST_CASE("a disk that fills during a save fails naming the file and leaves the previous checkpoint whole and latest") {
+  scratch_dir tmp("ckpt_full");
+  const std::string root = tmp / "ckpt";
+  auto first = ck::save(root, sample_request(2));
+  REQUIRE(first.ok());
+  ck::save_request second = sample_request(4);
+  second.full_at_shard = 1;  // the second file runs out of space halfway (TROUPE_FAULT=enospc)
+  auto failed = ck::save(root, second);
+  REQUIRE_FALSE(failed.ok());
+  const std::string e = failed.err().to_string();
+  CHECK_MESSAGE(e.find(".step_000004.tmp/optimizer.safetensors") != std::string::npos, e);
+  CHECK_MESSAGE(e.find("No space left on device") != std::string::npos, e);
+  // Nothing of the failed save remains that a resume could take; the older one reads whole.
+  CHECK_FALSE(fs::exists(fs::path(root) / "step_000004"));
+  CHECK_FALSE(fs::exists(fs::path(root) / ".step_000004.tmp"));
+  CHECK(file_bytes(root + "/latest") == "step_000002\n");
+  auto resolved = ck::resolve(root);
+  REQUIRE(resolved.ok());
+  CHECK(resolved.value() == first.value());
+  CHECK(error_of(first.value()) == "(opened)");
+}
+
 TEST_CASE("saving a step again replaces it, and keep deletes the oldest checkpoints") {
   scratch_dir tmp("ckpt");
   const std::string root = tmp / "c";

@@ -1,0 +1,49 @@
+// Test-only fault injection for a launched job (docs/faults.md): TROUPE_FAULT names one fault that
+// one worker of the job causes on purpose, so that the tests of the fault matrix can show how the
+// job detects it, what it says and how it recovers. Nothing here is active unless that variable is
+// set; fault_from_env is the only place it is read (`troupe worker` arms the fault, `troupe
+// launch` checks the text before starting anything).
+//
+//   drop:RANK:STEP     worker RANK's tcp transport closes its connection to the peer of the first
+//                      tensor it sends in step STEP, halfway through that tensor's bytes
+//   enospc:STEP        the checkpoint writer's write of the checkpoint of step STEP (the directory
+//                      step_<STEP>) fails with ENOSPC halfway through its second file
+//   nan:RANK:STEP      worker RANK's stage puts a NaN into one element of its first chunk's gradient
+//                      (the middle one of the middle parameter) in step STEP, before the gradient
+//                      leaves for the optimizer shards
+//   slow:RANK:FACTOR   worker RANK's stage makes every compute instruction take FACTOR times as
+//                      long (it sleeps FACTOR - 1 times the instruction's own time after it)
+//
+// A fault stands for a one-off failure: a restarted attempt (`--max-restarts`, TROUPE_RESTARTS > 0)
+// runs without it. No CAF here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace troupe::core {
+
+enum class fault_kind { drop, enospc, nan, slow };
+
+/// One injected fault (see the top of this file).
+struct fault_spec {
+  std::string text;        // as given, for messages
+  fault_kind kind = fault_kind::drop;
+  int rank = -1;           // the worker that acts (drop, nan, slow); -1 for enospc
+  std::int64_t step = -1;  // drop, nan: the step (0-based); enospc: the checkpoint's step
+  double factor = 1;       // slow
+
+  /// "TROUPE_FAULT=<text>", for messages.
+  std::string label() const { return "TROUPE_FAULT=" + text; }
+};
+
+/// Parses one fault; errors name `source` (e.g. "TROUPE_FAULT") and give the forms.
+result<fault_spec> parse_fault(const std::string& text, const std::string& source);
+
+/// TROUPE_FAULT parsed, or nothing when it is unset or empty.
+result<std::optional<fault_spec>> fault_from_env();
+
+}  // namespace troupe::core
