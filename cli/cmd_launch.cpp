@@ -640,6 +640,9 @@ const command_registrar reg{command{
 Environment:
   TROUPE_JOB_TOKEN  shared secret every worker presents at the rendezvous; a single-node launch
                     generates one, a multi-node job needs the same value exported on every node.
+  TROUPE_FAULT      test only: one injected fault (drop:RANK:STEP, enospc:STEP, nan:RANK:STEP,
+                    slow:RANK:FACTOR), checked here, acted on by the named worker in the first
+                    attempt (docs/faults.md).
   Slurm: inside an srun step each task is one launcher: SLURM_PROCID (node_rank) and
   SLURM_STEP_NUM_TASKS (number of nodes); outside a step SLURM_NODEID and SLURM_JOB_NUM_NODES.
   MASTER_ADDR or SLURM_LAUNCH_NODE_IPADDR (master_addr) and MASTER_PORT (master_port) are used
