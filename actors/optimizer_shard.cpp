@@ -59,15 +59,17 @@ caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
       [=](snap_atom, std::int64_t step, std::int32_t) {
         auto& eng = *self->state.b->engine;
         auto& be = *self->state.b->be;
+        // One host copy of each moment (under offload they are host memory already).
+        auto copy = [&be](const core::tensor& t) { return t.dev().is_cpu() ? t.clone() : be.to_host(t); };
         for (std::size_t i = 0; i < eng.chunks().size(); ++i) {
           int c = eng.chunks()[i].chunk;
           const address me{role::shard, pp, part};
           route(self, *j, me, address{role::writer, 0, 0},
                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg), c, -1, part},
-                be.to_host(eng.moments()[i].exp_avg).clone());
+                copy(eng.moments()[i].exp_avg));
           route(self, *j, me, address{role::writer, 0, 0},
                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg_sq), c, -1, part},
-                be.to_host(eng.moments()[i].exp_avg_sq).clone());
+                copy(eng.moments()[i].exp_avg_sq));
         }
         if (j->sink) j->sink->flush(self->state.worker);
       },
