@@ -196,6 +196,9 @@ class profiling_backend final : public kernels::backend {
     timed("accumulate", [&] { in_.accumulate(x, y); });
   }
   void scale(tensor& x, float s) override { timed("scale", [&] { in_.scale(x, s); }); }
+  void dropout(const tensor& x, const kernels::dropout_spec& s, std::int64_t e, tensor& y) override {
+    timed("dropout", [&] { in_.dropout(x, s, e, y); });
+  }
   void rope_forward(const tensor& x, int seq, int ht, int rh, int hd, const kernels::rope_spec& th,
                     tensor& y) override {
     timed("rope_forward", [&] { in_.rope_forward(x, seq, ht, rh, hd, th, y); });

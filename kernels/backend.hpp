@@ -29,12 +29,27 @@ namespace troupe::kernels {
 
 using core::tensor;
 
+/// An inverted dropout's mask (core/philox.hpp): element `within` of global sample `sample` is
+/// kept, and multiplied by 1/(1 − p), when dropout_bits(key, sample, within) >=
+/// dropout_threshold(p). A pure function of these numbers, so every backend, split, schedule and
+/// recompute draws the same mask. p = 0 is no dropout at all.
+struct dropout_spec {
+  float p = 0;                    // drop probability, 0 <= p < 1
+  std::uint64_t key = 0;          // the stream: (seed, step, layer, site), model/layer.hpp
+  std::int64_t first_sample = 0;  // global index of the first sequence the tensor holds
+  bool on() const { return p > 0; }
+};
+
 struct attention_dims {
   int batch = 0;      // B
   int seq = 0;        // T
   int heads = 0;      // H (query heads)
   int kv_heads = 0;   // Hkv; H % Hkv == 0 (grouped-query attention)
   int head_dim = 0;   // D
+  /// Dropout of the attention probabilities (off by default): probability p_tj of query t of
+  /// head h of sequence b is element (h·T + t)·T + j of sample first_sample + b. Only backends
+  /// that implement it accept p > 0 (the CPU); the others throw.
+  dropout_spec dropout{};
 };
 
 struct adamw_params {
@@ -171,6 +186,12 @@ class backend {
   virtual void accumulate(const tensor& x, tensor& y) = 0;
   /// x *= s.
   virtual void scale(tensor& x, float s) = 0;
+  /// y = x ⊙ mask / (1 − p) for x [rows, cols] holding whole sequences of `sample_elems`
+  /// elements each: element e is element e % sample_elems of sample s.first_sample + e /
+  /// sample_elems (dropout_spec). y may alias x. Dropout's forward and its backward (the same
+  /// spec applied to the output's gradient, written) are this one op.
+  virtual void dropout(const tensor& x, const dropout_spec& s, std::int64_t sample_elems,
+                       tensor& y) = 0;
 
   // --- attention ------------------------------------------------------------------------------
   /// Rotary position embedding, rotate-half convention (Hugging Face LLaMA): the first

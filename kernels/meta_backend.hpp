@@ -90,6 +90,7 @@ class meta_backend final : public backend {
   void add(const tensor&, const tensor&, tensor&) override {}
   void accumulate(const tensor&, tensor&) override {}
   void scale(tensor&, float) override {}
+  void dropout(const tensor&, const dropout_spec&, std::int64_t, tensor&) override {}
   void rope_forward(const tensor&, int, int, int, int, const rope_spec&, tensor&) override {}
   void rope_backward(const tensor&, int, int, int, int, const rope_spec&, tensor&) override {}
   void attention_forward(const tensor&, const attention_dims&, tensor&, tensor&) override {}

@@ -12,12 +12,19 @@
 //   dq_t += scale Σ_j ds_tj k_j,  dk_j += scale Σ_t ds_tj q_t,  dv_j += Σ_t p_tj dO
 // Threads take (batch, kv head) pairs: the query heads sharing a kv head add into the same dk, dv,
 // so one task runs them in head order, which keeps the sums in a fixed order.
+//
+// Dropout of the probabilities (attention_dims::dropout): out_t = Σ_j p_tj m_tj v_j with m_tj =
+// mask / (1 − p) redrawn from the keyed stream in both directions; lse stays that of the undropped
+// scores. Then Δ_t = dO · out_t still equals Σ_j p_tj m_tj dp_tj, and
+//   ds_tj = p_tj (m_tj dp_tj - Δ_t),  dv_j += Σ_t p_tj m_tj dO.
+// With dropout off m = 1 and no mask is drawn.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/philox.hpp"
 #include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
@@ -27,6 +34,8 @@ namespace troupe::kernels::cpu {
 namespace {
 
 void check_dims(const op_check& c, const attention_dims& d) {
+  c.require(d.dropout.p >= 0 && d.dropout.p < 1,
+            "dropout p must be in [0, 1), got " + std::to_string(d.dropout.p));
   c.require(d.batch > 0 && d.seq > 0 && d.heads > 0 && d.kv_heads > 0 && d.head_dim > 0 &&
                 d.heads % d.kv_heads == 0,
             "dims must be positive with heads % kv_heads == 0, got B=" + std::to_string(d.batch) +
@@ -56,6 +65,16 @@ struct attn_view {
   int T = 0, D = 0, H = 0, Hkv = 0;
   std::int64_t w = 0, ow = 0;  // row widths of qkv and out
   float scale = 0;
+  dropout_spec drop;           // of the probabilities
+  std::uint32_t threshold = 0;
+  float drop_scale = 1;
+
+  /// m_tj of query t, key j in head h of sequence b (1 without dropout).
+  float mask(int b, int h, int t, int j) const {
+    const auto sample = static_cast<std::uint64_t>(drop.first_sample + b);
+    const auto within = (static_cast<std::uint64_t>(h) * T + t) * T + j;
+    return core::dropout_bits(drop.key, sample, within) >= threshold ? drop_scale : 0.0f;
+  }
 };
 
 /// The view's dimensions for `d` (the tensors are the caller's to set).
@@ -68,6 +87,11 @@ attn_view view_of(const attention_dims& d) {
   a.w = qkv_width(d);
   a.ow = static_cast<std::int64_t>(d.heads) * d.head_dim;
   a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+  a.drop = d.dropout;
+  if (a.drop.on()) {
+    a.threshold = core::dropout_threshold(a.drop.p);
+    a.drop_scale = core::dropout_scale(a.drop.p);
+  }
   return a;
 }
 
@@ -90,8 +114,9 @@ TROUPE_SIMD_CLONES void forward_head(const attn_view& a, int b, int h) {
     float l = 0.0f;
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int j = 0; j <= t; ++j) {
-      const float e = fast_exp(p[j] - m);
+      float e = fast_exp(p[j] - m);
       l += e;
+      if (a.drop.on()) e *= a.mask(b, h, t, j);
       const float* v = rows_b + j * w + v_off;
       for (int k = 0; k < D; ++k) acc[k] += e * v[k];
     }
@@ -125,14 +150,20 @@ TROUPE_SIMD_CLONES void backward_group(const attn_view& a, int b, int g) {
         const float* k = rows_b + j * w + k_off;
         const float* v = rows_b + j * w + v_off;
         const float p = fast_exp(dot(q, k, D) * scale - l);
-        const float ds = p * (dot(dO, v, D) - delta);
+        float dp = dot(dO, v, D), pm = p;
+        if (a.drop.on()) {
+          const float m = a.mask(b, h, t, j);
+          dp *= m;
+          pm *= m;
+        }
+        const float ds = p * (dp - delta);
         const float ds_scaled = ds * scale;
         float* dkj = dk.data() + static_cast<std::int64_t>(j) * D;
         float* dvj = dv.data() + static_cast<std::int64_t>(j) * D;
         for (int e = 0; e < D; ++e) {
           dq[e] += ds * k[e];
           dkj[e] += ds_scaled * q[e];
-          dvj[e] += p * dO[e];
+          dvj[e] += pm * dO[e];
         }
       }
       float* dq_out = a.dqkv + (row0 + t) * w + q_off;

@@ -60,6 +60,8 @@ class cpu_backend final : public backend {
   void add(const tensor& a, const tensor& b, tensor& y) override;
   void accumulate(const tensor& x, tensor& y) override;
   void scale(tensor& x, float s) override;
+  void dropout(const tensor& x, const dropout_spec& s, std::int64_t sample_elems,
+               tensor& y) override;
 
   void rope_forward(const tensor& x, int seq, int heads_total, int rot_heads, int head_dim,
                     const rope_spec& rope, tensor& y) override;

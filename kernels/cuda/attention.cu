@@ -881,6 +881,9 @@ attn_shape check_attention(const tensor& qkv, const attention_dims& d, const cha
               " Hkv=" + std::to_string(d.kv_heads) + " D=" + std::to_string(d.head_dim));
   require(d.head_dim <= 128, op,
           "head_dim " + std::to_string(d.head_dim) + " > 128 is not supported on CUDA");
+  require(!d.dropout.on(), op,
+          "dropout of the attention probabilities is not implemented in the CUDA attention "
+          "kernels (model.attention_dropout must be 0 on CUDA; model.hidden_dropout works)");
   require_float(qkv, op, "qkv");
   attn_shape s{d.seq, d.heads, d.kv_heads, d.head_dim, (d.heads + 2 * d.kv_heads) * d.head_dim,
                1.0f / std::sqrt(static_cast<float>(d.head_dim))};
