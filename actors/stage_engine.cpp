@@ -206,7 +206,13 @@ bool stage_engine::execute(const schedules::instruction& op) {
       if (op.chunk == last && !need(tgt_tag)) return false;
       core::tensor input = on_device(take(in_tag));
       core::tensor targets = op.chunk == last ? on_device(take(tgt_tag)) : core::tensor{};
-      core::tensor out = ch.forward(op.mb, input, targets, grad_scale_);
+      // The micro-batch's first sequence in the global batch (the loader's numbering): the
+      // dropout masks are those the single-rank trainer draws for it.
+      const std::int64_t first_sample = static_cast<std::int64_t>(dp_ * layout_.microbatches + op.mb) *
+                                        cfg_.parallel.micro_batch_size;
+      core::tensor out =
+          ch.forward(op.mb, input, targets, grad_scale_,
+                     model::training_dropout(cfg_.model, cfg_.train.seed, step_, first_sample));
       if (op.chunk != last)
         stash(tag_of(tensor_kind::activation, op.chunk + 1, op.mb), std::move(out));
       return true;

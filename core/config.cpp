@@ -686,6 +686,12 @@ status resolve_and_check(config& c) {
                                     std::get<std::string>(detail::find_key("precision.compute")->get(c))),
                         "the CPU backend computes in fp32: set precision.compute = \"fp32\" or "
                         "runtime.device = \"cuda\"");
+  if (c.model.attention_dropout > 0 && c.runtime.device == "cuda")
+    return config_error(c, "model.attention_dropout",
+                        "dropout of the attention probabilities is not implemented in the CUDA "
+                        "attention kernels",
+                        "set model.attention_dropout = 0 (model.hidden_dropout works on CUDA), or "
+                        "runtime.device = \"cpu\"");
   if (c.optimizer.min_lr > c.optimizer.lr)
     return config_error(c, "optimizer.min_lr",
                         fmt::format("min_lr {} is above lr {}", detail::toml_literal(c.optimizer.min_lr),

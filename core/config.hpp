@@ -59,6 +59,10 @@ struct model_config {
   int rope_original_max_positions = 8192;
   double norm_eps = 1e-5;
   float init_std = 0.02f;
+  // Dropout in training (docs/training.md, Dropout); evaluation and generation never drop.
+  float attention_dropout = 0;  // of the attention probabilities (HF attn_pdrop / attention_dropout)
+  float hidden_dropout = 0;     // of the embedding output and both residual branches (HF
+                                // resid_pdrop and embd_pdrop)
   lora_config lora;            // the [lora] table
   /// Weights to start from ("" = random init): a Hugging Face model directory or a troupe
   /// checkpoint (model/hf.hpp). Only the parameters are taken: step 0, fresh optimizer.
@@ -76,11 +80,14 @@ struct model_config {
   }
 
   bool operator==(const model_config&) const = default;
-  /// Same architecture and shapes (every field but `init`, where the weights come from).
+  /// Same architecture and shapes (every field but `init`, where the weights come from, and the
+  /// dropout rates, which are training settings).
   bool same_model(const model_config& o) const {
     model_config a = *this, b = o;
     a.init.clear();
     b.init.clear();
+    a.attention_dropout = b.attention_dropout = 0;
+    a.hidden_dropout = b.hidden_dropout = 0;
     return a == b;
   }
 };

@@ -210,6 +210,10 @@ std::vector<key_spec> make_specs() {
   s.back().applies = llama3;
   s.push_back(float_key("model", "norm_eps", &C::model, &M::norm_eps, 0, true, 1, false));
   s.push_back(float_key("model", "init_std", &C::model, &M::init_std, 0, true, 1, false));
+  s.push_back(float_key("model", "attention_dropout", &C::model, &M::attention_dropout, 0, false,
+                        1, true, "the probability an attention probability is dropped; 0 = off"));
+  s.push_back(float_key("model", "hidden_dropout", &C::model, &M::hidden_dropout, 0, false, 1,
+                        true, "the probability a hidden element is dropped; 0 = off"));
   s.push_back(string_key("model", "init", &C::model, &M::init));
 
   key_spec rank = lora_key("rank", value_kind::integer, &lora_config::rank);

@@ -73,6 +73,7 @@ struct mb_state {
   tensor input;                    // other chunks: hidden [N, C]
   tensor targets;                  // last chunk under full recompute: int32 [N]
   float grad_scale = 0;
+  dropout_ctx drop;                // the masks of this micro-batch (none in evaluation)
   bool complete = false;           // every activation backward reads is held
   bool input_done = false;         // backward_input ran; backward_weight is due
   std::vector<layer_acts> layers;
@@ -269,6 +270,8 @@ class chunk_impl {
     if (spec_.has_embedding) {
       x = ops_->alloc({st.tokens.dim(0), cfg_.hidden_size});
       be_.embedding_forward(st.tokens, w.emb.wte, w.emb.wpe, cfg_.seq_length, x);
+      const kernels::dropout_spec d = st.drop.at(0, dropout_site::embedding);
+      if (d.on()) be_.dropout(x, d, sample_elems(), x);
     } else {
       x = st.input;
     }
@@ -276,7 +279,7 @@ class chunk_impl {
     st.layers.assign(k == keep::nothing ? 0 : spec_.num_layers, {});
     for (int l = 0; l < spec_.num_layers; ++l) {
       layer_acts a;
-      tensor y = ops_->forward(w.layers[l], x, a);
+      tensor y = ops_->forward(w.layers[l], x, a, layer_drop(st, l));
       const keep kl = k == keep::per_layer ? layer_keep(l) : k;
       if (kl == keep::all_but_attention) a.att = {}, a.lse = {};
       if (kl == keep::input) a = layer_acts{.x = a.x};
@@ -325,7 +328,21 @@ class chunk_impl {
     return logits;
   }
 
-  tensor forward(int mb, const tensor& input, const tensor& targets, float grad_scale) {
+  /// The dropout masks of local layer l for st's micro-batch (global layer first_layer + l).
+  layer_dropout layer_drop(const mb_state& st, int l) const {
+    const int layer = spec_.first_layer + l;
+    return {st.drop.at(layer, dropout_site::attention),
+            st.drop.at(layer, dropout_site::attention_out),
+            st.drop.at(layer, dropout_site::mlp_out)};
+  }
+
+  /// Elements per sequence of a hidden state: a dropout sample.
+  std::int64_t sample_elems() const {
+    return static_cast<std::int64_t>(cfg_.seq_length) * cfg_.hidden_size;
+  }
+
+  tensor forward(int mb, const tensor& input, const tensor& targets, float grad_scale,
+                 const dropout_ctx& drop) {
     TROUPE_CHECK(!states_.count(mb), "micro-batch " + std::to_string(mb) +
                                          " is already in flight in this chunk; backward or "
                                          "release it first");
@@ -335,6 +352,7 @@ class chunk_impl {
       st.tokens = own(input.reshape({n}));
     else
       st.input = own(input);
+    st.drop = drop;
     keep k = forward_keep();
     tensor out;
     if (spec_.has_head) {
@@ -408,7 +426,7 @@ class chunk_impl {
       // same input, so the same bits) right before its backward.
       if (!st.layers[l].n1.defined()) {
         layer_acts a;
-        ops_->forward(w.layers[l], st.layers[l].x, a);
+        ops_->forward(w.layers[l], st.layers[l].x, a, layer_drop(st, l));
         st.layers[l] = std::move(a);
         account(st);
       }
@@ -426,6 +444,12 @@ class chunk_impl {
     }
     if (spec_.has_embedding) {
       const bool wanted = g.emb.wte.defined() || g.emb.wpe.defined();
+      const kernels::dropout_spec d = st.drop.at(0, dropout_site::embedding);
+      if (wanted && d.on()) {
+        tensor masked = ops_->alloc(dy.shape());
+        be_.dropout(dy, d, sample_elems(), masked);
+        dy = std::move(masked);
+      }
       if (with_weights && wanted)
         be_.embedding_backward(dy, st.tokens, cfg_.seq_length, g.emb.wte, g.emb.wpe);
       else if (wanted)
@@ -551,8 +575,9 @@ void chunk::set_recompute(core::recompute_mode mode, const std::vector<bool>& la
   m.whole_ = mode == core::recompute_mode::full && every;
 }
 
-tensor chunk::forward(int mb, const tensor& input, const tensor& targets, float grad_scale) {
-  return impl_->forward(mb, input, targets, grad_scale);
+tensor chunk::forward(int mb, const tensor& input, const tensor& targets, float grad_scale,
+                      const dropout_ctx& drop) {
+  return impl_->forward(mb, input, targets, grad_scale, drop);
 }
 
 double chunk::loss_sum(int mb) const { return sum_loss_rows(impl_->be_, loss_rows(mb)); }

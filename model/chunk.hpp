@@ -124,7 +124,10 @@ class chunk {
   /// On the last chunk `targets` (int32 [B*T]) and `grad_scale` (d total loss / d token loss,
   /// typically 1 / tokens per step) are used, the loss and dlogits are computed, and an empty
   /// tensor is returned; otherwise returns the hidden output [B*T, C].
-  tensor forward(int mb, const tensor& input, const tensor& targets = {}, float grad_scale = 0);
+  /// `drop` (a training forward: model::training_dropout) draws dropout masks; the default
+  /// draws none. Recompute and backward of mb redraw the same masks.
+  tensor forward(int mb, const tensor& input, const tensor& targets = {}, float grad_scale = 0,
+                 const dropout_ctx& drop = {});
   /// Sum of mb's per-token losses in row order (last chunk only; valid after forward). Waits for
   /// the device: ask once the host has queued what it can.
   double loss_sum(int mb) const;

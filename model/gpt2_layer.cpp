@@ -48,8 +48,7 @@ class gpt2_layer_ops final : public layer_ops {
       be_.linear_gelu_forward(a.n2, w.fc_w, w.fc_b, a.fc, act);
     }
     tensor out = alloc({n, cfg_.hidden_size});
-    be_.linear_forward_residual(act, w.out_w, w.out_b, a.mid, out);
-    lora_forward(w.out_l, act, out);
+    residual_branch(act, w.out_w, w.out_b, w.out_l, a.mid, a.drop.mlp_out, out);
     return out;
   }
 

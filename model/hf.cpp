@@ -653,9 +653,11 @@ json config_json(const core::model_config& m, const export_options& o) {
          {"activation_function", "gelu_new"},
          {"layer_norm_epsilon", m.norm_eps},
          {"initializer_range", widen(m.init_std)},
-         {"resid_pdrop", 0.0},
-         {"embd_pdrop", 0.0},
-         {"attn_pdrop", 0.0},
+         // The run's dropout rates (model.hidden_dropout drops the embedding output and both
+         // residual branches, as resid_pdrop and embd_pdrop do).
+         {"resid_pdrop", widen(m.hidden_dropout)},
+         {"embd_pdrop", widen(m.hidden_dropout)},
+         {"attn_pdrop", widen(m.attention_dropout)},
          {"scale_attn_weights", true},
          {"scale_attn_by_inverse_layer_idx", false},
          {"reorder_and_upcast_attn", false},
@@ -675,7 +677,7 @@ json config_json(const core::model_config& m, const export_options& o) {
          {"rms_norm_eps", m.norm_eps},
          {"initializer_range", widen(m.init_std)},
          {"attention_bias", false},
-         {"attention_dropout", 0.0},
+         {"attention_dropout", widen(m.attention_dropout)},
          {"mlp_bias", false},
          {"pretraining_tp", 1},
          {"rope_theta", m.rope_theta},

@@ -39,7 +39,10 @@ namespace troupe::model::hf {
 bool is_model_dir(const std::string& dir);
 
 /// <dir>/config.json as a troupe model config: seq_length is the checkpoint's positions
-/// (n_positions / max_position_embeddings), init_std its initializer_range.
+/// (n_positions / max_position_embeddings), init_std its initializer_range. The dropout rates
+/// (attn_pdrop, resid_pdrop, embd_pdrop; LLaMA's attention_dropout) are not read: they describe the
+/// run that trained the weights, not the weights, and a fine-tuning run chooses its own
+/// (model.attention_dropout, model.hidden_dropout; docs/finetune.md).
 core::result<core::model_config> read_config(const std::string& dir);
 
 /// An error when `cfg` (the run's [model] table, read from `cfg_file`) does not describe the model

@@ -3,9 +3,30 @@
 #include "model/layer.hpp"
 
 #include "core/error.hpp"
+#include "core/rng.hpp"
 #include "model/params.hpp"
 
 namespace troupe::model {
+
+kernels::dropout_spec dropout_ctx::at(int layer, dropout_site site) const {
+  kernels::dropout_spec s;
+  s.p = site == dropout_site::attention ? attention : hidden;
+  if (s.p <= 0) return {};
+  s.key = core::stream_key(step_key, static_cast<std::uint64_t>(layer),
+                           static_cast<std::uint64_t>(site));
+  s.first_sample = first_sample;
+  return s;
+}
+
+dropout_ctx training_dropout(const core::model_config& cfg, std::uint64_t seed, std::int64_t step,
+                             std::int64_t first_sample) {
+  dropout_ctx d;
+  d.attention = cfg.attention_dropout;
+  d.hidden = cfg.hidden_dropout;
+  d.step_key = core::stream_key(seed, core::hash_name("dropout"), static_cast<std::uint64_t>(step));
+  d.first_sample = first_sample;
+  return d;
+}
 
 layer_ops::layer_ops(const core::model_config& cfg, kernels::backend& be, core::dtype act)
     : cfg_(cfg),
@@ -77,11 +98,31 @@ void layer_ops::attention_input(const layer_tensors& w, const tensor& x, const t
   a.qkv = qkv_forward(w, a.n1, positions);
 }
 
+void layer_ops::residual_branch(const tensor& in, const tensor& w, const tensor& b,
+                                const lora_pair& l, const tensor& residual,
+                                const kernels::dropout_spec& drop, tensor& out) {
+  if (!drop.on()) {
+    be_.linear_forward_residual(in, w, b, residual, out);
+    lora_forward(l, in, out);
+    return;
+  }
+  be_.linear_forward(in, w, b, out);
+  lora_forward(l, in, out);
+  be_.dropout(out, drop, std::int64_t(cfg_.seq_length) * cfg_.hidden_size, out);
+  be_.add(out, residual, out);
+}
+
+tensor layer_ops::branch_grad(const tensor& dy, const kernels::dropout_spec& drop) {
+  if (!drop.on()) return dy;
+  tensor out = alloc(dy.shape());
+  be_.dropout(dy, drop, std::int64_t(cfg_.seq_length) * cfg_.hidden_size, out);
+  return out;
+}
+
 tensor layer_ops::attention_output(const layer_tensors& w, layer_acts& a) {
   const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
   tensor mid = alloc({n, c});
-  be_.linear_forward_residual(a.att, w.proj_w, w.proj_b, a.x, mid);
-  lora_forward(w.proj_l, a.att, mid);
+  residual_branch(a.att, w.proj_w, w.proj_b, w.proj_l, a.x, a.drop.attention_out, mid);
   a.mid = mid;
   a.n2 = alloc({n, c});
   norm_stats(n, a.mean2, a.rstd2);
@@ -89,7 +130,9 @@ tensor layer_ops::attention_output(const layer_tensors& w, layer_acts& a) {
   return mlp_forward(w, a);
 }
 
-tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a) {
+tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a,
+                         const layer_dropout& drop) {
+  a.drop = drop;
   attention_input(w, x, nullptr, a);
   recompute_attention(a);
   return attention_output(w, a);
@@ -108,7 +151,8 @@ tensor layer_ops::forward_cached(const layer_tensors& w, const tensor& x, const 
 
 void layer_ops::recompute_attention(layer_acts& a) {
   const std::int64_t n = a.qkv.dim(0);
-  const auto d = dims(n);
+  auto d = dims(n);
+  d.dropout = a.drop.attention;
   a.att = alloc({n, static_cast<std::int64_t>(d.heads) * d.head_dim});
   a.lse = alloc({d.batch, d.heads, d.seq}, core::dtype::f32);
   be_.attention_forward(a.qkv, d, a.att, a.lse);
@@ -138,19 +182,22 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
 
   // Buffers an op writes whole are allocated, not zeroed; only accumulated ones are zeroed.
   tensor dn2 = alloc({n, c});
-  mlp_backward_input(w, a, dy, dn2, s);
+  mlp_backward_input(w, a, branch_grad(dy, a.drop.mlp_out), dn2, s);
   tensor d_mid = alloc({n, c});
-  // dy reaches d_mid twice: along the residual path and through the norm.
+  // dy reaches d_mid twice: along the residual path (unmasked) and through the norm.
   norm_backward_residual(dn2, a.mid, w.norm2_w, a.mean2, a.rstd2, dy, d_mid, dw2, db2);
   if (!s.norms_done) s.d_n2 = dn2;
 
   if (!a.att.defined()) recompute_attention(a);
   tensor datt = alloc({n, a.att.dim(1)});
-  be_.linear_backward_input_write(d_mid, w.proj_w, datt);
-  lora_backward_input(w.proj_l, d_mid, datt);
-  s.d_mid = d_mid;
+  const tensor d_branch = branch_grad(d_mid, a.drop.attention_out);
+  be_.linear_backward_input_write(d_branch, w.proj_w, datt);
+  lora_backward_input(w.proj_l, d_branch, datt);
+  s.d_mid = d_branch;
   tensor dqkv = alloc({n, qkv_width_});
-  be_.attention_backward_write(datt, a.qkv, a.att, a.lse, dims(n), dqkv);
+  auto d = dims(n);
+  d.dropout = a.drop.attention;
+  be_.attention_backward_write(datt, a.qkv, a.att, a.lse, d, dqkv);
   tensor dn1 = alloc({n, c});
   qkv_backward_input(w, dqkv, dn1, s);
 

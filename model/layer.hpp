@@ -6,6 +6,11 @@
 //
 //   x ─ norm1 ─ qkv projection ─ attention ─ proj ─(+x)─ mid ─ norm2 ─ MLP ─(+mid)─ out
 //
+// Dropout (training only, layer_dropout): of the attention probabilities inside attention, and of
+// the two residual branches (proj's and the MLP's outputs) before their residual adds. Masks are
+// not stored: forward, recompute and backward redraw them from keyed streams, a pure function of
+// (seed, step, global layer, site, global sequence, element) (kernels/backend.hpp, dropout_spec).
+//
 // The skeleton (norms, attention, residuals) is shared; the families differ in the qkv
 // projection (GPT-2: fused c_attn with bias; LLaMA: q/k/v projections and RoPE) and the MLP
 // (GPT-2: c_fc, GELU, c_proj; LLaMA: SwiGLU), which gpt2_layer.cpp and llama_layer.cpp supply.
@@ -57,8 +62,37 @@ struct embedding_tensors {
   tensor wte, wpe;
 };
 
+/// The dropout sites of a layer (the embedding's is the chunk's). Part of a stream's key.
+enum class dropout_site : std::uint64_t { embedding = 1, attention = 2, attention_out = 3, mlp_out = 4 };
+
+/// Where one training micro-batch draws its dropout masks: the rates (model.attention_dropout,
+/// model.hidden_dropout), the key of the step's streams and the global index of the micro-batch's
+/// first sequence. Default: no dropout (evaluation, generation, rates 0).
+struct dropout_ctx {
+  float attention = 0, hidden = 0;
+  std::uint64_t step_key = 0;
+  std::int64_t first_sample = 0;
+  bool on() const { return attention > 0 || hidden > 0; }
+  /// The mask of `site` of global layer `layer` (rate 0: off).
+  kernels::dropout_spec at(int layer, dropout_site site) const;
+};
+
+/// The dropout context of a training micro-batch of `cfg` at `step` whose first sequence is
+/// global sequence `first_sample` (the loader's numbering, model/loader.hpp): streams keyed by
+/// (seed, step), then layer and site. Rates 0 give a context that draws nothing.
+dropout_ctx training_dropout(const core::model_config& cfg, std::uint64_t seed, std::int64_t step,
+                             std::int64_t first_sample);
+
+/// The masks one layer draws for one micro-batch (each off when its rate is 0).
+struct layer_dropout {
+  kernels::dropout_spec attention;      // the attention probabilities
+  kernels::dropout_spec attention_out;  // proj's output, before the residual add
+  kernels::dropout_spec mlp_out;        // the MLP's output, before the residual add
+};
+
 /// What one layer keeps of one micro-batch for its backward. Undefined = not held.
 struct layer_acts {
+  layer_dropout drop;          // the masks forward drew, redrawn by recompute and backward
   tensor x;                    // layer input
   tensor n1, mean1, rstd1;     // norm1 output and statistics (mean: LayerNorm only)
   tensor qkv;                  // attention input (after RoPE for LLaMA)
@@ -116,8 +150,10 @@ class layer_ops {
   layer_ops(const core::model_config& cfg, kernels::backend& be, core::dtype act);
   virtual ~layer_ops() = default;
 
-  /// Runs the layer on x [N, C] and returns its output; `a` receives every activation.
-  tensor forward(const layer_tensors& w, const tensor& x, layer_acts& a);
+  /// Runs the layer on x [N, C] and returns its output; `a` receives every activation and the
+  /// masks `drop` (none by default).
+  tensor forward(const layer_tensors& w, const tensor& x, layer_acts& a,
+                 const layer_dropout& drop = {});
   /// Inference with a key/value cache: the layer on rows x [R, C] at the slots and positions
   /// `at` names, their keys and values written into `c` and attention read from it. The same ops
   /// as forward but for attention (and RoPE at the rows' positions); nothing is kept.
@@ -183,6 +219,12 @@ class layer_ops {
   virtual void mlp_keep_for_weight(layer_acts& a) const;
 
   kernels::attention_dims dims(std::int64_t rows) const;
+  /// out = residual + dropout(in · wᵀ + b + LoRA(in)) for the mask `drop` (a residual branch's end;
+  /// without dropout the fused linear_forward_residual).
+  void residual_branch(const tensor& in, const tensor& w, const tensor& b, const lora_pair& l,
+                       const tensor& residual, const kernels::dropout_spec& drop, tensor& out);
+  /// dy through a residual branch's dropout: dy itself when `drop` is off, else its masked copy.
+  tensor branch_grad(const tensor& dy, const kernels::dropout_spec& drop);
   /// Norm1, then qkv (at `positions` when given); a receives x, n1 and its statistics, and qkv.
   void attention_input(const layer_tensors& w, const tensor& x, const tensor* positions,
                        layer_acts& a);

@@ -80,8 +80,7 @@ class llama_layer_ops final : public layer_ops {
     a.act = alloc({n, ffn_});
     be_.swiglu_forward(a.fc, a.up, a.act);
     tensor out = alloc({n, cfg_.hidden_size});
-    be_.linear_forward_residual(a.act, w.out_w, {}, a.mid, out);
-    lora_forward(w.out_l, a.act, out);
+    residual_branch(a.act, w.out_w, {}, w.out_l, a.mid, a.drop.mlp_out, out);
     return out;
   }
 

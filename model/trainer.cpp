@@ -37,6 +37,14 @@ trainer::trainer(const core::config& cfg, kernels::backend& be, loader train)
                   "count of trained targets, which a recorded graph cannot follow; every kernel "
                   "is launched from the host instead";
   }
+  // Dropout keys its masks by the step, an argument each kernel is launched with.
+  if (graph_wanted_ && (cfg.model.hidden_dropout > 0 || cfg.model.attention_dropout > 0) &&
+      !be_.dev().is_cpu()) {
+    graph_wanted_ = false;
+    graph_note_ = "runtime.cuda_graph: dropout draws new masks every step (keyed by the step), "
+                  "which a recorded graph cannot follow; every kernel is launched from the host "
+                  "instead";
+  }
 }
 
 trainer::~trainer() {
@@ -115,8 +123,9 @@ core::result<step_result> trainer::scaled_step(int step) {
     batch b = train_.cut(static_cast<std::uint64_t>(step), 0, mb);
     tensor x = to_device(b.tokens);
     tensor targets = to_device(b.targets);
-    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i) x = chunks_[i].forward(mb, x);
-    chunks_.back().forward(mb, x, targets, grad_scale);
+    const dropout_ctx drop = dropout_of(step, mb);
+    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i) x = chunks_[i].forward(mb, x, {}, 0, drop);
+    chunks_.back().forward(mb, x, targets, grad_scale, drop);
     double mb_loss = chunks_.back().loss_sum(mb);
     if (!std::isfinite(mb_loss)) {
       for (chunk& c : chunks_) c.release(mb);
@@ -154,14 +163,20 @@ std::int64_t trainer::trained_targets(int step) const {
                                     static_cast<std::uint64_t>(cfg_.parallel.micro_batch_size));
 }
 
-void trainer::queue_device_step(std::int64_t trained) {
+dropout_ctx trainer::dropout_of(int step, int mb) const {
+  return training_dropout(cfg_.model, cfg_.train.seed, step,
+                          static_cast<std::int64_t>(mb) * cfg_.parallel.micro_batch_size);
+}
+
+void trainer::queue_device_step(int step, std::int64_t trained) {
   const float grad_scale = loss_grad_scale(1.0f, trained);
   for (chunk& c : chunks_) c.zero_grads();  // 1
   begin_device_step(be_, clip_);
   for (int mb = 0; mb < micro_batches_; ++mb) {  // 2
     tensor x = inputs_[static_cast<std::size_t>(mb)].tokens;
-    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i) x = chunks_[i].forward(mb, x);
-    chunks_.back().forward(mb, x, inputs_[static_cast<std::size_t>(mb)].targets, grad_scale);
+    const dropout_ctx drop = dropout_of(step, mb);
+    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i) x = chunks_[i].forward(mb, x, {}, 0, drop);
+    chunks_.back().forward(mb, x, inputs_[static_cast<std::size_t>(mb)].targets, grad_scale, drop);
     loss_rows_[static_cast<std::size_t>(mb)] = chunks_.back().loss_rows(mb);
     guard_losses(be_, loss_rows_[static_cast<std::size_t>(mb)], clip_);
     tensor g;
@@ -201,7 +216,7 @@ core::result<step_result> trainer::device_step(int step) {
   } else if (graph_wanted_ && steps_queued_ >= 1 && (graph_id_ = be_.graph_begin()) != 0) {
     // The second step is recorded: the first filled the allocator's cache and chose the GEMMs.
     try {
-      queue_device_step(trained);
+      queue_device_step(step, trained);
       be_.graph_end();
       graph_ready_ = true;
     } catch (const std::exception& e) {
@@ -215,9 +230,9 @@ core::result<step_result> trainer::device_step(int step) {
     if (graph_ready_)
       be_.graph_replay(graph_id_);
     else
-      queue_device_step(trained);
+      queue_device_step(step, trained);
   } else {
-    queue_device_step(trained);
+    queue_device_step(step, trained);
   }
   ++steps_queued_;
 

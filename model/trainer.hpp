@@ -9,7 +9,8 @@
 //  1. zero all gradients.
 //  2. for mb = 0 .. M-1 in order: (tokens, targets) = loader.cut(step, 0, mb); forward through the
 //     chunks in order, the last with grad_scale = loss_scale / float(trained) (loss_scale
-//     is 1 unless dynamic loss scaling is on; model/optimizer.hpp);
+//     is 1 unless dynamic loss scaling is on; model/optimizer.hpp), with the dropout masks of
+//     (train.seed, step, global sequence mb × micro_batch_size) (model::training_dropout);
 //     loss_total (double) += last.loss_sum(mb); backward through the chunks in reverse order.
 //  3. tied embeddings (GPT-2): g_wte += g_lm_head; g_lm_head = g_wte           (tie_gradients)
 //  4. norm = sqrt(Σ sumsq_blocks(grad) over every parameter, skipping the tied lm_head copy; the
@@ -112,7 +113,10 @@ class trainer {
   /// train_step without it: steps 4-7 on the device, the step recorded once as a graph.
   core::result<step_result> device_step(int step);
   /// Queues steps 1-7 of a device step on inputs_ and clip_ (recordable: no host copy, no wait).
-  void queue_device_step(std::int64_t trained);
+  void queue_device_step(int step, std::int64_t trained);
+  /// The dropout masks of micro-batch mb of `step` (global micro-batch mb starts at global
+  /// sequence mb × micro_batch_size, as the loader numbers them).
+  dropout_ctx dropout_of(int step, int mb) const;
   /// The step's unmasked targets over the global batch (at least 1).
   std::int64_t trained_targets(int step) const;
 

@@ -359,6 +359,21 @@ TEST_CASE("settings that contradict each other are errors") {
             .runtime.gemm_tune_file == "tune.txt");
 }
 
+TEST_CASE("dropout rates are read in [0, 1), and attention dropout is refused on CUDA") {
+  const core::config c = parse_ok("[model]\nattention_dropout = 0.1\nhidden_dropout = 0.2\n");
+  CHECK(c.model.attention_dropout == 0.1f);
+  CHECK(c.model.hidden_dropout == 0.2f);
+  CHECK(parse_ok("").model.hidden_dropout == 0.0f);
+  CHECK(parse_bad("[model]\nhidden_dropout = 1.0\n").where.key == "model.hidden_dropout");
+  CHECK(parse_bad("[model]\nattention_dropout = -0.1\n").where.key == "model.attention_dropout");
+  const core::error cuda =
+      parse_bad("[model]\nattention_dropout = 0.1\n[runtime]\ndevice = \"cuda\"\n");
+  CHECK(cuda.where.key == "model.attention_dropout");
+  CHECK(contains(cuda.message, "CUDA"));
+  CHECK(parse_ok("[model]\nhidden_dropout = 0.1\n[runtime]\ndevice = \"cuda\"\n")
+            .model.hidden_dropout == 0.1f);
+}
+
 TEST_CASE("a cross-key error about a defaulted key points at the file") {
   // num_layers keeps its default 4; the stage count comes from the file.
   const core::error e = parse_bad("[parallel]\npipeline_stage = 3\n");

@@ -86,13 +86,14 @@ inline tensor random_tokens(const core::model_config& cfg, int batch, std::uint6
   return t;
 }
 
-/// The forward of micro-batch `mb` through every chunk; returns its loss sum.
+/// The forward of micro-batch `mb` through every chunk (drawing the dropout masks of `drop`);
+/// returns its loss sum.
 inline double forward_all(std::vector<chunk>& chunks, int mb, const tensor& tokens,
-                          const tensor& targets, float grad_scale) {
+                          const tensor& targets, float grad_scale, const dropout_ctx& drop = {}) {
   tensor h = tokens;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     const bool last = i + 1 == chunks.size();
-    h = chunks[i].forward(mb, h, last ? targets : tensor{}, last ? grad_scale : 0.0f);
+    h = chunks[i].forward(mb, h, last ? targets : tensor{}, last ? grad_scale : 0.0f, drop);
   }
   return chunks.back().loss_sum(mb);
 }

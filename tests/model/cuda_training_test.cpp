@@ -4,6 +4,7 @@
 // a GPU.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "model/chunk.hpp"
@@ -28,19 +29,20 @@ core::model_config small_gpt2() {
 
 /// One model on one backend, stepped like the trainer does (tied sum, norm, clip, AdamW).
 struct run {
-  run(backend& be, core::precision_kind p)
-      : be(be), c(small_gpt2(), model::partition(small_gpt2(), 1).at(0), be, p) {
+  run(backend& be, core::precision_kind p, const core::model_config& m = small_gpt2())
+      : be(be), cfg(m), c(m, model::partition(m, 1).at(0), be, p) {
     c.init(77);
     c.params_updated();
     state = model::make_optimizer_state(be, c);
     slots = model::slots_of(c, state);
   }
 
-  /// Forward and backward of one micro-batch; returns the mean loss.
-  double grads(const tensor& tok, const tensor& tgt) {
+  /// Forward and backward of one micro-batch (with the dropout masks of step `index` when the
+  /// config has a rate); returns the mean loss.
+  double grads(const tensor& tok, const tensor& tgt, int index = 0) {
     c.zero_grads();
     const float scale = 1.0f / static_cast<float>(tok.numel());
-    c.forward(0, tok, tgt, scale);
+    c.forward(0, tok, tgt, scale, model::training_dropout(cfg, 5, index, 0));
     c.backward(0, tensor{});
     tensor g_wte = c.grad("wte.weight"), g_head = c.grad("lm_head.weight");
     model::tie_gradients(be, g_wte, g_head);
@@ -48,7 +50,7 @@ struct run {
   }
 
   double step(const tensor& tok, const tensor& tgt, int index) {
-    const double loss = grads(tok, tgt);
+    const double loss = grads(tok, tgt, index);
     core::optimizer_config opt;
     opt.lr = 3e-3;
     core::train_config train;
@@ -59,6 +61,7 @@ struct run {
   }
 
   backend& be;
+  core::model_config cfg;
   model::chunk c;
   model::optimizer_state state;
   std::vector<model::param_slot> slots;
@@ -86,6 +89,33 @@ TEST_CASE("cuda fp32 training steps of a small GPT-2 agree with the CPU") {
                 1e-4, "gradient of " + p.name);
 
   for (int s = 0; s < 4; ++s) {
+    const double ca = a.step(tok, tgt, s), cb = b.step(tok, tgt, s);
+    INFO("step " << s);
+    CHECK(cb == doctest::Approx(ca).epsilon(1e-4));
+  }
+}
+
+// Hidden dropout (embedding output and both residual branches) on the GPU draws the CPU's masks:
+// a different mask anywhere would move the loss far beyond the tolerance, as dropping nothing does.
+TEST_CASE("cuda fp32 training with hidden dropout agrees with the CPU, masks included") {
+  if (!gpu_or_skip()) return;
+  auto cpu = make_backend("cpu");
+  auto gpu = make_backend("cuda");
+  core::model_config m = small_gpt2();
+  m.hidden_dropout = 0.2f;
+  const std::int64_t rows = 4 * m.seq_length;
+  const tensor tok = random_tokens(rows, m.vocab_size, 94);
+  const tensor tgt = random_tokens(rows, m.vocab_size, 95);
+  run a(*cpu, core::precision_kind::fp32, m), b(*gpu, core::precision_kind::fp32, m);
+  run none(*cpu, core::precision_kind::fp32);
+  const double la = a.grads(tok, tgt), lb = b.grads(tok, tgt), l0 = none.grads(tok, tgt);
+  CHECK(lb == doctest::Approx(la).epsilon(1e-5));
+  CHECK(std::abs(la - l0) > 1e-3 * std::abs(l0));  // the masks are drawn
+  const tensor gg = gpu->to_host(b.c.flat_grads());
+  for (const auto& p : a.c.params())
+    check_close(gg.slice(p.offset, {p.numel}).clone(), a.c.flat_grads().slice(p.offset, {p.numel}).clone(),
+                1e-4, "gradient of " + p.name);
+  for (int s = 0; s < 3; ++s) {  // a new mask each step
     const double ca = a.step(tok, tgt, s), cb = b.step(tok, tgt, s);
     INFO("step " << s);
     CHECK(cb == doctest::Approx(ca).epsilon(1e-4));

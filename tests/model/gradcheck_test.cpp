@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/philox.hpp"
 #include "core/rng.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/select.hpp"
@@ -39,6 +40,18 @@ vec linear(const vec& x, std::int64_t rows, std::int64_t in, const vec& w, std::
 struct reference {
   core::model_config cfg;
   int ffn;
+  dropout_ctx drop{};  // the masks of a training forward (none by default)
+
+  /// Inverted dropout's factor for element `within` of the micro-batch's sequence `b`: 0 or
+  /// 1/(1-p) where `site` of `layer` drops, 1 where it is off. The mask is the chunk's (fixed, so
+  /// the loss stays a smooth function of the parameters); the arithmetic around it is this file's.
+  double mask(int layer, dropout_site site, std::int64_t b, std::int64_t within) const {
+    const kernels::dropout_spec s = drop.at(layer, site);
+    if (!s.on()) return 1.0;
+    const auto bits = core::dropout_bits(s.key, static_cast<std::uint64_t>(s.first_sample + b),
+                                         static_cast<std::uint64_t>(within));
+    return bits >= core::dropout_threshold(s.p) ? 1.0 / (1.0 - static_cast<double>(s.p)) : 0.0;
+  }
 
   /// Linear module `module` (weight [out, in], optional bias) plus its LoRA adapter when the
   /// parameters hold one: y += (alpha / rank) · (x·Aᵀ)·Bᵀ.
@@ -94,7 +107,7 @@ struct reference {
   }
 
   /// Causal attention; q [N, H*D], k and v [N, Hkv*D]; query head h reads kv head h / (H/Hkv).
-  vec attention(const vec& q, const vec& k, const vec& v, int batch) const {
+  vec attention(const vec& q, const vec& k, const vec& v, int batch, int layer) const {
     const int t_len = cfg.seq_length, h_n = cfg.num_heads, kv_n = cfg.kv_heads(),
               d = cfg.head_dim();
     vec out(static_cast<std::size_t>(batch) * t_len * h_n * d);
@@ -117,7 +130,9 @@ struct reference {
           double* o = &out[((b * t_len + t) * h_n + h) * d];
           for (int u = 0; u <= t; ++u) {
             const double* vr = &v[((b * t_len + u) * kv_n + kh) * d];
-            for (int i = 0; i < d; ++i) o[i] += s[u] / z * vr[i];
+            const double m =
+                mask(layer, dropout_site::attention, b, (std::int64_t(h) * t_len + t) * t_len + u);
+            for (int i = 0; i < d; ++i) o[i] += s[u] / z * m * vr[i];
           }
         }
       }
@@ -137,7 +152,13 @@ struct reference {
       for (std::int64_t j = 0; j < c; ++j) {
         x[r * c + j] = wte[tokens[r] * c + j];
         if (gpt2) x[r * c + j] += p.at("wpe.weight")[(r % t_len) * c + j];
+        x[r * c + j] *= mask(0, dropout_site::embedding, r / t_len, (r % t_len) * c + j);
       }
+    // Element i of a hidden state [N, C]: sequence i / (T·C), position i % (T·C).
+    const auto hidden_mask = [&](int l, dropout_site site, std::size_t i) {
+      return mask(l, site, static_cast<std::int64_t>(i) / (t_len * c),
+                  static_cast<std::int64_t>(i) % (t_len * c));
+    };
     for (int l = 0; l < cfg.num_layers; ++l) {
       const std::string pre = gpt2 ? "h." + std::to_string(l) + "."
                                    : "model.layers." + std::to_string(l) + ".";
@@ -161,10 +182,11 @@ struct reference {
           for (int h = 0; h < kv_n; ++h) rope(&k[(r * kv_n + h) * d], static_cast<int>(r % t_len));
         }
       }
-      vec att = attention(q, k, v, batch);
+      vec att = attention(q, k, v, batch, l);
       vec proj = gpt2 ? lin(p, pre + "attn.c_proj", att, n, c, c, true)
                       : lin(p, pre + "self_attn.o_proj", att, n, c, c, false);
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
+      for (std::size_t i = 0; i < x.size(); ++i)
+        x[i] += proj[i] * hidden_mask(l, dropout_site::attention_out, i);
       vec m = norm(p, pre + (gpt2 ? "ln_2." : "post_attention_layernorm."), x, n);
       vec out;
       if (gpt2) {
@@ -178,7 +200,8 @@ struct reference {
         for (std::size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
         out = lin(p, pre + "mlp.down_proj", g, n, ffn, c, false);
       }
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] += out[i];
+      for (std::size_t i = 0; i < x.size(); ++i)
+        x[i] += out[i] * hidden_mask(l, dropout_site::mlp_out, i);
     }
     vec f = norm(p, gpt2 ? "ln_f." : "model.norm.", x, n);
     vec logits = linear(f, n, c, p.at("lm_head.weight"), cfg.vocab_size);
@@ -215,11 +238,18 @@ void randomise(chunk& c, kernels::backend& be, std::uint64_t seed) {
 /// With `masked_mean`, targets are masked like instruction rows (a prompt at the start of each
 /// sequence, padding at the end of the second) and the loss is their mean: grad_scale is
 /// 1 / the trained targets, and the float64 reference divides its sum by the count it makes itself.
+/// With `dropout`, both rates are set and the chunk's forward draws the masks of a training
+/// micro-batch (a step and first sequence other than 0), which the reference applies too.
 void check_gradients(core::arch_kind arch, const core::lora_config& lora = {},
-                     bool masked_mean = false) {
+                     bool masked_mean = false, bool dropout = false) {
   auto be = kernels::make_backend("cpu");
   core::model_config cfg = model::testing::tiny_config(arch);
   cfg.lora = lora;
+  if (dropout) {
+    cfg.attention_dropout = 0.25f;
+    cfg.hidden_dropout = 0.2f;
+  }
+  const dropout_ctx drop = dropout ? training_dropout(cfg, 1234, 3, 10) : dropout_ctx{};
   chunk whole(cfg, partition(cfg, 1)[0], *be);
   randomise(whole, *be, 99);
   const int batch = 2;
@@ -241,11 +271,11 @@ void check_gradients(core::arch_kind arch, const core::lora_config& lora = {},
   const float grad_scale = 1.0f / static_cast<float>(trained);
 
   whole.zero_grads();
-  whole.forward(0, tokens, targets, grad_scale);
+  whole.forward(0, tokens, targets, grad_scale, drop);
   const double loss = whole.loss_sum(0) * grad_scale;
   whole.backward(0, {});
 
-  reference ref{cfg, cfg.ffn_hidden_size > 0 ? cfg.ffn_hidden_size : 4 * cfg.hidden_size};
+  reference ref{cfg, cfg.ffn_hidden_size > 0 ? cfg.ffn_hidden_size : 4 * cfg.hidden_size, drop};
   params_t p;
   std::vector<chunk> one;
   one.push_back(std::move(whole));
@@ -324,6 +354,14 @@ TEST_CASE("llama LoRA adapter gradients match float64 finite differences") {
   l.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   l.trainable = {"post_attention_layernorm"};
   check_gradients(core::arch_kind::llama, l);
+}
+
+// Dropout on every site (embedding, attention probabilities, both residual branches) with the
+// masks held fixed: the analytic gradients, masks redrawn in the backward, against float64
+// finite differences of the same masked model.
+TEST_CASE("gradients with dropout on match float64 finite differences (gpt2, llama)") {
+  check_gradients(core::arch_kind::gpt2, {}, false, true);
+  check_gradients(core::arch_kind::llama, {}, false, true);
 }
 
 TEST_CASE("gradients of the masked mean loss match float64 finite differences (gpt2, llama)") {

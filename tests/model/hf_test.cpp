@@ -196,6 +196,29 @@ TEST_CASE("llama with GQA, llama3 rope scaling and an untied head round-trips co
         troupe::model::testing::file_bytes(d / "again/model.safetensors"));
 }
 
+TEST_CASE("export writes the run's dropout rates; import leaves the run's own (0) in place") {
+  scratch_dir d("hf_dropout");
+  for (const arch_kind arch : {arch_kind::gpt2, arch_kind::llama}) {
+    model_config m = arch == arch_kind::gpt2 ? tiny_config(arch) : llama_gqa();
+    m.attention_dropout = 0.25f;
+    m.hidden_dropout = 0.125f;
+    const std::string out = d / (arch == arch_kind::gpt2 ? "gpt2" : "llama");
+    REQUIRE(hf::write_dir(out, m, random_params(m, 7), {}).ok());
+    const json cj = read_json(out + "/config.json");
+    if (arch == arch_kind::gpt2) {
+      CHECK(cj["attn_pdrop"] == 0.25);
+      CHECK(cj["resid_pdrop"] == 0.125);
+      CHECK(cj["embd_pdrop"] == 0.125);
+    } else {
+      CHECK(cj["attention_dropout"] == 0.25);
+    }
+    auto back = hf::read_config(out);
+    REQUIRE(back.ok());
+    CHECK(back->attention_dropout == 0.0f);
+    CHECK(back->hidden_dropout == 0.0f);
+  }
+}
+
 TEST_CASE("llama config.json in the transformers 4 form (rope_theta beside rope_scaling) reads the same") {
   scratch_dir d("hf_llama_v4");
   write_text(d / "config.json", R"({"model_type": "llama", "hidden_size": 16, "intermediate_size": 24,
