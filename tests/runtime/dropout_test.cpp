@@ -1,6 +1,6 @@
 // Dropout under the determinism contract (docs/design.md): masks are keyed by (seed, step, layer,
-// site, global sequence, element), so with dropout on every pipeline split, schedule and
-// recompute mode is bit-identical to the single-rank loop, ZeRO stages to each other, and a run
+// site, global sequence, element), so with dropout on every pipeline split (uneven ones too),
+// schedule and recompute mode (per layer too) is bit-identical to the single-rank loop, ZeRO stages to each other, and a run
 // to itself; the masks are really drawn (a run with dropout differs from one without).
 #include <doctest/doctest.h>
 
@@ -69,6 +69,18 @@ void check_layouts(core::arch_kind arch) {
     auto c = config(2);
     c.recompute.mode = mode;
     check_identical(actors_run(c), oracle);
+  }
+
+  // Uneven stages with per-layer recompute (the layers recomputed redraw their masks).
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{"parallel.stage_layers=[1,3]", "recompute.mode=full",
+                                 "recompute.layer_list=[0,2]"},
+        std::vector<std::string>{"parallel.first_stage_layers=3", "recompute.mode=selective",
+                                 "recompute.layers=1"}}) {
+    CAPTURE(sets.front());
+    auto c = core::parse_config(core::to_toml(config(2)), "dropout_test", sets);
+    REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.err().to_string()));
+    check_identical(actors_run(c.value()), oracle);
   }
 
   // Two replicas: ZeRO 0, 1, 2 and a second run of the same config are bit-identical.
