@@ -119,8 +119,36 @@ std::uint16_t f32_to_bf16(float x) {
 
 float bf16_to_f32(std::uint16_t x) { return std::bit_cast<float>(static_cast<std::uint32_t>(x) << 16); }
 
-std::uint16_t f32_to_f16(float x) { return std::bit_cast<std::uint16_t>(static_cast<_Float16>(x)); }
+// IEEE binary16 by bit manipulation rather than through _Float16, which not every compiler has on
+// x86-64 (clang before 15); tests/core/tensor_test.cpp compares both ways with _Float16 where the
+// compiler has it: every half value, and float values around every rounding boundary.
+std::uint16_t f32_to_f16(float x) {
+  std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u)  // NaN: quiet, the payload's top bits kept
+    return static_cast<std::uint16_t>(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
+  if (u >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: infinity
+  if (u < 0x38800000u) {
+    // Below 2^-14: a subnormal half, its mantissa |x| / 2^-24 rounded to nearest even (scaling
+    // by a power of two is exact; 1024 is the smallest normal, which the encoding continues into).
+    const float m = std::nearbyint(std::bit_cast<float>(u) * 16777216.0f);
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(m));
+  }
+  u += 0xfffu + ((u >> 13) & 1u);  // round the 13 dropped bits to nearest even
+  return static_cast<std::uint16_t>(sign | ((u - (112u << 23)) >> 13));
+}
 
-float f16_to_f32(std::uint16_t x) { return static_cast<float>(std::bit_cast<_Float16>(x)); }
+float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant · 2^-24, exact in float
+    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) | sign);
+  }
+  if (exp == 31)  // infinity, or NaN kept quiet with its payload
+    return std::bit_cast<float>(sign | 0x7f800000u | (mant ? (0x400000u | (mant << 13)) : 0u));
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+}
 
 }  // namespace troupe::core
