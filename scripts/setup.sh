@@ -21,7 +21,8 @@ done
 packages=(cmake g++ make pkg-config libcaf-dev libtomlplusplus-dev libboost-dev doctest-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev libpcre2-dev libxxhash-dev
           libzstd-dev ca-certificates
-          slurm-wlm munge)  # a one-machine Slurm cluster for tests: scripts/slurm_local.sh
+          slurm-wlm munge  # a one-machine Slurm cluster for tests: scripts/slurm_local.sh
+          clang)           # libFuzzer and the sanitizer pass: scripts/fuzz.sh
 # Headless Chromium for the report test (large: the demo does without it).
 if [ "$want_browser" = 1 ]; then packages+=(chromium); fi
 

@@ -425,7 +425,8 @@ TEST_CASE("cuda cross-entropy matches the CPU, ignored rows included") {
   // Small rows; GPT-2's padded vocabulary (16-bit rows in shared memory, 16-byte packs); GPT-2's
   // own vocabulary, odd (element-wise copies); fp32 rows take the two-read kernel.
   const std::pair<std::int64_t, std::int64_t> shapes[] = {{37, 1000}, {6, 50304}, {5, 50257}};
-  for (const auto& [N, V] : shapes) {
+  for (const auto& shape : shapes) {
+    const std::int64_t N = shape.first, V = shape.second;  // plain names: INFO captures them
     for (dtype t : float_types) {
       INFO("dtype " << std::string(core::dtype_name(t)) << " N=" << N << " V=" << V);
       tensor tgt = random_tokens(N, V, 60);

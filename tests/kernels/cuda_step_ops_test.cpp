@@ -123,7 +123,8 @@ TEST_CASE("cuda layernorm over many rows matches the CPU, deterministically, wid
   backends be;
   // 3000 rows: every warp of the row-cached kernels takes several rows; C 2052 takes the plain
   // kernels (too wide to cache in fp32 packs; not a multiple of 8 in bf16).
-  for (auto [N, C] : {std::pair<std::int64_t, std::int64_t>{3000, 768}, {40, 2052}, {1, 64}}) {
+  for (auto shape : {std::pair<std::int64_t, std::int64_t>{3000, 768}, {40, 2052}, {1, 64}}) {
+    const std::int64_t N = shape.first, C = shape.second;  // plain names: INFO captures them
     for (dtype t : {dtype::f32, dtype::bf16}) {
       INFO("dtype " << core::dtype_name(t) << ", N " << N << ", C " << C);
       const double rtol = rtol_for(t);

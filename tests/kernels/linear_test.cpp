@@ -74,7 +74,9 @@ TEST_CASE("linear backward_weight without db leaves db alone and still adds dw")
 TEST_CASE("linear gives the same bits with 1 or 2 threads and on a repeated call") {
   auto be = make_backend("cpu");
   // The tiny demo's qkv projection (1024 rows cut into blocks) and a head-like wide output.
-  for (auto [n, ic, oc] : {std::tuple{1024, 128, 384}, std::tuple{256, 128, 3000}}) {
+  for (auto shape : {std::tuple{1024, 128, 384}, std::tuple{256, 128, 3000}}) {
+    const auto [n_, ic_, oc_] = shape;
+    const int n = n_, ic = ic_, oc = oc_;  // plain names: the lambda below captures them
     tensor x = randn({n, ic}, 20), w = randn({oc, ic}, 21, 0.1f), b = randn({oc}, 22);
     tensor dy = randn({n, oc}, 23);
     auto run = [&] {
