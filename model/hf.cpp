@@ -45,7 +45,7 @@ core::result<json> read_json(const std::string& path, const std::string& what) {
   if (!text) return text.err();
   try {
     return json::parse(text.value());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     return error::at_file(path, std::string("invalid JSON: ") + e.what(),
                           "the file is damaged or not a " + what);
   }

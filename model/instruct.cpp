@@ -42,7 +42,7 @@ parsed_record parse_record(std::string_view line) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     std::string what = e.what();
     // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." -> from "column".
     if (auto at = what.find("column"); at != std::string::npos) what = what.substr(at);

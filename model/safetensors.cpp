@@ -224,7 +224,7 @@ core::result<file> file::open(const std::string& path) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     return error::at_file(path, std::string("header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) return error::at_file(path, "header is not a JSON object");

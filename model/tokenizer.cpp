@@ -104,6 +104,8 @@ core::result<tokenizer> tokenizer::load(const std::string& dir) {
     auto [line, col] = line_column(enc_text.value(), e.byte > 0 ? e.byte - 1 : 0);
     return core::error::at_key(enc_path, "", line, col, "not valid JSON: " + std::string(e.what()),
                                kSetupHint);
+  } catch (const nlohmann::json::exception& e) {  // a number out of range, say
+    return core::error::at_file(enc_path, "not valid JSON: " + std::string(e.what()), kSetupHint);
   }
   if (!enc.is_object() || enc.empty())
     return core::error::at_file(enc_path, "expected a JSON object mapping token strings to ids",

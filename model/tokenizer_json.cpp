@@ -419,6 +419,8 @@ core::result<std::unique_ptr<text_tokenizer>> json_tokenizer::load(const std::st
     auto [line, col] = text::line_column(text.value(), e.byte > 0 ? e.byte - 1 : 0);
     return core::error::at_key(path, "", line, col, "not valid JSON: " + std::string(e.what()),
                                kHint);
+  } catch (const json::exception& e) {  // a number out of range, say
+    return core::error::at_file(path, "not valid JSON: " + std::string(e.what()), kHint);
   }
   const reader r{path};
   if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object())
@@ -579,7 +581,7 @@ core::result<std::unique_ptr<text_tokenizer>> json_tokenizer::load(const std::st
     if (!cfg_text) return cfg_text.err();
     try {
       cfg = json::parse(cfg_text.value());
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       return core::error::at_file(cfg_path.string(), "not valid JSON: " + std::string(e.what()), kHint);
     }
     if (!cfg.is_object())

@@ -13,12 +13,6 @@
 using troupe::core::f16_to_f32;
 using troupe::core::f32_to_f16;
 
-namespace {
-
-std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
-
-}  // namespace
-
 TEST_CASE("half to float and back is exact for every half value; NaN stays NaN") {
   int nans = 0;
   for (std::uint32_t h = 0; h < 65536; ++h) {
@@ -43,6 +37,12 @@ TEST_CASE("half to float and back is exact for every half value; NaN stays NaN")
 }
 
 #if defined(__FLT16_MAX__) && !defined(__clang__)
+namespace {
+
+std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+
+}  // namespace
+
 TEST_CASE("the conversions give _Float16's bits: every half, every midpoint and its neighbours") {
   auto same = [](float x) {
     const auto want = std::bit_cast<std::uint16_t>(static_cast<_Float16>(x));

@@ -273,3 +273,14 @@ TEST_CASE("the llama3 template with LLaMA-3's tokenizer.json: its special ids, t
   CHECK(eot_in_text == 1);  // the user turn's closing one only
   for (std::size_t i = 0; i < want.size(); ++i) CHECK(e->mask[i] == (i >= answer ? 1 : 0));
 }
+
+TEST_CASE("a record with a number too large for a double is reported, not thrown") {
+  // Found by fuzz/fuzz_instruct: the JSON library reports such a number with another exception
+  // type than a syntax error.
+  for (const char* line : {"444E440t4}", "{\"prompt\": 1E400, \"response\": \"x\"}"}) {
+    INFO(line);
+    const auto r = troupe::model::parse_record(line);
+    CHECK_FALSE(r.ok());
+    CHECK(r.problem.find("invalid JSON") != std::string::npos);
+  }
+}
