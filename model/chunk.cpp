@@ -282,7 +282,11 @@ class chunk_impl {
       tensor y = ops_->forward(w.layers[l], x, a, layer_drop(st, l));
       const keep kl = k == keep::per_layer ? layer_keep(l) : k;
       if (kl == keep::all_but_attention) a.att = {}, a.lse = {};
-      if (kl == keep::input) a = layer_acts{.x = a.x};
+      if (kl == keep::input) {
+        layer_acts only_input;
+        only_input.x = std::move(a.x);
+        a = std::move(only_input);
+      }
       if (k != keep::nothing) st.layers[l] = std::move(a);
       x = std::move(y);
     }
