@@ -30,6 +30,7 @@
 
 namespace fs = std::filesystem;
 using troupe::cli_test::contains;
+using troupe::cli_test::free_port;
 using troupe::cli_test::slurp;
 using troupe::cli_test::troupe_binary;
 using troupe::model::testing::scratch_dir;
@@ -38,18 +39,6 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 
 const std::string tiny_config = TROUPE_SOURCE_DIR "/configs/tiny.toml";
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 /// A `troupe ARGS` process started in `dir` with `env` prepended, its output in files there.
 struct child {

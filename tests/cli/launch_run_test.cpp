@@ -28,25 +28,13 @@
 namespace fs = std::filesystem;
 using troupe::model::testing::scratch_dir;
 using troupe::cli_test::contains;
+using troupe::cli_test::free_port;
 using troupe::cli_test::slurp;
 using troupe::cli_test::troupe_binary;
 
 namespace {
 
 const std::string tiny_config = TROUPE_SOURCE_DIR "/configs/tiny.toml";
-
-/// A port nobody listens on right now (the kernel's pick for port 0).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 /// A `troupe ARGS` process started in `dir`, its output going to files there.
 struct child {
