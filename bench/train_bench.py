@@ -122,16 +122,18 @@ def emit(res, out):
 
 
 def cmd_data(a):
-    """Two shards of random tokens (llm.c format: 256 int32 header, uint16 tokens)."""
+    """Two shards of random tokens (llm.c format: 256 int32 header, then uint16 tokens, or uint32
+    tokens past 65,536 ids: docs/data.md)."""
     os.makedirs(a.dir, exist_ok=True)
     rng = random.Random(a.seed)
+    wide = a.vocab > 65536
     for name, n in (("train.bin", a.tokens), ("val.bin", max(a.tokens // 10, 4096))):
         header = [0] * 256
-        header[0], header[1], header[2] = 20240520, 1, n
+        header[0], header[1], header[2] = (20240801, 7, n) if wide else (20240520, 1, n)
         toks = [rng.randrange(a.vocab) for _ in range(n)]
         with open(os.path.join(a.dir, name), "wb") as f:
             f.write(struct.pack("<256i", *header))
-            f.write(struct.pack("<%dH" % n, *toks))
+            f.write(struct.pack("<%d%s" % (n, "I" if wide else "H"), *toks))
     print(os.path.join(a.dir, "train.bin"))
 
 

@@ -5,12 +5,13 @@
 # `troupe launch` (one worker process), each measured by bench/train_bench.py from its
 # metrics.jsonl, then the step alone (gpu_gpt2_bench) and bench/torch_gpt2.py with torch.compile;
 # the message-hash and actor-runtime GPU tests first; and the recording's cost on the CPU
-# (configs/tiny.toml pinned to two cores, on and off).
+# (configs/tiny.toml pinned to two cores, on and off); a LLaMA-3-style 1B
+# (bench/configs/llama3_1b_1gpu.toml) through `troupe train` beside torch.compile of the same model.
 #
 #   bash bench/gpu/pack.sh build-cuda     # where troupe was built with CUDA
 #   bash bench/gpu/product.sh [steps]     # on the GPU machine, from the repository root
 #
-# Results: $RESULTS/results.jsonl, $RESULTS/cpu.jsonl and the tables in $RESULTS/product.md.
+# Results: $RESULTS/results.jsonl, $RESULTS/llama.jsonl, $RESULTS/cpu.jsonl and the tables in $RESULTS/product.md.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 set -uo pipefail
 S=bench
@@ -42,6 +43,15 @@ $RUN --mode launch --workers 1 --label "launch (1 worker)"
 timeout 100 $B/gpu_gpt2_bench --tag gpu_gpt2_bench --steps 20 2>&1 | tail -1 | tee -a $O/results.jsonl
 timeout 200 python3 $S/torch_gpt2.py --compile --tag torch.compile 2>&1 | tail -1 | tee -a $O/results.jsonl
 
+echo "== LLaMA-3-style 1B (16 x 2048, 32/8 heads, vocabulary 128,256), B 4, T 2048, bf16, one GPU"
+python3 $S/train_bench.py data $W/llama --tokens 3000000 --vocab 128256 >/dev/null
+LRUN="python3 $S/train_bench.py run --troupe $B/troupe $S/configs/llama3_1b_1gpu.toml --steps $STEPS
+      --out $O/llama.jsonl --set data.train=$W/llama/train.bin --set data.val=$W/llama/val.bin"
+$LRUN --mode single-rank --label "llama train --single-rank"
+$LRUN --mode train --label "llama train (record off)" --set runtime.record=false
+timeout 300 python3 $S/torch_gpt2.py --compile --tag torch.compile --arch llama --layers 16 --embd 2048 \
+  --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --seq 2048 --batch 4 2>&1 | tail -1 | tee -a $O/llama.jsonl
+
 echo "== CPU: configs/tiny.toml pinned to 2 cores, recording on and off"
 mkdir -p $W/tiny && python3 $S/train_bench.py data $W/tiny --tokens 400000 --vocab 50257 >/dev/null
 CPU="python3 $S/train_bench.py run --troupe $B/troupe configs/tiny.toml --steps 7 --skip 2 --out $O/cpu.jsonl
@@ -52,4 +62,5 @@ for i in 1 2; do
 done
 
 python3 $S/train_bench.py table $O/results.jsonl --baseline torch.compile | tee $O/product.md
+python3 $S/train_bench.py table $O/llama.jsonl --baseline torch.compile | tee -a $O/product.md
 python3 $S/train_bench.py table $O/cpu.jsonl | tee -a $O/product.md

@@ -615,13 +615,17 @@ __device__ __forceinline__ float earlier(const T& x) {
 /// multiprocessor (a whole tile spills; measured whole backward 0.564 ms against 0.578 ms).
 constexpr int dq_keys = 32;
 
+/// Blocks per multiprocessor of the backward kernels: two at D ≤ 64; one at D = 128, whose
+/// fragments and accumulators need up to 255 registers a thread.
+template <int D>
+constexpr int bwd_blocks = D <= 64 ? 2 : 1;
+
 template <class T, int D, bool Acc>
-__global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dq_mma(
+__global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_dq_mma(
     const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv, attn_shape s) {
-  constexpr int LD = D + 8, KS = dq_keys, NT = KS / 8, KD = D / 16, ND = D / 8;
-  static_assert(tile_stages<D> == 2, "the backward kernels double-buffer (D <= 64)");
-  __shared__ alignas(16) T ks[2][tile_rows * LD];
-  __shared__ alignas(16) T vs[2][tile_rows * LD];
+  constexpr int LD = D + 8, KS = dq_keys, NT = KS / 8, KD = D / 16, ND = D / 8, ST = tile_stages<D>;
+  __shared__ alignas(16) T ks[ST][tile_rows * LD];
+  __shared__ alignas(16) T vs[ST][tile_rows * LD];
   const int qb = gridDim.y - 1 - blockIdx.y;  // heaviest (last) query blocks first
   const int b = blockIdx.x / s.H, h = blockIdx.x % s.H, kvh = h / (s.H / s.Hkv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tig = lane & 3;
@@ -652,13 +656,17 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dq_mma(
   for (int n = 0; n < ND; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   const float sl2 = s.scale * log2e;
   for (int kt = 0; kt < n_kt; ++kt) {
-    const int st = kt & 1;
-    if (kt + 1 < n_kt) {
-      prefetch_tile<T, D>(ks[st ^ 1], kbase, s.W, (kt + 1) * tile_rows, s.T);
-      prefetch_tile<T, D>(vs[st ^ 1], vbase, s.W, (kt + 1) * tile_rows, s.T);
+    const int st = ST == 2 ? (kt & 1) : 0;
+    if constexpr (ST == 2) {
+      if (kt + 1 < n_kt) {
+        prefetch_tile<T, D>(ks[st ^ 1], kbase, s.W, (kt + 1) * tile_rows, s.T);
+        prefetch_tile<T, D>(vs[st ^ 1], vbase, s.W, (kt + 1) * tile_rows, s.T);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {  // one stage: tile kt was started after the previous tile's last read (below)
+      cp_async_wait<0>();
     }
-    cp_async_commit();
-    cp_async_wait<1>();
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < tile_rows / KS; ++c) {
@@ -706,6 +714,13 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dq_mma(
       }
     }
     __syncthreads();
+    if constexpr (ST == 1) {
+      if (kt + 1 < n_kt) {
+        prefetch_tile<T, D>(ks[0], kbase, s.W, (kt + 1) * tile_rows, s.T);
+        prefetch_tile<T, D>(vs[0], vbase, s.W, (kt + 1) * tile_rows, s.T);
+        cp_async_commit();
+      }
+    }
   }
   T* dbase = dqkv + static_cast<std::int64_t>(b) * s.T * s.W + h * s.D;
 #pragma unroll
@@ -745,12 +760,12 @@ __device__ __forceinline__ void prefetch_stats(float* ls, float* dls, const floa
 constexpr int dkdv_queries = 16;
 
 template <class T, int D, bool Acc>
-__global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dkdv_mma(
+__global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_dkdv_mma(
     const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv, attn_shape s) {
-  constexpr int LD = D + 8, QS = dkdv_queries, NS = QS / 8, KD = D / 16, ND = D / 8;
-  static_assert(tile_stages<D> == 2, "the backward kernels double-buffer (D <= 64)");
-  __shared__ alignas(16) T qs[2][tile_rows * LD];
-  __shared__ alignas(16) T gs[2][tile_rows * LD];
+  constexpr int LD = D + 8, QS = dkdv_queries, NS = QS / 8, KD = D / 16, ND = D / 8,
+                ST = tile_stages<D>;
+  __shared__ alignas(16) T qs[ST][tile_rows * LD];
+  __shared__ alignas(16) T gs[ST][tile_rows * LD];
   __shared__ alignas(16) float lse_s[2][tile_rows], dls[2][tile_rows];  // lse and Δ of the tile's queries
   const int kb = blockIdx.y;  // the first key blocks see the most queries: launched first
   const int b = blockIdx.x / s.Hkv, kvh = blockIdx.x % s.Hkv, group = s.H / s.Hkv;
@@ -784,10 +799,14 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dkdv_mma(
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   for (int item = 0; item < items; ++item) {
-    const int st = item & 1;
-    if (item + 1 < items) prefetch(item + 1, st ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
+    const int st = ST == 2 ? (item & 1) : 0;
+    if constexpr (ST == 2) {
+      if (item + 1 < items) prefetch(item + 1, st ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {  // one stage: item's tile was started after the previous item's last read (below)
+      cp_async_wait<0>();
+    }
     __syncthreads();
     const int qt = qt0 + item % n_qt;
 #pragma unroll
@@ -848,6 +867,12 @@ __global__ void __launch_bounds__(bwd_warps * 32, 2) attn_backward_dkdv_mma(
       }
     }
     __syncthreads();
+    if constexpr (ST == 1) {
+      if (item + 1 < items) {
+        prefetch(item + 1, 0);
+        cp_async_commit();
+      }
+    }
   }
   T* dbase = dqkv + static_cast<std::int64_t>(b) * s.T * s.W;
 #pragma unroll
@@ -893,9 +918,9 @@ attn_shape check_attention(const tensor& qkv, const attention_dims& d, const cha
 }
 
 /// Whether the tensor-core kernels apply: 16-bit type, supported head size, 16-byte alignment.
-bool use_mma(dtype t, int D, bool backward, std::initializer_list<const tensor*> ts) {
+bool use_mma(dtype t, int D, std::initializer_list<const tensor*> ts) {
   if (t != dtype::bf16 && t != dtype::f16) return false;
-  if (!(D == 32 || D == 64 || (D == 128 && !backward))) return false;
+  if (!(D == 32 || D == 64 || D == 128)) return false;
   for (const tensor* x : ts)
     if (!aligned16(x->raw())) return false;
   return true;
@@ -963,7 +988,7 @@ void cuda_backend::attention_forward(const tensor& qkv, const attention_dims& d,
                 "out ([B*T, H*D])");
   require_type(lse, dtype::f32, op, "lse");
   require_numel(lse, static_cast<std::int64_t>(d.batch) * d.heads * d.seq, op, "lse ([B, H, T])");
-  if (use_mma(qkv.type(), d.head_dim, false, {&qkv, &out})) {
+  if (use_mma(qkv.type(), d.head_dim, {&qkv, &out})) {
     dispatch_float(qkv.type(), op, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, float>)
@@ -1019,28 +1044,26 @@ void attention_backward_on(context& ctx, const tensor& dout, const tensor& qkv, 
     launch_delta<T>(ctx, dout, out, s, rows, delta.as<float>());
     TROUPE_CUDA_CHECK_LAUNCH();
     if constexpr (!std::is_same_v<T, float>) {
-      if (use_mma(qkv.type(), d.head_dim, true, {&qkv, &dout, &dqkv})) {
+      if (use_mma(qkv.type(), d.head_dim, {&qkv, &dout, &dqkv})) {
         const int blocks = (d.seq + bwd_rows - 1) / bwd_rows;
         dispatch_mma_d(d.head_dim, [&](auto dd) {
           constexpr int D = decltype(dd)::value;
-          if constexpr (D <= 64) {
-            auto run = [&](auto acc) {
-              constexpr bool Acc = decltype(acc)::value;
-              // Grid x: (batch, head); y: row blocks, launched heaviest first by the kernels.
-              attn_backward_dkdv_mma<T, D, Acc><<<dim3(d.batch * d.kv_heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
-                  qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
-                  dqkv.data<T>(), s);
-              TROUPE_CUDA_CHECK_LAUNCH();
-              attn_backward_dq_mma<T, D, Acc><<<dim3(d.batch * d.heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
-                  qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
-                  dqkv.data<T>(), s);
-              TROUPE_CUDA_CHECK_LAUNCH();
-            };
-            if (accumulate)
-              run(std::true_type{});
-            else
-              run(std::false_type{});
-          }
+          auto run = [&](auto acc) {
+            constexpr bool Acc = decltype(acc)::value;
+            // Grid x: (batch, head); y: row blocks, launched heaviest first by the kernels.
+            attn_backward_dkdv_mma<T, D, Acc><<<dim3(d.batch * d.kv_heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
+                qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
+                dqkv.data<T>(), s);
+            TROUPE_CUDA_CHECK_LAUNCH();
+            attn_backward_dq_mma<T, D, Acc><<<dim3(d.batch * d.heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
+                qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
+                dqkv.data<T>(), s);
+            TROUPE_CUDA_CHECK_LAUNCH();
+          };
+          if (accumulate)
+            run(std::true_type{});
+          else
+            run(std::false_type{});
         });
         return;
       }

@@ -415,7 +415,9 @@ TEST_CASE("cuda attention forward and backward match the CPU (row and tensor-cor
   // fused and the split backward): 2% there.
   check_attention(be, dtype::bf16, {1, 1000, 4, 2, 64}, "bf16 tensor cores, T = 1000, GQA 2:1", 2.0);
   check_attention(be, dtype::bf16, {4, 1024, 8, 8, 64}, "bf16 tensor cores, GPT-2 length", 2.0);
-  check_attention(be, dtype::bf16, {1, 96, 2, 2, 128}, "bf16 D=128 (tensor-core forward, row backward)");
+  check_attention(be, dtype::bf16, {1, 96, 2, 2, 128}, "bf16 tensor cores D=128");
+  check_attention(be, dtype::bf16, {2, 333, 4, 2, 128}, "bf16 tensor cores D=128, GQA 2:1, T past tiles", 2.0);
+  check_attention(be, dtype::f16, {1, 130, 2, 1, 128}, "fp16 tensor cores D=128, GQA 2:1");
   check_attention(be, dtype::bf16, {2, 50, 2, 2, 40}, "bf16 row path D=40");
 }
 
