@@ -8,7 +8,8 @@
 #   bash bench/gpu/pack.sh build-cuda        # where troupe was built with CUDA: stage build-gpu/
 #   bash bench/gpu/plan_check.sh [124m|1.5b|llama|all|oom] [--calibrate]   # on the GPU machine
 #
-# --calibrate first measures the GPU (`troupe plan --calibrate`) and plans with those rates.
+# --calibrate first measures the GPU on each model's config (`troupe plan CONFIG --calibrate`) and
+# plans that model with those rates. Each run's folder is removed once its metrics are read.
 # `oom` instead checks the two refusals: `troupe train` of GPT-2 1.5B at micro-batch size 64
 # refused by the plan check before allocation (exit 3), and the same with --no-plan-check running
 # out of device memory and stopping with rank, stage, step, instruction and the plan (exit 1).
@@ -60,9 +61,7 @@ write_cfg 124m gpt2 12 768 12 0 0 1024 50257 4
 write_cfg 1.5b gpt2 48 1600 25 0 0 1024 50257 2
 write_cfg llama llama 16 2048 16 8 5632 2048 32000 2
 
-if [ "${2:-}" = "--calibrate" ]; then
-  $B/troupe plan $O/cfg/124m.toml --calibrate $O/calibration.json && cal_flag="--calibration $O/calibration.json"
-fi
+calibrate=0; [ "${2:-}" = "--calibrate" ] && calibrate=1
 
 run() {  # model tag --set ...
   local model=$1 tag=$2; shift 2
@@ -94,6 +93,7 @@ step_meas = plan["tokens_per_step"] / statistics.median(tps)
 print(json.dumps({"model": model, "run": tag, "ranks": rows, "step_planned_s": plan["step_s"],
                   "step_measured_s": step_meas, "step_ratio": plan["step_s"] / step_meas}))
 PY
+  rm -rf "$dir"  # the measurements are read; its checkpoints would fill the disk
 }
 
 if [ "$which" = oom ]; then
@@ -106,6 +106,10 @@ if [ "$which" = oom ]; then
 fi
 models=$which; [ "$which" = all ] && models="124m llama 1.5b"
 for m in $models; do
+  cal_flag=""
+  if [ $calibrate = 1 ]; then  # the device's rates measured on this model's own shapes
+    $B/troupe plan $O/cfg/$m.toml --calibrate $O/calibration-$m.json && cal_flag="--calibration $O/calibration-$m.json"
+  fi
   for pp in 1 2 4; do
     for rc in none selective full; do
       run $m pp$pp-$rc parallel.pipeline_stage=$pp recompute.mode=$rc
