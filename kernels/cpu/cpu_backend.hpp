@@ -110,11 +110,18 @@ class cpu_backend final : public backend {
   /// The table for (seq, head_dim, rope), computed once and shared by later calls.
   std::shared_ptr<const rope_table> rope_angles(int seq, int head_dim, const rope_spec& rope);
 
-  /// Live and peak bytes; shared with the release function of every storage handed out, which
-  /// may outlive the backend.
+  /// Live and peak bytes, and the large blocks kept for reuse; shared with the release function
+  /// of every storage handed out, which may outlive the backend.
   struct memory_counter {
     std::atomic<std::uint64_t> live{0};
     std::atomic<std::uint64_t> peak{0};
+    /// Freed blocks of at least spare_min_bytes (allocation size, pointer), at most spare_max_bytes
+    /// in all: a training step allocates the same large tensors (the head's logits) every
+    /// micro-batch, and memory fresh from the system costs a page fault per 4 KiB.
+    std::mutex spare_mu;
+    std::vector<std::pair<std::size_t, void*>> spare;
+    std::size_t spare_bytes = 0;
+    ~memory_counter();
   };
   std::shared_ptr<memory_counter> mem_ = std::make_shared<memory_counter>();
 

@@ -2,11 +2,14 @@
 #include <cblas.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <thread>
 
+#include "kernels/cpu/blas_core.hpp"
 #include "kernels/cpu/parallel.hpp"
 #include "tests/kernels/cpu_test_util.hpp"
 #include "kernels/select.hpp"
@@ -37,6 +40,33 @@ TEST_CASE("OpenBLAS stays single-threaded whatever set_cpu_threads says") {
   auto be = make_backend("cpu");
   with_threads(2, [&] { CHECK(openblas_get_num_threads() == 1); });
   CHECK(openblas_get_num_threads() == 1);
+}
+
+TEST_CASE("OpenBLAS runs the kernels of the processor's instruction sets, not its SSE3 fallback") {
+  // Debian's OpenBLAS 0.3.21 falls back to its SSE3 kernels on processors it does not know by
+  // model (current Xeons); blas_core.cpp names the kernels by instruction set before main().
+  auto be = make_backend("cpu");
+  const std::string now = openblas_get_corename();
+  MESSAGE("OpenBLAS kernels: " << cpu::blas_core());
+  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's choice wins
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vl");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx512) {
+    CHECK(now == "SkylakeX");
+  } else if (avx2) {
+    CHECK(now == "Haswell");
+  } else {
+    CHECK(cpu::blas_core_for_cpu() == nullptr);
+  }
+  // The GEMMs still give the same bits with 1 and 2 threads under the chosen kernels.
+  tensor x = randn({256, 128}, 4), w = randn({3000, 128}, 5, 0.1f);
+  tensor y1 = be->empty({256, 3000}, dtype::f32), y2 = be->empty({256, 3000}, dtype::f32);
+  with_threads(1, [&] { be->linear_forward(x, w, tensor(), y1); });
+  with_threads(2, [&] { be->linear_forward(x, w, tensor(), y2); });
+  CHECK(std::memcmp(y1.raw(), y2.raw(), y1.bytes()) == 0);
 }
 
 TEST_CASE("cpu memory primitives: empty is zeroed, copy, zero, convert and host round trips") {
