@@ -1,9 +1,11 @@
 #include "core/machine.hpp"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 #include <fmt/format.h>
 
 namespace troupe::core {
@@ -17,9 +19,18 @@ machine_facts this_machine() {
     m.open_files = r.rlim_cur == RLIM_INFINITY ? UINT64_MAX : r.rlim_cur;
   if (::getrlimit(RLIMIT_NPROC, &r) == 0)
     m.processes = r.rlim_cur == RLIM_INFINITY ? 0 : r.rlim_cur;
-  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-  m.cores = cores > 0 ? static_cast<int>(cores) : 1;
+  m.cores = usable_cores();
   return m;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 void raise_open_file_limit() {

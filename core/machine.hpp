@@ -16,10 +16,16 @@ struct machine_facts {
   std::uint64_t memory_bytes = 0;   // physical memory
   std::uint64_t open_files = 0;     // RLIMIT_NOFILE, soft (after raise_open_file_limit)
   std::uint64_t processes = 0;      // RLIMIT_NPROC, soft (0 = unlimited)
-  int cores = 1;
+  int cores = 1;                    // usable_cores()
 };
 
 machine_facts this_machine();
+
+/// The cores this process may run on: its CPU affinity mask (`taskset`, a container's cpuset),
+/// not every core of the machine; >= 1. Thread pools and the CAF scheduler size themselves by it,
+/// so a run pinned to two cores of a larger machine runs two threads per process, not one per
+/// core of the machine that then compete for the two.
+int usable_cores();
 
 /// Raises this process's soft limit on open files to its hard limit (a job of many workers keeps
 /// several files and sockets open per worker), as far as the system allows.

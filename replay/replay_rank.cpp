@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/machine.hpp"
 #include "runtime/build.hpp"
 #include "replay/replay_parts.hpp"
 #include "model/loader.hpp"
@@ -80,7 +81,7 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
     data = std::make_shared<model::loader>(std::move(ld.value()));
   }
 
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = core::usable_cores();
   kernels::set_cpu_threads(cfg.runtime.threads > 0 ? cfg.runtime.threads : cores);
   kernels::set_gemm_tune_file(cfg.runtime.gemm_tune_file);
   auto be = kernels::make_backend(cfg.runtime.device);

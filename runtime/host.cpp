@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "core/machine.hpp"
 #include "runtime/build.hpp"
 #include "model/safetensors.hpp"
 #include "kernels/select.hpp"
@@ -84,7 +85,7 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
 
   // CPU ops split work by shape only (same bits for any thread count); a caller runs its own tasks
   // and idle pool threads help, so a busy stage borrows the cores an idle stage leaves.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = core::usable_cores();
   h.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : cores;
   kernels::set_cpu_threads(opt.kernel_threads > 0 ? opt.kernel_threads : h.threads);
   kernels::set_gemm_tune_file(cfg.runtime.gemm_tune_file);

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/machine.hpp"
 #include "runtime/host.hpp"
 #include "transport/rendezvous.hpp"
 #include "transport/tcp.hpp"
@@ -250,7 +251,7 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
   if (cfg.runtime.device == "cuda") cfg.runtime.device = "cuda:" + std::to_string(share_gpu0 ? 0 : opt.local_rank);
   if (cfg.runtime.threads == 0) {
     // The node's cores are shared by its workers.
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int cores = core::usable_cores();
     cfg.runtime.threads = std::max(1, cores / std::max(1, opt.local_world_size));
   }
   auto prepared = prepare_job(cfg, opt.run, {rank});

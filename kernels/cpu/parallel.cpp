@@ -15,10 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "core/machine.hpp"
+
 namespace troupe::kernels::cpu {
 namespace {
 
-int all_cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+int all_cores() { return core::usable_cores(); }
 
 // How long an idle worker polls for the next job before it sleeps. Ops of a training step follow
 // each other within microseconds, while waking a sleeping thread costs tens to hundreds of them

@@ -18,7 +18,7 @@ namespace troupe::kernels::cpu {
 
 /// Threads CPU ops may use, the caller included (>= 1).
 int threads();
-/// Sets threads(); n <= 0 means all cores.
+/// Sets threads(); n <= 0 means every core this process may run on (core::usable_cores).
 void set_threads(int n);
 
 /// Calls fn(i) for every i in [0, tasks) on up to threads() threads, the caller included, and
