@@ -120,6 +120,7 @@ void report_exceptions(Self* self, std::shared_ptr<job> j, address me, Where whe
 struct send_note {
   kernels::backend* be = nullptr;
   const sample_key* sample = nullptr;
+  hash_memo* memo = nullptr;  // shared by one batch of sends (recorder.hpp)
 };
 
 /// Sends a tensor from the actor at `from`: bytes over the sender worker's transport endpoint, a
@@ -129,7 +130,7 @@ void route(Self* self, const job& j, const address& from, const address& to,
            const transport::tag& tg, core::tensor t, const send_note& note = {}) {
   const int src = j.worker_of(from), dst = j.worker_of(to);
   if (j.perturb) t = perturb_send(*j.perturb, from, src, to, dst, tg, std::move(t), note.be);
-  if (j.sink) observe_send(*j.sink, from, src, to, dst, tg, t, note.be, note.sample);
+  if (j.sink) observe_send(*j.sink, from, src, to, dst, tg, t, note.be, note.sample, note.memo);
   j.endpoint(src).send(dst, std::move(t), tg);
   self->send(j.actor_of(to), tensor_ready{tg.step, tg.kind, tg.chunk, tg.mb, tg.part, src});
 }

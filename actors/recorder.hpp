@@ -177,13 +177,24 @@ message_record record_of(const address& from, int src, const address& to, int ds
 /// The host bytes of `t`: itself, or a copy through `be` for a device tensor.
 core::tensor host_view(const core::tensor& t, kernels::backend* be);
 
+/// The message hash of the last host tensor a sender hashed in one batch of sends: a batch that
+/// sends the same bytes to several receivers (under ZeRO-0 a replica's gradient goes whole to
+/// every optimizer shard of its pipeline rank) hashes them once. Valid only while the sender
+/// writes none of the tensors it sends; it holds the storage, so the address is not reused.
+struct hash_memo {
+  std::shared_ptr<core::storage> store;
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+  std::uint64_t hash = 0;
+};
+
 /// Builds the record of a tensor `from` sends `to` and shows it to `sink`. A device tensor is
 /// hashed through `be` (the sender's backend, after the sender's queued work, so the bytes hashed
 /// are the final ones): on the device when the sink takes pending hashes, else through a host
-/// copy.
+/// copy. A host tensor's hash comes from `memo` when it holds these very bytes, and goes into it.
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
                   const transport::tag& tg, const core::tensor& t, kernels::backend* be,
-                  const sample_key* sample);
+                  const sample_key* sample, hash_memo* memo = nullptr);
 /// Shows `sink` a tensor worker `dst` received from `src`, when it wants the bytes.
 void observe_receive(message_sink& sink, int src, int dst, const transport::tag& tg,
                      const core::tensor& t, kernels::backend* be);

@@ -23,7 +23,10 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
   for (;;) {
     bool done = eng.run();
     auto out = eng.take_outgoing();
-    for (auto& o : out) route(self, j, me, o.to, o.tag, std::move(o.t), send_note{st.b->be.get()});
+    // One memo per batch: a ZeRO-0 gradient going to every shard is hashed once.
+    hash_memo memo;
+    for (auto& o : out)
+      route(self, j, me, o.to, o.tag, std::move(o.t), send_note{st.b->be.get(), nullptr, &memo});
     if (eng.losses_ready()) {
       self->send(j.coordinator, loss_report{eng.step(), eng.dp(), eng.losses()});
       eng.losses_reported();
