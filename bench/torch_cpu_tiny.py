@@ -1,5 +1,7 @@
 """The PyTorch CPU baseline for configs/tiny.toml's model: train a small GPT-2 on N threads for a
-wall-clock budget and print train loss, validation loss and tokens/s.
+wall-clock budget and print train loss, validation loss and tokens/s; the last line is JSON with
+the median step time over the steps after the first three and its tokens/s (what
+bench/cpu_tiny.sh compares troupe with).
 
 The model is troupe's GPT-2 (bench/torch_models.py) with the 50257-token vocabulary; AdamW with
 weight decay 0.1, fp32. Batches are B random windows of T + 1 tokens. The token file is either a
@@ -10,6 +12,8 @@ or raw uint16 tokens; its first twentieth is the validation split.
     taskset -c 0,1 python3 bench/torch_cpu_tiny.py data/tokens/train.bin 300 4 128 4 64 16 0.003
 """
 import argparse
+import json
+import statistics
 import time
 
 import numpy as np
@@ -72,17 +76,26 @@ def main():
     print(f"t=0 val {evaluate():.3f}", flush=True)
     start = time.time()
     step = 0
+    step_s = []
     while time.time() - start < a.seconds:
+        t0 = time.perf_counter()
         loss = loss_of(*batch(train))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        step_s.append(time.perf_counter() - t0)
         step += 1
         if step % 50 == 0:
             elapsed = time.time() - start
             print(f"t={elapsed:.0f}s step {step} train {loss.item():.3f} val {evaluate():.3f} "
                   f"tok/s {step * a.batch * a.seq / elapsed:.0f}", flush=True)
     print(f"final step {step} val {evaluate():.3f}")
+    timed = step_s[3:] or step_s
+    med = statistics.median(timed)
+    print(json.dumps({"label": "pytorch", "threads": a.threads, "batch": a.batch, "seq": a.seq,
+                      "steps_measured": len(timed), "step_ms": round(med * 1e3, 2),
+                      "tok_s": round(a.batch * a.seq / med), "loss": round(loss.item(), 4)}),
+          flush=True)
 
 
 if __name__ == "__main__":
