@@ -50,6 +50,9 @@ int run_plan(const plan_args& a) {
     std::printf("calibration (%s, %s): %.4g FLOP/s, %.4g B/s memory, %.4g B/s link -> %s\n",
                 cal->device.c_str(), cal->precision.c_str(), cal->flops_per_s,
                 cal->memory_bytes_per_s, cal->link_bytes_per_s, a.calibrate_out.c_str());
+    for (const auto& [layers, s] : cal->chunk_seconds)
+      std::printf("  a micro-batch through %d layer%s with embedding and head: %.3f ms\n", layers,
+                  layers == 1 ? "" : "s", s * 1e3);
     return 0;
   }
   plan::calibration cal = plan::default_calibration(a.search ? "cuda" : c->runtime.device,

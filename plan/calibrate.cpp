@@ -76,9 +76,11 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
     const int L = cfg.model.num_layers;
     const int a = std::min(L, 1), b = std::min(L, 3);
     const double t_a = chunk_seconds(a);
+    cal.chunk_seconds.emplace_back(a, t_a);
     double per_layer = 0, fixed = t_a;
     if (b > a) {
       const double t_b = chunk_seconds(b);
+      cal.chunk_seconds.emplace_back(b, t_b);
       per_layer = (t_b - t_a) / (b - a);
       fixed = t_a - a * per_layer;
     }

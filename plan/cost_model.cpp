@@ -59,6 +59,11 @@ core::status save_calibration(const calibration& c, const std::string& path) {
   j["op_overhead_s"] = c.op_overhead_s;
   j["memory_bytes_per_s"] = c.memory_bytes_per_s;
   j["link_bytes_per_s"] = c.link_bytes_per_s;
+  if (!c.chunk_seconds.empty()) {
+    nlohmann::ordered_json t;
+    for (const auto& [layers, s] : c.chunk_seconds) t[std::to_string(layers)] = s;
+    j["chunk_seconds_by_layers"] = t;
+  }
   std::ofstream f(path);
   f << j.dump(2) << "\n";
   if (!f) return core::error::make("cannot write calibration file '" + path + "'", "choose a writable path");

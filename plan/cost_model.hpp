@@ -8,6 +8,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
@@ -24,6 +26,10 @@ struct calibration {
   double memory_bytes_per_s = 1e10;   // AdamW and copies: bytes read + written per second
   double link_bytes_per_s = 5e9;      // a tensor between two pipeline ranks or replicas
   std::string source = "defaults";    // file it came from, or "defaults"
+  // What a measurement timed (written to the file for the reader, not read back): forward +
+  // backward seconds of one micro-batch through a chunk of `layers` layers with the embedding and
+  // the head, for each depth timed.
+  std::vector<std::pair<int, double>> chunk_seconds;
 };
 
 /// Defaults: CPU fp32 2e10 FLOP/s (a few cores of OpenBLAS), 10 GB/s; CUDA (H200-class) bf16/fp16
