@@ -8,6 +8,7 @@
 #   bash bench/gpu/pack.sh build-cuda        # where troupe was built with CUDA: stage build-gpu/
 #   bash bench/gpu/plan_check.sh [124m|1.5b|llama|all|oom] [--calibrate]   # on the GPU machine
 #
+# ONLY=REGEX runs only the runs whose "model-tag" matches (e.g. ONLY='pp1-none|dp2-zero1').
 # --calibrate first measures the GPU on each model's config (`troupe plan CONFIG --calibrate`) and
 # plans that model with those rates. Each run's folder is removed once its metrics are read.
 # `oom` instead checks the two refusals: `troupe train` of GPT-2 1.5B at micro-batch size 64
@@ -65,6 +66,7 @@ calibrate=0; [ "${2:-}" = "--calibrate" ] && calibrate=1
 
 run() {  # model tag --set ...
   local model=$1 tag=$2; shift 2
+  [[ -n "${ONLY:-}" && ! "$model-$tag" =~ $ONLY ]] && return 0
   local sets=("$@") args=()
   for s in "${sets[@]}"; do args+=(--set "$s"); done
   local dir=$O/runs/$model-$tag
