@@ -59,6 +59,14 @@ void send_command(self_t* self, const job& j, coordinator_command& c) {
                    for (int p = 0; p < j.layout.pp; ++p)
                      self->send(j.stages.at({0, p}), snap_atom::value, s.step, s.dests);
                  },
+                 [&](forget_cmd& f) {
+                   for (auto& [k, a] : j.shards) self->send(a, rerun_atom::value, f.step);
+                 },
+                 [&](reexecute_cmd& r) {
+                   for (auto& [d, a] : j.loaders) self->send(a, rerun_atom::value, r.step);
+                   for (auto& [k, a] : j.stages)
+                     self->send(a, rerun_atom::value, r.step, r.loss_scale);
+                 },
                  [&](checkpoint_cmd& c) {
                    self->send(j.writer, ckpt_atom::value, c.step, std::move(c.scaler));
                    // ZeRO-0 shards hold everything: replica 0's moments are the checkpoint's.
@@ -138,6 +146,10 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
       },
       [=](tensor_ready& m) {
         self->state.eng->on_snapshot(m.chunk, receive(*j, 0, m));
+        flush(self, *j);
+      },
+      [=](rerun_atom, std::int64_t step, std::int32_t pp, std::int32_t part) {
+        self->state.eng->on_forgotten(step, pp, part);
         flush(self, *j);
       },
       [=](checkpoint_written& w) {

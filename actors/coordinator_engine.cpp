@@ -16,6 +16,7 @@ const char* phase_name(coordinator_phase p) {
   switch (p) {
     case coordinator_phase::idle: return "idle";
     case coordinator_phase::gathering: return "gathering";
+    case coordinator_phase::reexecuting: return "re-executing";
     case coordinator_phase::updating: return "updating";
     case coordinator_phase::evaluating: return "evaluating";
     case coordinator_phase::finishing: return "finishing";
@@ -97,6 +98,10 @@ void coordinator_engine::begin_step(std::int64_t step) {
   losses_.clear();
   norms_.clear();
   nonfinite_.clear();
+  seq_losses_.clear();
+  grad_hashes_.clear();
+  executions_ = 1;
+  forensics_fields_.clear();
   reports_.clear();
   shard_reports_ = 0;
   t_step_ = clock::now();
@@ -112,6 +117,7 @@ void coordinator_engine::on_loss(loss_report r) {
   if (phase_ == coordinator_phase::stopped) return;
   progressed();
   losses_[r.dp] = std::move(r.mb_loss_sums);
+  seq_losses_[r.dp] = std::move(r.seq_loss_sums);
   maybe_decide();
 }
 
@@ -126,6 +132,7 @@ void coordinator_engine::on_norm(norm_part n) {
             std::to_string(core::exact_sum_words),
         "every worker must run the same troupe build; rebuild and relaunch"));
   norms_[{n.chunk, n.part}] = std::move(n.sumsq);
+  grad_hashes_[{n.chunk, n.part}] = n.grad_hash;
   if (!n.nonfinite.empty() && nonfinite_.empty()) nonfinite_ = std::move(n.nonfinite);
   maybe_decide();
 }
@@ -134,31 +141,38 @@ void coordinator_engine::maybe_decide() {
   if (phase_ != coordinator_phase::gathering || static_cast<int>(losses_.size()) < layout_.dp ||
       static_cast<int>(norms_.size()) < expected_norm_parts())
     return;
-  for (auto& [d, l] : losses_)
-    for (std::size_t mb = 0; mb < l.size(); ++mb)
-      if (!std::isfinite(l[mb]))
-        return fail(core::error::make(
-            "the loss is " + std::string(std::isnan(l[mb]) ? "NaN" : "infinite") + " at step " +
-                std::to_string(step_) + ", micro-batch " + std::to_string(mb) + " (replica " +
-                std::to_string(d) + "); the parameters were not updated",
-            "lower optimizer.lr, raise train.warmup_steps or set train.grad_clip; resume from the "
-            "last checkpoint with --resume"));
+  const bool forensics = model::forensics_of(cfg_.runtime) != model::forensics_mode::off;
+  if (!forensics)
+    for (auto& [d, l] : losses_)
+      for (std::size_t mb = 0; mb < l.size(); ++mb)
+        if (!std::isfinite(l[mb]))
+          return fail(core::error::make(
+              "the loss is " + std::string(std::isnan(l[mb]) ? "NaN" : "infinite") + " at step " +
+                  std::to_string(step_) + ", micro-batch " + std::to_string(mb) + " (replica " +
+                  std::to_string(d) + "); the parameters were not updated",
+              "lower optimizer.lr, raise train.warmup_steps or set train.grad_clip; resume from "
+              "the last checkpoint with --resume"));
   core::exact_sum sumsq;
   for (auto& [key, w] : norms_) sumsq.merge(w.data());
-  // The single-rank trainer decides with the same function (or, without loss scaling, the same
-  // arithmetic on the device): same norm, clip, lr, skip, scale.
-  const model::step_decision d =
-      model::decide_step(sumsq, scaler_, cfg_.optimizer, cfg_.train, static_cast<int>(step_));
+  model::step_decision d;
+  if (forensics) {
+    if (!investigate(d, sumsq)) return;
+  } else {
+    // The single-rank trainer decides with the same function (or, without loss scaling, the
+    // same arithmetic on the device): same norm, clip, lr, skip, scale.
+    d = model::decide_step(sumsq, scaler_, cfg_.optimizer, cfg_.train, static_cast<int>(step_));
+  }
   // Whose gradient it was, as the optimizer shards found it.
   const std::string culprit = nonfinite_.empty() ? std::string() : ": " + nonfinite_;
-  if (!d.skip && !std::isfinite(d.grad_norm))
+  if (!d.skip && !std::isfinite(d.grad_norm) && !forensics)
     // Without dynamic loss scaling a non-finite gradient would poison every parameter.
     return fail(core::error::make(
         "the gradient norm is " + std::string(std::isnan(d.grad_norm) ? "NaN" : "infinite") +
             " at step " + std::to_string(step_) + culprit + "; the parameters were not updated",
         "lower optimizer.lr or set train.grad_clip; with fp16 turn on "
         "precision.dynamic_loss_scale; resume from the last checkpoint with --resume"));
-  if (d.skip && log_) {
+  if (d.skip && scaler_.enabled && forensics_fields_.find("\"skip\"") == std::string::npos &&
+      log_) {
     std::fprintf(log_,
                  "the gradient is not finite at step %lld%s; the step is skipped (dynamic loss "
                  "scaling), loss scale %g -> %g\n",
@@ -170,6 +184,124 @@ void coordinator_engine::maybe_decide() {
   phase_ = coordinator_phase::updating;
   out_.push_back(clip_decision{step_, d.grad_scale, d.lr, d.adam_step, d.skip, d.loss_scale});
   maybe_finish_step();  // reports cannot come before the decision, but keep the check in one place
+}
+
+bool coordinator_engine::investigate(model::step_decision& d, const core::exact_sum& sumsq) {
+  model::step_fingerprint print;
+  double total = 0;
+  for (auto& [dp, l] : losses_) {
+    print.losses.insert(print.losses.end(), l.begin(), l.end());
+    for (double x : l) total += x;
+  }
+  for (auto& [key, h] : grad_hashes_) print.grads.push_back(h);
+  const std::int64_t sequences = static_cast<std::int64_t>(layout_.dp) * layout_.microbatches *
+                                 cfg_.parallel.micro_batch_size;
+  const std::int64_t trained =
+      plan_.train ? plan_.train->trained_targets(static_cast<std::uint64_t>(step_),
+                                                 static_cast<std::uint64_t>(sequences))
+                  : sequences * cfg_.model.seq_length;
+  // Under dynamic loss scaling a non-finite gradient is the scaler's to handle (a skipped step).
+  const std::string grad_note =
+      scaler_.enabled || std::isfinite(sumsq.value()) ? ""
+      : nonfinite_.empty()                              ? std::string(" (its norm is not finite)")
+                                                        : ": " + nonfinite_;
+  const std::string why =
+      model::suspicion(cfg_.runtime, step_, print.losses, layout_.microbatches,
+                       total / static_cast<double>(trained), grad_note, history_);
+  auto decide = [&] {
+    d = model::decide_step(sumsq, scaler_, cfg_.optimizer, cfg_.train, static_cast<int>(step_));
+    return true;
+  };
+  auto say = [&](const std::string& text) {
+    if (!log_) return;
+    std::fprintf(log_, "%s\n", text.c_str());
+    std::fflush(log_);
+  };
+  const std::string at = "step forensics: step " + std::to_string(step_);
+  if (executions_ == 1) {
+    if (why.empty()) return decide();
+    why_ = why;
+    first_print_ = last_print_ = print;
+    say("step forensics: " + why + "; executing step " + std::to_string(step_) +
+        " again from the state before it");
+    reexecute();
+    return false;
+  }
+  if (print.same_bits(last_print_)) {
+    // Deterministic: the step's own data produced it.
+    std::vector<double> seqs;
+    for (auto& [dp, q] : seq_losses_) seqs.insert(seqs.end(), q.begin(), q.end());
+    std::string json;
+    const std::string names = model::name_sequences(
+        plan_.train.get(), step_, seqs, cfg_.parallel.micro_batch_size, layout_.microbatches,
+        cfg_.runtime.forensics_loss_jump, history_.reference(), json);
+    const bool skip = model::forensics_of(cfg_.runtime) == model::forensics_mode::skip;
+    const std::string field = model::forensics_field(step_, why_, "deterministic",
+                                                     skip ? "skip" : "stop", executions_,
+                                                     first_print_, print, json);
+    const std::string text = at + " is deterministic: " + why_ + ", and executed again from the " +
+                             "state before it the step gave the same bits (" + print.text() +
+                             "); the sequences:" + names;
+    if (!skip) {
+      if (auto st = run_->event(static_cast<int>(step_), field); !st) return fail(st.err()), false;
+      fail(core::error::make(text + "\nthe parameters were not updated",
+                             "look at the data at these positions; set runtime.forensics = "
+                             "\"skip\" to train past such a step, then resume from the last "
+                             "checkpoint with --resume"));
+      return false;
+    }
+    say(text + "\nthe step is skipped (runtime.forensics = \"skip\"): no parameter, moment or "
+               "AdamW count changes at it");
+    forensics_fields_ = field;
+    d = model::step_decision{};
+    d.grad_norm = sumsq.value() / (scaler_.enabled ? scaler_.scale : 1.0f);
+    d.lr = model::learning_rate(cfg_.optimizer, cfg_.train, static_cast<int>(step_));
+    d.skip = true;
+    d.adam_step = scaler_.adam_step(static_cast<int>(step_));
+    d.loss_scale = d.next_loss_scale = scaler_.scale;
+    return true;
+  }
+  // Transient: the same inputs and state gave other bits.
+  forensics_fields_ = model::forensics_field(step_, why_, "transient", "retry", executions_,
+                                             first_print_, print, "");
+  say(at + " is transient: " + why_ + ", but executed again from the state before it the step " +
+      "gave other bits (" + last_print_.text() + ", then " + print.text() + ")" +
+      (why.empty() ? "; the re-execution's result stands" : "; and it is still suspicious: " + why));
+  if (why.empty()) return decide();
+  if (executions_ >= model::max_executions)
+    return fail(core::error::make(
+               at + " gave other bits in each of its " + std::to_string(executions_) +
+                   " executions and is still suspicious: " + why +
+                   "; the parameters were not updated",
+               "a fault that keeps recurring (a failing device or host memory, a nondeterministic "
+               "kernel): check the hardware; resume from the last checkpoint with --resume")),
+           false;
+  why_ = why;
+  last_print_ = print;
+  reexecute();
+  return false;
+}
+
+void coordinator_engine::reexecute() {
+  ++executions_;
+  forgotten_ = 0;
+  losses_.clear();
+  norms_.clear();
+  nonfinite_.clear();
+  seq_losses_.clear();
+  grad_hashes_.clear();
+  phase_ = coordinator_phase::reexecuting;
+  out_.push_back(forget_cmd{step_});
+}
+
+void coordinator_engine::on_forgotten(std::int64_t step, int pp, int part) {
+  (void)pp;
+  (void)part;
+  if (phase_ != coordinator_phase::reexecuting || step != step_) return;
+  progressed();
+  if (++forgotten_ < layout_.pp * layout_.dp) return;
+  phase_ = coordinator_phase::gathering;
+  out_.push_back(reexecute_cmd{step_, scaler_.scale});
 }
 
 void coordinator_engine::on_shard_report(const shard_report& r) {
@@ -219,6 +351,8 @@ void coordinator_engine::maybe_finish_step() {
     o.next_loss_scale = decision_.next_loss_scale;
   }
   pending_fields_ = stage_fields() + skew_fields();
+  if (!forensics_fields_.empty()) pending_fields_ += "," + forensics_fields_;
+  if (!decision_.skip) history_.accept(o.loss);
   if (decision_.skip && !nonfinite_.empty())
     pending_fields_ += ",\"nonfinite\":" + nlohmann::json(nonfinite_).dump();
   write_trace();

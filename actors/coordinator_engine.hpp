@@ -7,7 +7,9 @@
 // actor, rank, step and instruction — when an actor fails, a loss is not finite, or nothing
 // progresses.
 //
-// Phases of a step: gathering (losses, norm sums) → updating (decision sent; stage and shard
+// Phases of a step: gathering (losses, norm sums) → [re-executing: step forensics looks into a
+// suspicious step (model/forensics.hpp): the shards forget their reduction, then the step runs
+// once more and its results are gathered again] → updating (decision sent; stage and shard
 // reports) → evaluating (only when due: waiting for the parameter snapshot) → the next step's
 // gathering, or, after the last step, finishing (checkpoints still being written) → stopped.
 // Any failure goes to stopped at once. The engine never blocks and knows nothing of CAF: each
@@ -32,6 +34,7 @@
 #include "core/error.hpp"
 #include "kernels/backend.hpp"
 #include "model/chunk.hpp"
+#include "model/forensics.hpp"
 #include "model/loader.hpp"
 #include "model/optimizer.hpp"
 #include "model/run_policy.hpp"
@@ -39,7 +42,7 @@
 namespace troupe::actors {
 
 /// Where the coordinator is (see the top of this file).
-enum class coordinator_phase { idle, gathering, updating, evaluating, finishing, stopped };
+enum class coordinator_phase { idle, gathering, reexecuting, updating, evaluating, finishing, stopped };
 
 /// "gathering", ... (for tests and messages).
 const char* phase_name(coordinator_phase p);
@@ -71,8 +74,17 @@ struct checkpoint_cmd {  // to the writer (announce, with the loss scaler's stat
   std::int64_t step = 0;
   std::vector<double> scaler;  // empty when dynamic loss scaling is off
 };
+struct forget_cmd {  // step forensics, to every shard: forget the step's reduction, then answer
+  std::int64_t step = 0;
+};
+struct reexecute_cmd {  // step forensics, to every loader (cut the step again) and every stage
+                        // (execute it again from the state before it)
+  std::int64_t step = 0;
+  float loss_scale = 1;
+};
 // clip_decision goes to every shard.
-using coordinator_command = std::variant<begin_step_cmd, clip_decision, snapshot_cmd, checkpoint_cmd>;
+using coordinator_command = std::variant<begin_step_cmd, clip_decision, snapshot_cmd, checkpoint_cmd,
+                                         forget_cmd, reexecute_cmd>;
 
 /// A stage computing at least this many times as long in a step as the median of the other
 /// replicas of its pipeline stage, and at least straggler_excess_s longer (shorter differences are
@@ -106,6 +118,8 @@ class coordinator_engine {
   /// Chunk `chunk`'s parameters for the evaluation that is due.
   void on_snapshot(int chunk, core::tensor params);
   void on_checkpoint(const checkpoint_written& w);
+  /// Shard (pp, part) forgot step `step` (step forensics); once all have, the step runs again.
+  void on_forgotten(std::int64_t step, int pp, int part);
   /// A worker's heartbeat at `now`: its stage's status line; a line that changed since the
   /// worker's last heartbeat counts as progress (a slow stage is not a hung one).
   void on_heartbeat(worker_heartbeat h, clock::time_point now = clock::now());
@@ -136,6 +150,10 @@ class coordinator_engine {
  private:
   void begin_step(std::int64_t step);
   void maybe_decide();
+  /// Step forensics on the gathered step: true when the decision may go ahead (`d` possibly made
+  /// a skip); false when the step runs again or the job stopped.
+  bool investigate(model::step_decision& d, const core::exact_sum& sumsq);
+  void reexecute();
   void maybe_finish_step();
   void evaluate();
   void record_step(const model::step_outcome& o);
@@ -170,6 +188,16 @@ class coordinator_engine {
   std::map<int, std::vector<double>> losses_;                        // dp -> per-mb loss sums
   std::map<std::pair<int, int>, std::vector<std::int64_t>> norms_;   // (chunk, part) -> exact sum
   std::string nonfinite_;  // the first shard's note on a non-finite gradient this step
+  std::map<int, std::vector<double>> seq_losses_;                    // dp -> per-sequence sums
+  std::map<std::pair<int, int>, std::uint64_t> grad_hashes_;         // (chunk, part) -> hash
+  // step forensics (model/forensics.hpp)
+  model::loss_history history_;
+  int executions_ = 1;                    // of this step so far
+  int forgotten_ = 0;                     // shards that forgot the step being re-executed
+  std::string why_;                       // why the step is looked into
+  model::step_fingerprint last_print_;    // the previous execution's fingerprint
+  model::step_fingerprint first_print_;
+  std::string forensics_fields_;          // the metrics line's "forensics" field
   model::loss_scaler scaler_;
   model::step_decision decision_;
   std::vector<stage_report> reports_;

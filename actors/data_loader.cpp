@@ -46,6 +46,12 @@ caf::behavior loader_actor(caf::stateful_actor<loader_state>* self, std::shared_
              s <= std::min<std::int64_t>(step + 1, end_step - 1); ++s)
           feed(self, *j, dp, s);
       },
+      [=](rerun_atom, std::int64_t step) {
+        // Step forensics executes `step` again: the same cut (a pure function of the step).
+        const std::int64_t through = self->state.sent_through;
+        feed(self, *j, dp, step);
+        self->state.sent_through = std::max(through, step);
+      },
   };
 }
 

@@ -13,6 +13,9 @@ struct shard_state {
   // Under ZeRO-0 only part 0's norm blocks decide the clip scale, so the decision can arrive
   // before this shard has every replica's gradient: it waits here until they are in.
   std::optional<clip_decision> pending;
+  // Step forensics asked to execute this step again: forget it once it is reduced (under ZeRO-0 a
+  // shard whose norm does not count may not have every replica's first slices yet).
+  std::optional<std::int64_t> forget;
 };
 
 using shard_self = caf::stateful_actor<shard_state>;
@@ -33,6 +36,18 @@ void apply_when_reduced(shard_self* self, const job& j, int pp, int part) {
              shard_report{d.step, pp, part, eng.state_bytes(), eng.peak_device_bytes()});
 }
 
+/// Forgets the step step forensics executes again, once it is reduced, and tells the coordinator.
+void forget_when_reduced(shard_self* self, const job& j, int pp, int part) {
+  auto& st = self->state;
+  auto& eng = *st.b->engine;
+  if (!st.forget || !eng.reduce(*st.forget)) return;
+  const std::int64_t step = *st.forget;
+  st.forget.reset();
+  eng.forget(step);
+  self->send(j.coordinator, rerun_atom::value, step, static_cast<std::int32_t>(pp),
+             static_cast<std::int32_t>(part));
+}
+
 caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
                           int part, std::shared_ptr<shard_bundle> b) {
   self->state.b = std::move(b);
@@ -47,10 +62,15 @@ caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
         self->state.step = m.step;
         if (eng.reduce(m.step)) {
           for (auto& [chunk, blocks] : eng.take_norm_parts())
-            self->send(j->coordinator,
-                       norm_part{m.step, chunk, part, std::move(blocks), eng.nonfinite()});
+            self->send(j->coordinator, norm_part{m.step, chunk, part, std::move(blocks),
+                                                 eng.nonfinite(), eng.grad_hash(chunk)});
         }
         apply_when_reduced(self, *j, pp, part);
+        forget_when_reduced(self, *j, pp, part);
+      },
+      [=](rerun_atom, std::int64_t step) {
+        self->state.forget = step;
+        forget_when_reduced(self, *j, pp, part);
       },
       [=](clip_decision& d) {
         self->state.pending = d;

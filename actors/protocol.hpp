@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ using ckpt_atom = caf::atom_constant<caf::atom("ckpt")>;        // writer: expec
 using status_atom = caf::atom_constant<caf::atom("status")>;    // what are you doing / waiting on
 using start_atom = caf::atom_constant<caf::atom("start")>;      // coordinator: run the job
 using dir_atom = caf::atom_constant<caf::atom("dir")>;          // node: your worker's actors
+using rerun_atom = caf::atom_constant<caf::atom("rerun")>;      // step forensics: execute step s
+                                                                // again (shards: forget it first,
+                                                                // then answer rerun, s, pp, part)
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tensor_ready& x) {
@@ -39,9 +43,29 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, trace_event& x) {
   return f(TROUPE_INSPECT_NAME("trace_event"), x.name, x.cat, x.start_us, x.dur_us);
 }
+/// Doubles as their bit patterns. CAF 0.17 packs a double field with pack754, which garbles NaN
+/// and never ends on an infinity: loss sums must arrive as they were, non-finite ones included
+/// (the coordinator stops or looks into a step on them).
+inline std::vector<std::uint64_t> double_bits(const std::vector<double>& v) {
+  std::vector<std::uint64_t> out(v.size());
+  if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(double));
+  return out;
+}
+inline std::vector<double> bits_double(const std::vector<std::uint64_t>& v) {
+  std::vector<double> out(v.size());
+  if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(double));
+  return out;
+}
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, loss_report& x) {
-  return f(TROUPE_INSPECT_NAME("loss_report"), x.step, x.dp, x.mb_loss_sums);
+  std::vector<std::uint64_t> sums = double_bits(x.mb_loss_sums), seqs = double_bits(x.seq_loss_sums);
+  return f(TROUPE_INSPECT_NAME("loss_report"), x.step, x.dp, sums, seqs,
+           caf::meta::load_callback([&]() -> caf::error {
+             x.mb_loss_sums = bits_double(sums);
+             x.seq_loss_sums = bits_double(seqs);
+             return caf::none;
+           }));
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
@@ -50,7 +74,8 @@ typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, norm_part& x) {
-  return f(TROUPE_INSPECT_NAME("norm_part"), x.step, x.chunk, x.part, x.sumsq, x.nonfinite);
+  return f(TROUPE_INSPECT_NAME("norm_part"), x.step, x.chunk, x.part, x.sumsq, x.nonfinite,
+           x.grad_hash);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, clip_decision& x) {

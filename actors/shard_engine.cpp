@@ -146,6 +146,10 @@ bool shard_engine::reduce(std::int64_t step) {
       if (nonfinite_.empty() && !std::isfinite(s.value())) nonfinite_ = locate_nonfinite(i, slices[i]);
     }
   }
+  grad_hashes_.clear();
+  if (cfg_.runtime.forensics != "off" && layout_.norm_contributor(part_))
+    for (std::size_t i = 0; i < chunks_.size(); ++i)
+      grad_hashes_[chunks_[i].chunk] = be_.message_hash_async(reduced_[i])->get();
   if (host_) {
     // The first pieces start down to the host now, while the coordinator decides the step.
     TROUPE_CHECK(copies_.empty(), "shard(pp=" + std::to_string(pp_) + ", part=" +
@@ -213,6 +217,28 @@ std::string shard_engine::locate_nonfinite(std::size_t i, const std::vector<core
   // Every replica's own slice is finite and their sum is not: it overflowed while they were added.
   return "the sum of the replicas' gradients of chunk " + std::to_string(chunks_[i].chunk) +
          " overflowed (each replica's own gradient is finite)";
+}
+
+std::uint64_t shard_engine::grad_hash(int chunk) const {
+  auto it = grad_hashes_.find(chunk);
+  return it == grad_hashes_.end() ? 0 : it->second;
+}
+
+void shard_engine::forget(std::int64_t step) {
+  TROUPE_CHECK(reduced_step_ == step, "shard(pp=" + std::to_string(pp_) + ", part=" +
+                                          std::to_string(part_) + ") asked to forget step " +
+                                          std::to_string(step) + ", which it has not reduced");
+  // The host copies of the summed slice that reduce() started (offload) must land before the
+  // re-execution writes the gradients again.
+  while (!copies_.empty()) {
+    copies_.front().landed->wait();
+    copies_.pop_front();
+  }
+  next_piece_ = 0;
+  norm_parts_.clear();
+  grad_hashes_.clear();
+  nonfinite_.clear();
+  reduced_step_ = -1;
 }
 
 std::vector<std::pair<int, std::vector<std::int64_t>>> shard_engine::take_norm_parts() {

@@ -65,6 +65,13 @@ class shard_engine {
   /// non-finite value came from — "NaN in the gradient of h.1.attn.c_attn.weight (element 5 of
   /// it, chunk 1) from stage(dp=1, pp=1) (rank 3)"; "" when the part is finite.
   const std::string& nonfinite() const { return nonfinite_; }
+  /// After reduce(), with runtime.forensics on: the message hash of global chunk `chunk`'s summed
+  /// slice (its bits, for step forensics' comparison of two executions); 0 otherwise.
+  std::uint64_t grad_hash(int chunk) const;
+  /// Step forensics executes `step` again: forgets its reduction (waiting for host copies in
+  /// flight under offload), so that the replicas' new gradient slices are reduced afresh. Nothing
+  /// was applied: the optimizer state is that before the step. REQUIRES: reduce(step) was true.
+  void forget(std::int64_t step);
   /// AdamW on the owned slices with the coordinator's decision — gradient factor `scale` (clip and
   /// loss-scale undo), learning rate, AdamW's 1-based t — or, when `skip` (dynamic loss scaling
   /// saw an overflow), no update at all. Either way queues the parameter slices (and, under
@@ -132,6 +139,7 @@ class shard_engine {
   std::int64_t reduced_step_ = -1;
   std::vector<std::pair<int, std::vector<std::int64_t>>> norm_parts_;
   std::string nonfinite_;
+  std::map<int, std::uint64_t> grad_hashes_;  // global chunk -> hash (runtime.forensics)
   std::vector<outgoing> out_;
 };
 

@@ -28,7 +28,8 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
     for (auto& o : out)
       route(self, j, me, o.to, o.tag, std::move(o.t), send_note{st.b->be.get(), nullptr, &memo});
     if (eng.losses_ready()) {
-      self->send(j.coordinator, loss_report{eng.step(), eng.dp(), eng.losses()});
+      self->send(j.coordinator,
+                 loss_report{eng.step(), eng.dp(), eng.losses(), eng.sequence_losses()});
       eng.losses_reported();
     }
     if (done) {
@@ -55,6 +56,12 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
   return {
       [=](step_atom, std::int64_t step, float loss_scale) {
         self->state.b->engine->begin_step(step, loss_scale);
+        self->state.running = true;
+        pump(self, *j);
+      },
+      [=](rerun_atom, std::int64_t step, float loss_scale) {
+        // Step forensics: the step once more, from the parameters it started from.
+        self->state.b->engine->begin_step(step, loss_scale, true);
         self->state.running = true;
         pump(self, *j);
       },

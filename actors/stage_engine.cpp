@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "model/forensics.hpp"
 #include "model/optimizer.hpp"
 #include "model/params.hpp"
 
@@ -58,7 +59,7 @@ core::tensor hand_over(kernels::backend& be, core::tensor t, bool reused) {
   return t;
 }
 
-void stage_engine::begin_step(std::int64_t step, float loss_scale) {
+void stage_engine::begin_step(std::int64_t step, float loss_scale, bool again) {
   step_ = step;
   const bool has_head = pp_ == layout_.rank_of_chunk(layout_.chunks() - 1);
   const std::int64_t trained =
@@ -71,6 +72,8 @@ void stage_engine::begin_step(std::int64_t step, float loss_scale) {
   grad_scale_ = model::loss_grad_scale(loss_scale, trained);
   pc_ = 0;
   losses_.assign(has_head ? layout_.microbatches : 0, NAN);
+  again_ = again;
+  seq_losses_.clear();
   losses_ready_ = false;
   losses_sent_ = false;
   blocked_since_.reset();
@@ -213,6 +216,7 @@ bool stage_engine::execute(const schedules::instruction& op) {
       core::tensor out =
           ch.forward(op.mb, input, targets, grad_scale_,
                      model::training_dropout(cfg_.model, cfg_.train.seed, step_, first_sample));
+      if (op.chunk == last) maybe_poison(op.mb);
       if (op.chunk != last)
         stash(tag_of(tensor_kind::activation, op.chunk + 1, op.mb), std::move(out));
       return true;
@@ -234,6 +238,11 @@ bool stage_engine::execute(const schedules::instruction& op) {
         // Every micro-batch's forward is done; read the losses now, not after each forward, so
         // the host is not held to the device's pace inside the step.
         for (int m = 0; m < layout_.microbatches; ++m) losses_.at(m) = ch.loss_sum(m);
+        if (again_)
+          for (int m = 0; m < layout_.microbatches; ++m) {
+            auto seq = model::sequence_loss_sums(be_, ch.loss_rows(m), cfg_.parallel.micro_batch_size);
+            seq_losses_.insert(seq_losses_.end(), seq.begin(), seq.end());
+          }
         losses_ready_ = true;
       }
       return true;
@@ -292,6 +301,28 @@ void stage_engine::maybe_inject_nan(int c) {
                "(chunk %d) at step %lld\n",
                fault_->label().c_str(), dp_, pp_, static_cast<long long>(p.numel / 2), p.name.c_str(),
                c, static_cast<long long>(step_));
+  std::fflush(stderr);
+}
+
+/// TROUPE_FAULT=poison (test only): the loss of the fault's global sequence is bad (NaN, or the
+/// fault's value) each time its step is computed — its first target's loss, written after the last
+/// chunk's forward of the micro-batch that holds it, as a sequence that overflows would leave it.
+void stage_engine::maybe_poison(int mb) {
+  if (!fault_ || fault_->kind != core::fault_kind::poison || step_ != fault_->step) return;
+  const std::int64_t B = cfg_.parallel.micro_batch_size;
+  const std::int64_t g = fault_->sequence / B;  // the global micro-batch
+  if (g / layout_.microbatches != dp_ || g % layout_.microbatches != mb) return;
+  core::tensor rows = chunk_for(layout_.chunks() - 1).loss_rows(mb);
+  const std::int64_t at = (fault_->sequence % B) * cfg_.model.seq_length;
+  core::tensor bad = core::tensor::zeros({1}, core::dtype::f32);
+  bad.data<float>()[0] = static_cast<float>(fault_->loss);
+  core::tensor dst = rows.slice(at, {1});
+  be_.copy(on_device(bad), dst);
+  std::fprintf(stderr,
+               "troupe: %s: stage(dp=%d, pp=%d) made the loss of the first target of global "
+               "sequence %lld (micro-batch %d) %g at step %lld\n",
+               fault_->label().c_str(), dp_, pp_, static_cast<long long>(fault_->sequence), mb,
+               fault_->loss, static_cast<long long>(step_));
   std::fflush(stderr);
 }
 

@@ -66,11 +66,14 @@ class stage_engine {
   /// that every rank computes alike), which is fewer than the tokens with masked instruction data.
   /// Without it every token of the global batch is a target.
   void set_data(std::shared_ptr<const model::loader> data) { data_ = std::move(data); }
-  /// Arms a test-only fault of this stage's worker (TROUPE_FAULT nan or slow, core/fault.hpp).
+  /// Arms a test-only fault of this stage's worker (TROUPE_FAULT nan, slow or poison,
+  /// core/fault.hpp).
   void inject(const core::fault_spec& f) { fault_ = f; }
   /// Starts step `step`: resets the program counter and timings. `loss_scale` multiplies the loss
-  /// gradient (dynamic loss scaling; 1 without).
-  void begin_step(std::int64_t step, float loss_scale = 1.0f);
+  /// gradient (dynamic loss scaling; 1 without). `again`: step forensics executes the step once
+  /// more from the state before it (the parameters are not updated until the coordinator has
+  /// decided, so that state is still here); the last stage then also reports per-sequence losses.
+  void begin_step(std::int64_t step, float loss_scale = 1.0f, bool again = false);
   /// Stashes a tensor that arrived for this stage (its backend's stream will wait for it).
   void deliver(const transport::tag& tg, core::tensor t);
   /// Executes instructions until one must wait, one queued a tensor to send (so the host can send
@@ -82,6 +85,8 @@ class stage_engine {
 
   /// Per-micro-batch loss sums of the last chunk this step (empty on other ranks).
   const std::vector<double>& losses() const { return losses_; }
+  /// Per-sequence loss sums (micro-batch-major) in a step begun `again`; empty otherwise.
+  const std::vector<double>& sequence_losses() const { return seq_losses_; }
   /// True once the last compute/transfer instruction ran and losses are final (before STEP).
   bool losses_ready() const { return losses_ready_; }
   /// Clears the losses-ready flag once the host reported them.
@@ -114,6 +119,7 @@ class stage_engine {
   void record(const std::string& name, event_cat cat, clock::time_point start, clock::time_point end);
   void maybe_inject_fault(const schedules::instruction& op) const;
   void maybe_inject_nan(int chunk);
+  void maybe_poison(int mb);
 
   const core::config& cfg_;
   job_layout layout_;
@@ -131,6 +137,8 @@ class stage_engine {
   std::map<transport::tag, core::tensor> stash_;
   std::vector<outgoing> out_;
   std::vector<double> losses_;
+  std::vector<double> seq_losses_;
+  bool again_ = false;
   bool losses_ready_ = false;
   bool losses_sent_ = false;
   std::optional<clock::time_point> blocked_since_;

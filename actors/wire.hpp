@@ -91,6 +91,9 @@ struct loss_report {
   std::int64_t step = 0;
   std::int32_t dp = 0;
   std::vector<double> mb_loss_sums;
+  /// Loss sums per sequence (micro-batch-major), only in a re-execution of the step by step
+  /// forensics (model/forensics.hpp): they name the sequences of a deterministic bad step.
+  std::vector<double> seq_loss_sums;
 };
 
 /// A stage finished step `step` (parameters updated).
@@ -115,6 +118,7 @@ struct norm_part {
   std::int32_t part = 0;
   std::vector<std::int64_t> sumsq;
   std::string nonfinite;  // when the sum is not finite: whose value first was not (shard_engine)
+  std::uint64_t grad_hash = 0;  // message hash of the summed slice, when runtime.forensics is on
 };
 
 /// The coordinator's decision for step `step` (model::decide_step): AdamW's gradient factor

@@ -725,6 +725,17 @@ status resolve_and_check(config& c) {
                         "a GEMM tuning file needs runtime.device = \"cuda\" (the CPU backend has "
                         "no cuBLASLt algorithms to choose)",
                         "remove runtime.gemm_tune_file, or set runtime.device = \"cuda\"");
+  if (c.runtime.forensics_loss_jump != 0 && c.runtime.forensics_loss_jump <= 1)
+    return config_error(c, "runtime.forensics_loss_jump",
+                        "a loss jump factor of " + std::to_string(c.runtime.forensics_loss_jump) +
+                            " would call every step's loss a jump",
+                        "use 0 (off) or a factor above 1, e.g. 3");
+  if (c.runtime.forensics_loss_jump > 0 && c.runtime.forensics == "off")
+    return config_error(c, "runtime.forensics_loss_jump",
+                        "a loss jump is looked into only by step forensics, and "
+                        "runtime.forensics is \"off\"",
+                        "set runtime.forensics = \"stop\" or \"skip\", or remove "
+                        "runtime.forensics_loss_jump");
   if (!c.runtime.fault_inject.empty()) {
     const std::string& f = c.runtime.fault_inject;
     const auto a = f.find(':'), b = a == std::string::npos ? a : f.find(':', a + 1);

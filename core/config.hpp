@@ -197,6 +197,12 @@ struct runtime_config {
   bool cuda_graph = true;       // single-rank CUDA training replays its step as a CUDA graph
   std::string gemm_tune_file;   // measured cuBLASLt algorithms, shared by runs ("" = heuristic)
   int report_interval = 0;      // rewrite <run_dir>/report.html every N steps (0 = never)
+  // Step forensics (docs/faults.md): a step whose loss or gradient is not finite, or whose loss
+  // jumps, is re-executed from the state before it; "stop" or "skip" is what a bad step that
+  // reproduces bit for bit gets; "off" stops at once without re-executing.
+  std::string forensics = "off";     // off | stop | skip
+  double forensics_loss_jump = 0;    // > 1: a loss above this × the median of recent losses is
+                                     // suspicious too; 0 = only non-finite values
 
   bool operator==(const runtime_config&) const = default;
 };

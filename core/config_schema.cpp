@@ -316,6 +316,11 @@ std::vector<key_spec> make_specs() {
   s.push_back(bool_key("runtime", "record_tensors", &C::runtime, &runtime_config::record_tensors));
   s.push_back(int_key("runtime", "watchdog_s", &C::runtime, &runtime_config::watchdog_s, 1, 86400,
                       "seconds without progress before the job is stopped with a hang report"));
+  s.push_back(choice_key("runtime", "forensics", &C::runtime, &runtime_config::forensics,
+                         {"off", "stop", "skip"}));
+  s.push_back(float_key("runtime", "forensics_loss_jump", &C::runtime,
+                        &runtime_config::forensics_loss_jump, 0, false, inf, false,
+                        "0 turns the loss-jump check off; otherwise more than 1"));
   s.push_back(int_key("runtime", "report_interval", &C::runtime, &runtime_config::report_interval, 0,
                       int_max, "0 writes no report during the run; troupe report RUN_DIR draws one"));
   return s;

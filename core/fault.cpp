@@ -32,7 +32,7 @@ result<fault_spec> parse_fault(const std::string& text, const std::string& sourc
   auto bad = [&](const std::string& why) {
     return error::make(source + "='" + text + "' " + why,
                        "test only; one of drop:RANK:STEP, enospc:STEP, nan:RANK:STEP, "
-                       "slow:RANK:FACTOR (docs/faults.md)");
+                       "slow:RANK:FACTOR, poison:STEP:SEQ[:LOSS] (docs/faults.md)");
   };
   const auto f = split(text);
   fault_spec s;
@@ -51,6 +51,19 @@ result<fault_spec> parse_fault(const std::string& text, const std::string& sourc
       return bad("is not enospc:STEP (the step of a checkpoint, 1 or more)");
     s.kind = fault_kind::enospc;
     s.step = step;
+    return s;
+  }
+  if (f[0] == "poison") {
+    std::int64_t seq = 0;
+    char* end = nullptr;
+    if (f.size() == 4) s.loss = std::strtod(f[3].c_str(), &end);
+    if ((f.size() != 3 && f.size() != 4) || !whole(f[1], step) || !whole(f[2], seq) ||
+        (f.size() == 4 && (f[3].empty() || *end != '\0')))
+      return bad("is not poison:STEP:SEQ[:LOSS] (SEQ a global sequence index within the step, "
+                 "LOSS a number)");
+    s.kind = fault_kind::poison;
+    s.step = step;
+    s.sequence = seq;
     return s;
   }
   if (f[0] == "slow") {

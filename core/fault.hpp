@@ -13,12 +13,19 @@
 //                      leaves for the optimizer shards
 //   slow:RANK:FACTOR   worker RANK's stage makes every compute instruction take FACTOR times as
 //                      long (it sleeps FACTOR - 1 times the instruction's own time after it)
+//   poison:STEP:SEQ[:LOSS]  global sequence SEQ of step STEP (the loader's numbering) has a bad
+//                      loss every time that step is computed, re-executions included: the stage
+//                      that computes that sequence's loss writes LOSS (default NaN; a large
+//                      finite value makes a loss jump) as the loss of its first target — a bad
+//                      sequence that step forensics (runtime.forensics) finds deterministic
 //
 // A fault stands for a one-off failure: a restarted attempt (`--max-restarts`, TROUPE_RESTARTS > 0)
-// runs without it. No CAF here.
+// runs without it. nan fires once per process, so a step re-executed by step forensics runs clean
+// (a transient fault); poison fires on every execution of its step. No CAF here.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -26,14 +33,16 @@
 
 namespace troupe::core {
 
-enum class fault_kind { drop, enospc, nan, slow };
+enum class fault_kind { drop, enospc, nan, slow, poison };
 
 /// One injected fault (see the top of this file).
 struct fault_spec {
   std::string text;        // as given, for messages
   fault_kind kind = fault_kind::drop;
-  int rank = -1;           // the worker that acts (drop, nan, slow); -1 for enospc
-  std::int64_t step = -1;  // drop, nan: the step (0-based); enospc: the checkpoint's step
+  int rank = -1;           // the worker that acts (drop, nan, slow); -1 for enospc, poison
+  std::int64_t step = -1;  // drop, nan, poison: the step (0-based); enospc: the checkpoint's step
+  std::int64_t sequence = -1;  // poison: the global sequence index within the step
+  double loss = std::numeric_limits<double>::quiet_NaN();  // poison: the loss written
   double factor = 1;       // slow
 
   /// "TROUPE_FAULT=<text>", for messages.

@@ -136,6 +136,12 @@ std::pair<std::size_t, std::uint64_t> loader::locate(std::uint64_t w) const {
   return {s, w - first_window_[s]};
 }
 
+loader::position loader::position_of(std::uint64_t step, std::uint64_t k) const {
+  auto [s, off] = locate(window_of(step, k));
+  if (masked()) return {rows_[s].path(), off, true};
+  return {shards_[s].path(), off, false};
+}
+
 std::int64_t loader::trained_targets(std::uint64_t step, std::uint64_t sequences) const {
   if (!masked()) return static_cast<std::int64_t>(sequences) * opt_.seq_length;
   std::int64_t n = 0;

@@ -80,6 +80,14 @@ class loader {
   batch eval_cut(int index) const;
   /// Start offset of global sequence k at `step`, as a position in the shards' windows.
   std::uint64_t window_of(std::uint64_t step, std::uint64_t k) const;
+  /// Where global sequence k of `step` comes from: its shard file and, in it, the offset of its
+  /// first token (token shards) or its row (instruction shards).
+  struct position {
+    std::string path;
+    std::uint64_t offset = 0;
+    bool row = false;  // offset counts rows of an instruction shard
+  };
+  position position_of(std::uint64_t step, std::uint64_t k) const;
   /// Unmasked targets of global sequences 0 .. sequences-1 at `step`: the denominator of the
   /// step's mean loss (sequences × T without a mask; at least 1, so a step whose targets are all
   /// masked has loss 0, not 0/0).

@@ -126,6 +126,10 @@ core::result<run_log> run_log::open(const core::config& cfg, const run_start& st
   return run_log(cfg, start, log, std::move(w.value()));
 }
 
+core::status run_log::event(int step, const std::string& fields) {
+  return metrics_.write_line("{\"step\":" + std::to_string(step) + "," + fields + "}");
+}
+
 core::status run_log::step_end(const step_outcome& o, const std::string& extra_fields) {
   summary_.losses.push_back(o.loss);
   summary_.grad_norms.push_back(o.grad_norm);

@@ -111,6 +111,9 @@ class run_log {
   /// without braces — are appended inside it), the progress line when cadence says so, then the
   /// hooks. Errors: the metrics file could not be written, or a hook failed.
   core::status step_end(const step_outcome& o, const std::string& extra_fields = "");
+  /// A line of its own for an event at `step` that has no step line (step forensics stopping the
+  /// run): {"step":S,<fields>}.
+  core::status event(int step, const std::string& fields);
   /// A checkpoint was written: noted on the log and in the summary.
   void checkpoint_written(const std::string& path);
   /// The run is over: the summary (notes on the log when no step was left to run).

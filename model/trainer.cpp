@@ -369,6 +369,17 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
     e.where.key = "optimizer.offload";
     return e;
   }
+  if (cfg.runtime.forensics != "off") {
+    core::error e = core::error::make(
+        "runtime.forensics = \"" + cfg.runtime.forensics +
+            "\" needs the actor runtime: it re-executes a suspicious step before the optimizer "
+            "shards apply it; the single-rank loop updates the weights in the same pass",
+        "drop --single-rank (troupe train runs the actor runtime by default, with the same bits), "
+        "or set runtime.forensics = \"off\"");
+    e.where.file = cfg.source;
+    e.where.key = "runtime.forensics";
+    return e;
+  }
   kernels::set_cpu_threads(cfg.runtime.threads);
   kernels::set_gemm_tune_file(cfg.runtime.gemm_tune_file);
   std::unique_ptr<kernels::backend> be = kernels::make_backend(cfg.runtime.device);

@@ -137,9 +137,10 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
     b->engine = std::make_unique<stage_engine>(cfg, layout, d, p, j.program.ranks.at(p), *b->be,
                                                std::move(chunks.value()), j.epoch);
     b->engine->set_data(h.train);
-    if (opt.fault && opt.fault->rank == w &&
-        (opt.fault->kind == core::fault_kind::nan || opt.fault->kind == core::fault_kind::slow))
-      b->engine->inject(*opt.fault);
+    if (opt.fault && ((opt.fault->rank == w && (opt.fault->kind == core::fault_kind::nan ||
+                                                opt.fault->kind == core::fault_kind::slow)) ||
+                      opt.fault->kind == core::fault_kind::poison))
+      b->engine->inject(*opt.fault);  // poison: every stage; the one computing the loss acts
     h.stages[{d, p}] = b;
   }
   for (int w : h.workers) {

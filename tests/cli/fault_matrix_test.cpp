@@ -398,3 +398,69 @@ TEST_CASE("fault matrix: a worker 5x slower is reported as a straggler with its 
   CHECK(named * 2 > steps);
   require_same_result(tmp.path / "whole", run);
 }
+
+TEST_CASE("fault matrix: step forensics: a one-off NaN in one rank's gradient is classified transient, the step is retried, and the run ends bit-identical without a restart") {
+  scratch_dir tmp("fault_forensics_transient");
+  const int steps = 6;
+  train_whole(tmp, "whole", steps);  // runtime.forensics off
+  const fs::path run = tmp.path / "retry";
+  child l(tmp.path, "launch",
+          launch_args(free_port()) + sets(tmp, "retry", steps, "--set runtime.forensics=stop"),
+          "TROUPE_FAULT=nan:3:3");
+  const auto injected = wait_for_text(run / "logs" / "worker_3.log", "put a NaN", l);
+  const auto said = wait_for_text(run / "logs" / "worker_0.log", "is transient", l);
+  MESSAGE("forensics (transient): classified " << seconds_between(injected, said)
+                                                << " s after the injection");
+  REQUIRE_MESSAGE(l.wait() == 0, l.stderr_text());
+  require_gone(worker_pids(run));
+  const std::string log0 = slurp(run / "logs" / "worker_0.log");
+  const auto at = log0.find("step forensics: the gradient is not finite at step 3");
+  REQUIRE_MESSAGE(at != std::string::npos, log0);
+  MESSAGE("forensics (transient): worker 0 said:\n"
+          << log0.substr(at, log0.find("stands", at) + 6 - at));
+  CHECK_MESSAGE(contains(log0, "step forensics: step 3 is transient"), log0);
+  CHECK_MESSAGE(!contains(l.stderr_text(), "restart"), l.stderr_text());
+  for (const auto& j : metrics(run)) {
+    const bool three = j.at("step").get<int>() == 3;
+    CHECK(j.contains("forensics") == three);
+    if (three) {
+      CHECK(j["forensics"]["verdict"] == "transient");
+      CHECK(j["forensics"]["action"] == "retry");
+    }
+  }
+  require_same_result(tmp.path / "whole", run);
+}
+
+TEST_CASE("fault matrix: step forensics: a poisoned sequence is classified deterministic, named by micro-batch and shard position, and stops the job") {
+  scratch_dir tmp("fault_forensics_poison");
+  const fs::path run = tmp.path / "poison";
+  // 2 replicas × 2 micro-batches × 2 sequences: global sequence 5 is row 1 of replica 1's
+  // micro-batch 0.
+  child l(tmp.path, "launch",
+          launch_args(free_port()) + sets(tmp, "poison", 6, "--set runtime.forensics=stop"),
+          "TROUPE_FAULT=poison:3:5");
+  const auto injected = wait_for_text(run / "logs" / "worker_3.log", "global sequence 5", l);
+  CHECK(l.wait() == 1);
+  const auto stopped = clock_type::now();
+  MESSAGE("forensics (deterministic): stopped within " << seconds_between(injected, stopped)
+                                                        << " s of the injection");
+  require_gone(worker_pids(run));
+  const std::string log0 = slurp(run / "logs" / "worker_0.log");
+  const auto at = log0.find("troupe: error");
+  REQUIRE_MESSAGE(at != std::string::npos, log0);
+  MESSAGE("forensics (deterministic): worker 0 said:\n" << log0.substr(at));
+  CHECK_MESSAGE(contains(log0, "step forensics: step 3 is deterministic: the loss is NaN at step 3, "
+                               "micro-batch 0 (replica 1)"),
+                log0);
+  CHECK_MESSAGE(contains(log0, "micro-batch 0 of replica 1, global sequence 5 (row 1 of the "
+                               "micro-batch): mean loss NaN, from " + (tmp / "train.bin") +
+                               " token offset "),
+                log0);
+  const auto m = metrics(run);
+  REQUIRE(!m.empty());
+  const auto& f = m.back().at("forensics");
+  CHECK(f["verdict"] == "deterministic");
+  CHECK(f["action"] == "stop");
+  CHECK(f["sequences"][0]["sequence"] == 5);
+  CHECK(contains(log0, "token offset " + f["sequences"][0]["offset"].dump()));
+}

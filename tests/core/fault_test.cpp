@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdlib>
 
 using namespace troupe::core;
@@ -31,12 +32,21 @@ TEST_CASE("TROUPE_FAULT forms parse into kind, rank, step and factor") {
   CHECK(slow->rank == 2);
   CHECK(slow->factor == 5.0);
   CHECK(parse_fault("slow:0:2.5", "X")->factor == 2.5);
+  auto poison = parse_fault("poison:2:5", "TROUPE_FAULT");
+  REQUIRE(poison.ok());
+  CHECK(poison->kind == fault_kind::poison);
+  CHECK(poison->rank == -1);
+  CHECK(poison->step == 2);
+  CHECK(poison->sequence == 5);
+  CHECK(std::isnan(poison->loss));
+  CHECK(parse_fault("poison:2:5:1e4", "X")->loss == 1e4);
 }
 
 TEST_CASE("a malformed TROUPE_FAULT is refused naming the text and the forms") {
   for (const char* bad : {"", "drop", "drop:1", "drop:1:2:3", "drop:-1:2", "drop:a:2", "nan:1:",
                           "enospc:0", "enospc:1:2", "slow:1:0.5", "slow:1:x", "slow:1:1e9",
-                          "slow:1:nan", "melt:1:2", "drop:1234567890:1"}) {
+                          "slow:1:nan", "melt:1:2", "drop:1234567890:1", "poison:1",
+                          "poison:1:x", "poison:1:2:x", "poison:1:2:", "poison:1:2:3:4", "poison:-1:2"}) {
     CAPTURE(bad);
     auto r = parse_fault(bad, "TROUPE_FAULT");
     REQUIRE_FALSE(r.ok());
