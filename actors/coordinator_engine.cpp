@@ -217,7 +217,6 @@ bool coordinator_engine::investigate(model::step_decision& d, const core::exact_
     std::fprintf(log_, "%s\n", text.c_str());
     std::fflush(log_);
   };
-  const std::string at = "step forensics: step " + std::to_string(step_);
   if (executions_ == 1) {
     if (why.empty()) return decide();
     why_ = why;
@@ -239,9 +238,7 @@ bool coordinator_engine::investigate(model::step_decision& d, const core::exact_
     const std::string field = model::forensics_field(step_, why_, "deterministic",
                                                      skip ? "skip" : "stop", executions_,
                                                      first_print_, print, json);
-    const std::string text = at + " is deterministic: " + why_ + ", and executed again from the " +
-                             "state before it the step gave the same bits (" + print.text() +
-                             "); the sequences:" + names;
+    const std::string text = model::deterministic_text(step_, why_, print, names);
     if (!skip) {
       if (auto st = run_->event(static_cast<int>(step_), field); !st) return fail(st.err()), false;
       fail(core::error::make(text + "\nthe parameters were not updated",
@@ -264,18 +261,10 @@ bool coordinator_engine::investigate(model::step_decision& d, const core::exact_
   // Transient: the same inputs and state gave other bits.
   forensics_fields_ = model::forensics_field(step_, why_, "transient", "retry", executions_,
                                              first_print_, print, "");
-  say(at + " is transient: " + why_ + ", but executed again from the state before it the step " +
-      "gave other bits (" + last_print_.text() + ", then " + print.text() + ")" +
-      (why.empty() ? "; the re-execution's result stands" : "; and it is still suspicious: " + why));
+  say(model::transient_text(step_, why_, last_print_, print, why));
   if (why.empty()) return decide();
   if (executions_ >= model::max_executions)
-    return fail(core::error::make(
-               at + " gave other bits in each of its " + std::to_string(executions_) +
-                   " executions and is still suspicious: " + why +
-                   "; the parameters were not updated",
-               "a fault that keeps recurring (a failing device or host memory, a nondeterministic "
-               "kernel): check the hardware; resume from the last checkpoint with --resume")),
-           false;
+    return fail(model::recurring_error(step_, executions_, why)), false;
   why_ = why;
   last_print_ = print;
   reexecute();

@@ -147,6 +147,31 @@ std::string name_sequences(const loader* data, std::int64_t step,
   return text;
 }
 
+std::string deterministic_text(std::int64_t step, const std::string& why,
+                               const step_fingerprint& print, const std::string& names) {
+  return "step forensics: step " + std::to_string(step) + " is deterministic: " + why +
+         ", and executed again from the state before it the step gave the same bits (" +
+         print.text() + "); the sequences:" + names;
+}
+
+std::string transient_text(std::int64_t step, const std::string& why,
+                           const step_fingerprint& before, const step_fingerprint& again,
+                           const std::string& still) {
+  return "step forensics: step " + std::to_string(step) + " is transient: " + why +
+         ", but executed again from the state before it the step gave other bits (" +
+         before.text() + ", then " + again.text() + ")" +
+         (still.empty() ? "; the re-execution's result stands" : "; and it is still suspicious: " + still);
+}
+
+core::error recurring_error(std::int64_t step, int executions, const std::string& why) {
+  return core::error::make(
+      "step forensics: step " + std::to_string(step) + " gave other bits in each of its " +
+          std::to_string(executions) + " executions and is still suspicious: " + why +
+          "; the parameters were not updated",
+      "a fault that keeps recurring (a failing device or host memory, a nondeterministic "
+      "kernel): check the hardware; resume from the last checkpoint with --resume");
+}
+
 std::string forensics_field(std::int64_t step, const std::string& why, const std::string& verdict,
                             const std::string& action, int executions,
                             const step_fingerprint& first, const step_fingerprint& again,

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
 #include "model/loader.hpp"
@@ -83,6 +84,15 @@ std::string name_sequences(const loader* data, std::int64_t step,
                            const std::vector<double>& seq_losses, int micro_batch_size,
                            int micro_batches, double loss_jump, std::optional<double> reference,
                            std::string& json);
+
+/// What the log and the error say (both loops say the same). `names`: name_sequences' lines.
+std::string deterministic_text(std::int64_t step, const std::string& why,
+                               const step_fingerprint& print, const std::string& names);
+std::string transient_text(std::int64_t step, const std::string& why,
+                           const step_fingerprint& before, const step_fingerprint& again,
+                           const std::string& still);
+/// The error that stops a step whose executions keep giving other bits (max_executions).
+core::error recurring_error(std::int64_t step, int executions, const std::string& why);
 
 /// The `"forensics":{…}` metrics field of one event (docs/faults.md).
 std::string forensics_field(std::int64_t step, const std::string& why, const std::string& verdict,

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "model/hf.hpp"
 #include "model/metrics.hpp"
@@ -267,6 +268,147 @@ core::result<step_result> trainer::device_step(int step) {
   return r;
 }
 
+void trainer::inject_faults(int step, int mb) {
+  // TROUPE_FAULT=poison: the loss of the fault's global sequence (global micro-batch mb holds
+  // sequences mb·B … mb·B+B-1), as the actor runtime's stage writes it.
+  if (!fault_ || fault_->kind != core::fault_kind::poison || step != fault_->step) return;
+  const std::int64_t B = cfg_.parallel.micro_batch_size;
+  if (fault_->sequence / B != mb) return;
+  tensor rows = chunks_.back().loss_rows(mb);
+  tensor bad = tensor::zeros({1}, core::dtype::f32);
+  bad.data<float>()[0] = static_cast<float>(fault_->loss);
+  tensor dst = rows.slice((fault_->sequence % B) * cfg_.model.seq_length, {1});
+  be_.copy(to_device(bad), dst);
+}
+
+void trainer::inject_nan(int step) {
+  // TROUPE_FAULT=nan:0:STEP: a NaN in the middle element of chunk 0's middle parameter, once.
+  if (!fault_ || fault_->kind != core::fault_kind::nan || fault_->rank != 0 || nan_injected_ ||
+      step != fault_->step)
+    return;
+  nan_injected_ = true;
+  const auto& params = chunks_.front().params();
+  const param_info& p = params.at(params.size() / 2);
+  tensor nan = tensor::zeros({1}, core::dtype::f32);
+  nan.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  tensor dst = chunks_.front().flat_grads().slice(p.offset + p.numel / 2, {1});
+  be_.copy(to_device(nan), dst);
+}
+
+trainer::execution trainer::execute(int step, bool again) {
+  execution e;
+  for (chunk& c : chunks_) c.zero_grads();  // 1
+  const float grad_scale = loss_grad_scale(scaler_.scale, trained_targets(step));
+  for (int mb = 0; mb < micro_batches_; ++mb) {  // 2, backward included whatever the loss
+    batch b = train_.cut(static_cast<std::uint64_t>(step), 0, mb);
+    tensor x = to_device(b.tokens);
+    tensor targets = to_device(b.targets);
+    const dropout_ctx drop = dropout_of(step, mb);
+    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i) x = chunks_[i].forward(mb, x, {}, 0, drop);
+    chunks_.back().forward(mb, x, targets, grad_scale, drop);
+    inject_faults(step, mb);
+    e.mb_losses.push_back(chunks_.back().loss_sum(mb));
+    if (again) {
+      auto q = sequence_loss_sums(be_, chunks_.back().loss_rows(mb), cfg_.parallel.micro_batch_size);
+      e.seq_losses.insert(e.seq_losses.end(), q.begin(), q.end());
+    }
+    tensor g;
+    for (std::size_t i = chunks_.size(); i-- > 0;) g = chunks_[i].backward(mb, g);
+  }
+  inject_nan(step);
+  e.slots = all_slots();
+  tie(e.slots);  // 3
+  e.sumsq = gradient_sumsq(be_, e.slots);
+  e.print.losses = e.mb_losses;
+  for (chunk& c : chunks_) e.print.grads.push_back(be_.message_hash_async(c.flat_grads())->get());
+  return e;
+}
+
+core::result<step_result> trainer::examined_step(int step, loss_history& history, std::FILE* log,
+                                                 std::string& field) {
+  auto say = [&](const std::string& text) {
+    if (!log) return;
+    std::fprintf(log, "%s\n", text.c_str());
+    std::fflush(log);
+  };
+  // Micro-batches per replica: sequences are named as the actor runtime names them.
+  const int per_replica = cfg_.parallel.micro_batch_num * cfg_.train.gradient_accumulation_steps;
+  const std::int64_t trained = trained_targets(step);
+  auto suspect = [&](const execution& x) {
+    double total = 0;
+    for (double l : x.mb_losses) total += l;
+    const std::string grad_note =
+        scaler_.enabled || std::isfinite(x.sumsq.value()) ? "" : " (its norm is not finite)";
+    return suspicion(cfg_.runtime, step, x.mb_losses, per_replica,
+                     total / static_cast<double>(trained), grad_note, history);
+  };
+  execution e = execute(step, false);
+  std::string why = suspect(e);
+  const step_fingerprint first = e.print;
+  step_fingerprint last = e.print;
+  bool skip = false;
+  int executions = 1;
+  if (!why.empty())
+    say("step forensics: " + why + "; executing step " + std::to_string(step) +
+        " again from the state before it");
+  while (!why.empty()) {
+    execution again = execute(step, true);
+    ++executions;
+    if (again.print.same_bits(last)) {
+      std::string json;
+      const std::string names =
+          name_sequences(&train_, step, again.seq_losses, cfg_.parallel.micro_batch_size,
+                         per_replica, cfg_.runtime.forensics_loss_jump, history.reference(), json);
+      skip = forensics_of(cfg_.runtime) == forensics_mode::skip;
+      field = forensics_field(step, why, "deterministic", skip ? "skip" : "stop", executions, first,
+                              again.print, json);
+      const std::string text = deterministic_text(step, why, again.print, names);
+      if (!skip)
+        return core::error::make(text + "\nthe parameters were not updated",
+                                 "look at the data at these positions; set runtime.forensics = "
+                                 "\"skip\" to train past such a step, then resume from the last "
+                                 "checkpoint with --resume");
+      say(text + "\nthe step is skipped (runtime.forensics = \"skip\"): no parameter, moment or "
+                 "AdamW count changes at it");
+      e = std::move(again);
+      break;
+    }
+    field = forensics_field(step, why, "transient", "retry", executions, first, again.print, "");
+    const std::string still = suspect(again);
+    say(transient_text(step, why, last, again.print, still));
+    e = std::move(again);
+    if (still.empty()) break;
+    if (executions >= max_executions) return recurring_error(step, executions, still);
+    why = still;
+    last = e.print;
+  }
+  step_decision d;
+  if (skip) {
+    d.grad_norm = e.sumsq.value() / (scaler_.enabled ? scaler_.scale : 1.0f);
+    d.lr = learning_rate(cfg_.optimizer, cfg_.train, step);
+    d.skip = true;
+    d.adam_step = scaler_.adam_step(step);
+    d.loss_scale = d.next_loss_scale = scaler_.scale;
+  } else {
+    // 4-7 on the host: the bits of clip_and_update_on_device (model/optimizer.hpp)
+    d = decide_step(e.sumsq, scaler_, cfg_.optimizer, cfg_.train, step);
+    if (!d.skip) adamw_update_t(be_, e.slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
+  }
+  double loss_total = 0;
+  for (double l : e.mb_losses) loss_total += l;
+  step_result r;
+  r.loss = loss_total / static_cast<double>(trained);  // 8
+  r.grad_norm = d.grad_norm;
+  r.clip = d.clip;
+  r.lr = d.lr;
+  r.tokens = tokens_per_step_;
+  r.skipped = d.skip;
+  r.loss_scale = d.loss_scale;
+  r.next_loss_scale = d.next_loss_scale;
+  if (!d.skip) history.accept(r.loss);
+  return r;
+}
+
 double trainer::validation_loss() {
   std::vector<chunk*> chunks;
   for (chunk& c : chunks_) chunks.push_back(&c);
@@ -369,23 +511,15 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
     e.where.key = "optimizer.offload";
     return e;
   }
-  if (cfg.runtime.forensics != "off") {
-    core::error e = core::error::make(
-        "runtime.forensics = \"" + cfg.runtime.forensics +
-            "\" needs the actor runtime: it re-executes a suspicious step before the optimizer "
-            "shards apply it; the single-rank loop updates the weights in the same pass",
-        "drop --single-rank (troupe train runs the actor runtime by default, with the same bits), "
-        "or set runtime.forensics = \"off\"");
-    e.where.file = cfg.source;
-    e.where.key = "runtime.forensics";
-    return e;
-  }
   kernels::set_cpu_threads(cfg.runtime.threads);
   kernels::set_gemm_tune_file(cfg.runtime.gemm_tune_file);
   std::unique_ptr<kernels::backend> be = kernels::make_backend(cfg.runtime.device);
   auto made = trainer::create(cfg, *be);
   if (!made) return made.err();
   trainer& tr = *made.value();
+  if (opt.fault) tr.inject(*opt.fault);
+  const bool forensics = forensics_of(cfg.runtime) != forensics_mode::off;
+  loss_history history;
 
   auto start = open_run(cfg, opt.resume, opt.max_steps, true, log);
   if (!start) return start.err();
@@ -414,8 +548,13 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
   for (int step = first_step; step < end_step; ++step) {
     const auto t0 = clock_type::now();
     const bool replaying = tr.replays_graph();
-    auto r = tr.train_step(step);
-    if (!r) return r.err();
+    std::string examined;  // the metrics line's "forensics" field
+    auto r = forensics ? tr.examined_step(step, history, log, examined) : tr.train_step(step);
+    if (!r) {
+      if (!examined.empty())
+        if (auto st = run->event(step, examined); !st) return st.err();
+      return r.err();
+    }
     if (!tr.graph_note().empty() && !graph_noted) {
       note(log, "note: " + tr.graph_note());
       graph_noted = true;
@@ -447,6 +586,7 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
     std::string extra;  // the device's peak memory so far, for bench/train_bench.py
     if (const std::uint64_t peak = be->peak_memory_bytes(); peak > 0)
       extra = "\"peak_device_bytes\":" + std::to_string(peak);
+    if (!examined.empty()) extra += (extra.empty() ? "" : ",") + examined;
     if (auto st = run->step_end(o, extra); !st) return st.err();
     if (due.checkpoint) {
       auto saved = checkpoint::save(start->ckpt_root, tr.snapshot(step + 1), cfg.checkpoint.keep);

@@ -42,9 +42,11 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/fault.hpp"
 #include "kernels/backend.hpp"
 #include "model/checkpoint.hpp"
 #include "model/chunk.hpp"
+#include "model/forensics.hpp"
 #include "model/loader.hpp"
 #include "model/optimizer.hpp"
 #include "model/run_policy.hpp"
@@ -77,6 +79,16 @@ class trainer {
   /// Steps 1–8 for 0-based `step`. A non-finite loss is an error naming the step and micro-batch
   /// (the parameters are left untouched).
   core::result<step_result> train_step(int step);
+  /// train_step under step forensics (model/forensics.hpp, runtime.forensics): steps 1-3 and the
+  /// norm's sum, then, when the step is suspicious, the same again from the state before it (the
+  /// update has not run) and the comparison of the two; the update (4-7, decided on the host as
+  /// under dynamic loss scaling, with the same bits) only once the step may go ahead. `history`:
+  /// the applied steps' losses. `field`: set to the metrics line's "forensics" field when the step
+  /// was looked into (also when the returned error stops the run). Notes go to `log`.
+  core::result<step_result> examined_step(int step, loss_history& history, std::FILE* log,
+                                          std::string& field);
+  /// Arms a test-only fault (TROUPE_FAULT nan with rank 0, or poison; core/fault.hpp).
+  void inject(const core::fault_spec& f) { fault_ = f; }
   /// True once steps replay a recorded CUDA graph (runtime.cuda_graph).
   bool replays_graph() const { return graph_ready_; }
   /// Why runtime.cuda_graph is not in effect although asked for (empty when it is, or not asked).
@@ -119,6 +131,17 @@ class trainer {
   dropout_ctx dropout_of(int step, int mb) const;
   /// The step's unmasked targets over the global batch (at least 1).
   std::int64_t trained_targets(int step) const;
+  /// One execution of steps 1-3 for step forensics: every micro-batch's loss sum (and, `again`,
+  /// every sequence's), the norm's exact sum and the fingerprint; the gradients stay in place.
+  struct execution {
+    std::vector<double> mb_losses, seq_losses;
+    core::exact_sum sumsq;
+    step_fingerprint print;
+    std::vector<param_slot> slots;
+  };
+  execution execute(int step, bool again);
+  void inject_faults(int step, int mb);
+  void inject_nan(int step);
 
   core::config cfg_;
   kernels::backend& be_;
@@ -141,6 +164,8 @@ class trainer {
   std::string graph_note_;
   int micro_batches_ = 0;
   std::int64_t tokens_per_step_ = 0;
+  std::optional<core::fault_spec> fault_;  // test only (inject)
+  bool nan_injected_ = false;
 };
 
 /// The checkpoint tensor holding a loss scaler's state (loss_scaler_tensor_name, fp64 [3]).
@@ -159,6 +184,8 @@ struct train_options {
   /// Per-step side work (reports, ...): run after each step's metrics line (run_log::step_hook);
   /// an error stops the run.
   std::vector<run_log::step_hook> step_hooks;
+  /// One injected fault (TROUPE_FAULT, core/fault.hpp; test only): nan with rank 0, or poison.
+  std::optional<core::fault_spec> fault;
 };
 
 /// `troupe train` on one rank under the run policy of model/run_policy.hpp (run directory,

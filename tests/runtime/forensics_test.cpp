@@ -182,16 +182,62 @@ TEST_CASE("forensics: a loss jump past runtime.forensics_loss_jump is looked int
   CHECK(taken.losses[4] != r.losses[4]);  // but it was applied there, skipped here
 }
 
-TEST_CASE("forensics: the single-rank loop refuses runtime.forensics, naming the key") {
+TEST_CASE("forensics: the single-rank loop names the same sequences and positions as the actor "
+          "runtime and stops") {
   scratch_dir tmp("fx_single");
-  auto cfg = pipeline_config(tmp, 1, 1);
+  auto cfg = pipeline_config(tmp, 2, 1);
   cfg.runtime.forensics = "stop";
+  actors::run_options opt;
+  opt.log = nullptr;
+  opt.fault = fault("poison:2:5");
+  auto actors = actors::run_actor_job(cfg, opt);
+  REQUIRE_FALSE(actors.ok());
+  scratch_dir tmp2("fx_single_loop");
+  auto single_cfg = pipeline_config(tmp2, 2, 1);
+  single_cfg.runtime.forensics = "stop";
+  model::train_options sopt;
+  sopt.log = nullptr;
+  sopt.fault = opt.fault;
+  auto single = model::train_single_rank(single_cfg, sopt);
+  REQUIRE_FALSE(single.ok());
+  const std::string a = actors.err().to_string(), s = single.err().to_string();
+  MESSAGE(s);
+  CHECK(s.find("step forensics: step 2 is deterministic: the loss is NaN at step 2, micro-batch 2 "
+               "(replica 0)") != std::string::npos);
+  // The same sequences at the same positions (the fingerprints' gradient part differs: one hash
+  // per shard slice there, per chunk here); the scratch directories differ only in their names.
+  auto tail = [](const std::string& m, const std::string& dir) {
+    std::string t = m.substr(m.find("the sequences:"));
+    for (auto at = t.find(dir); at != std::string::npos; at = t.find(dir)) t.replace(at, dir.size(), "DIR");
+    return t;
+  };
+  CHECK(tail(s, tmp2.path.string()) == tail(a, tmp.path.string()));
+  const auto records = forensics_records(single_cfg);
+  REQUIRE(records.size() == 1);
+  CHECK(records[0]["verdict"] == "deterministic");
+  CHECK(records[0]["sequences"][0]["sequence"] == 5);
+  check_position(single_cfg, 2, 5, records[0]["sequences"][0]["shard"],
+                 records[0]["sequences"][0]["offset"]);
+}
+
+TEST_CASE("forensics: the single-rank loop retries a one-off NaN as transient and ends with a clean "
+          "run's bits") {
+  scratch_dir tmp("fx_single_nan");
+  auto cfg = pipeline_config(tmp, 1, 1);
+  auto clean = oracle_run(cfg);  // forensics off: the device step
+  scratch_dir tmp2("fx_single_nan2");
+  auto faulty_cfg = pipeline_config(tmp2, 1, 1);
+  faulty_cfg.runtime.forensics = "skip";
   model::train_options opt;
   opt.log = nullptr;
-  auto r = model::train_single_rank(cfg, opt);
-  REQUIRE_FALSE(r.ok());
-  CHECK(r.err().to_string().find("runtime.forensics") != std::string::npos);
-  CHECK(r.err().to_string().find("drop --single-rank") != std::string::npos);
+  opt.fault = fault("nan:0:1");
+  auto faulty = collect(model::train_single_rank(faulty_cfg, opt), faulty_cfg);
+  check_same_losses_and_tensors(faulty, clean);
+  const auto records = forensics_records(faulty_cfg);
+  REQUIRE(records.size() == 1);
+  CHECK(records[0]["step"] == 1);
+  CHECK(records[0]["verdict"] == "transient");
+  CHECK(records[0]["action"] == "retry");
 }
 
 TEST_CASE("forensics: its keys are checked") {
