@@ -9,6 +9,7 @@
 // and summed in eight fp64 lanes; the scaling. Rows are independent, so threads take rows.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -20,15 +21,28 @@
 namespace troupe::kernels::cpu {
 namespace {
 
+// sum_lanes floats as one GCC vector: the per-lane select below then compiles to vector max
+// instructions, which the loop over a float array did not (GCC kept it scalar, a quarter of the
+// op's time).
+typedef float float_lanes __attribute__((vector_size(sizeof(float) * sum_lanes)));
+static_assert(sum_lanes == 8, "row_max starts its lanes from eight values");
+
+// Lane j takes max over the elements i with i % sum_lanes == j, in index order, as
+// l = x > l ? x : l (a NaN element leaves its lane as it was); then the lanes in order.
 inline float row_max(const float* x, std::int64_t n) {
-  float l[sum_lanes];
-  std::fill(l, l + sum_lanes, -std::numeric_limits<float>::infinity());
+  const float inf = std::numeric_limits<float>::infinity();
+  float_lanes l = {-inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf};
   std::int64_t i = 0;
-  for (; i + sum_lanes <= n; i += sum_lanes)
-    for (int j = 0; j < sum_lanes; ++j) l[j] = x[i + j] > l[j] ? x[i + j] : l[j];
-  for (int j = 0; i + j < n; ++j) l[j] = x[i + j] > l[j] ? x[i + j] : l[j];
-  float m = l[0];
-  for (int j = 1; j < sum_lanes; ++j) m = l[j] > m ? l[j] : m;
+  for (; i + sum_lanes <= n; i += sum_lanes) {
+    float_lanes v;
+    std::memcpy(&v, x + i, sizeof v);
+    l = v > l ? v : l;
+  }
+  float t[sum_lanes];
+  std::memcpy(t, &l, sizeof t);
+  for (int j = 0; i + j < n; ++j) t[j] = x[i + j] > t[j] ? x[i + j] : t[j];
+  float m = t[0];
+  for (int j = 1; j < sum_lanes; ++j) m = t[j] > m ? t[j] : m;
   return m;
 }
 
