@@ -127,7 +127,11 @@ bool shard_engine::reduce(std::int64_t step) {
         adopted = true;  // one replica: its slice is the sum; read it where it is
         reduced_[i] = std::move(g);
       } else if (d == 0) {
-        be_.copy(g, reduced_[i]);
+        // On the CPU replica 0 is added to replica 1 in one pass below (fl(g0 + g1), the bits
+        // of copying g0 and accumulating g1), not copied first.
+        if (!(be_.dev().is_cpu() && layout_.dp > 1)) be_.copy(g, reduced_[i]);
+      } else if (d == 1 && be_.dev().is_cpu()) {
+        be_.add(slices[i][0], g, reduced_[i]);
       } else {
         be_.accumulate(g, reduced_[i]);
       }
