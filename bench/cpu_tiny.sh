@@ -11,6 +11,7 @@
 #
 #   bash bench/cpu_tiny.sh [--troupe build/troupe] [--cores 0,1] [--steps 12] [--reps 3]
 #                          [--torch-seconds 120] [--no-torch] [--data DIR] [--out DIR]
+#   bash bench/cpu_tiny.sh --troupe build-gpu/bin/troupe ...   # from a bench/gpu/pack.sh package
 #
 # Needs python3 (PyTorch only for the baseline). Token shards: DIR/train.bin and DIR/val.bin
 # (default data/tokens from `troupe data prepare`, else random tokens written to the output folder;
@@ -35,6 +36,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -x "$troupe" ] || { echo "cpu_tiny.sh: no troupe executable at $troupe (--troupe PATH)" >&2; exit 2; }
+# A package of bench/gpu/pack.sh keeps its shared libraries beside bin/: put them on the loader path.
+libdir="$(cd "$(dirname "$troupe")/.." && pwd)/lib"
+[ -d "$libdir" ] && export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 out=${out:-$(mktemp -d /tmp/troupe_cpu_tiny.XXXXXX)}
 mkdir -p "$out"
 results=$out/cpu_tiny.jsonl
@@ -86,13 +90,14 @@ by = {}
 for r in rows:
     by.setdefault(r["label"], []).append(r)
 med = {k: statistics.median(x["step_ms"] for x in v) for k, v in by.items()}
-base = med.get("pytorch")
+tok_med = {k: statistics.median(x["tok_s"] for x in v) for k, v in by.items()}
+base = tok_med.get("pytorch")
 print()
-print("| run | runs | step (median, ms) | tokens/s (median) | / PyTorch (step time) |")
+print("| run | runs | step (median, ms) | tokens/s (median) | / PyTorch (tokens/s) |")
 print("|---|---:|---:|---:|---:|")
 for k, v in by.items():
-    tok = statistics.median(x["tok_s"] for x in v)
-    ratio = "%.2f" % (base / med[k]) if base else "-"
+    tok = tok_med[k]
+    ratio = "%.2f" % (tok / base) if base else "-"
     print("| %s | %d | %.1f | %.0f | %s |" % (k, len(v), med[k], tok, ratio))
 for mode in ("launch", "train"):
     on, off = med.get(mode), med.get(mode + ", record off")
