@@ -44,6 +44,9 @@ void forget_when_reduced(shard_self* self, const job& j, int pp, int part) {
   const std::int64_t step = *st.forget;
   st.forget.reset();
   eng.forget(step);
+  // Every worker hosts one shard, and no actor of it sends a tensor of the re-execution before
+  // the coordinator has heard from every shard: the log's marker precedes them all.
+  if (j.sink) j.sink->reexecuted(st.worker, step);
   self->send(j.coordinator, rerun_atom::value, step, static_cast<std::int32_t>(pp),
              static_cast<std::int32_t>(part));
 }

@@ -298,6 +298,11 @@ core::result<message_log> read_log(const std::string& dir, int rank) {
         out.segments.push_back(h);
         continue;
       }
+      if (j.contains("control") && j.at("control") == "rerun") {
+        const std::int64_t step = j.at("step").get<std::int64_t>();
+        std::erase_if(out.records, [&](const message_record& r) { return r.tag.step == step; });
+        continue;
+      }
       if (j.contains("control")) {
         clip_record c;
         c.step = j.at("step").get<std::int64_t>();
@@ -626,6 +631,15 @@ void recorder::clipped(const clip_record& c) {
   item it;
   it.worker = c.src;
   it.line = to_line(c) + "\n";
+  push(std::move(it));
+}
+
+void recorder::reexecuted(int worker, std::int64_t step) {
+  of(worker);
+  item it;
+  it.worker = worker;
+  it.line = "{\"step\":" + std::to_string(step) + ",\"src\":" + std::to_string(worker) +
+            ",\"control\":\"rerun\"}\n";
   push(std::move(it));
 }
 

@@ -119,7 +119,8 @@ std::string to_line(const message_record& r);
 std::string to_line(const segment_header& h);
 std::string to_line(const clip_record& c);
 
-/// Everything a worker's log holds.
+/// Everything a worker's log holds. A re-executed step's line ({"step":S,"src":W,"control":
+/// "rerun"}) drops the records of step S read before it: the re-execution sends them again.
 struct message_log {
   std::vector<segment_header> segments;
   std::vector<message_record> records;
@@ -161,6 +162,10 @@ class message_sink {
                         const core::tensor& /*bytes*/) {}
   /// An optimizer shard applied this clip scale and learning rate.
   virtual void clipped(const clip_record& /*c*/) {}
+  /// Step forensics executes `step` again: worker `worker`'s shard forgot the step, before any of
+  /// the worker's actors sends a tensor of the re-execution. Those sends supersede the worker's
+  /// earlier ones of the step.
+  virtual void reexecuted(int /*worker*/, std::int64_t /*step*/) {}
   /// Worker `worker` ended a step (or sent its snapshots): its buffered lines may go to disk.
   virtual void flush(int /*worker*/) {}
 };
@@ -219,6 +224,7 @@ class recorder final : public message_sink {
   bool wants_received() const override { return tensors_; }
   void received(int src, int dst, const transport::tag& tg, const core::tensor& bytes) override;
   void clipped(const clip_record& c) override;
+  void reexecuted(int worker, std::int64_t step) override;
   void flush(int worker) override;
   /// Writes what is queued, flushes and closes every file; the first write error, naming the
   /// file.

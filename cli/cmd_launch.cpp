@@ -461,6 +461,23 @@ int run_launch(launch_args& a) {
                     .to_string());
     return usage_error;
   }
+  if (fault.value() && fault.value()->kind == core::fault_kind::poison) {
+    const auto& par = cfg.value().parallel;
+    const std::int64_t sequences = static_cast<std::int64_t>(par.data_parallel) *
+                                   par.micro_batch_num *
+                                   cfg.value().train.gradient_accumulation_steps *
+                                   par.micro_batch_size;
+    if (fault.value()->sequence >= sequences) {
+      print_error(core::error::make(fault.value()->label() + " names global sequence " +
+                                        std::to_string(fault.value()->sequence) +
+                                        " of a step of " + std::to_string(sequences) + " sequences",
+                                    "test only; sequences are 0 .. data_parallel x micro_batch_num "
+                                    "x gradient_accumulation_steps x micro_batch_size - 1 "
+                                    "(docs/faults.md)")
+                      .to_string());
+      return usage_error;
+    }
+  }
   if (auto st = core::check_local_workers(
           cfg.value(), p.local_worker_num, true,
           std::to_string(p.local_worker_num) + " workers on this node (--local_worker_num)");

@@ -256,6 +256,7 @@ TEST_CASE(
       {{}, {"TROUPE_FAULT=melt:1:2"}, "TROUPE_FAULT='melt:1:2' names no known fault 'melt'"},
       {{}, {"TROUPE_FAULT=slow:1:0.5"}, "TROUPE_FAULT='slow:1:0.5' is not slow:RANK:FACTOR"},
       {{}, {"TROUPE_FAULT=drop:4:1"}, "TROUPE_FAULT=drop:4:1 names rank 4 in a job of 4 workers"},
+      {{}, {"TROUPE_FAULT=poison:1:100000"}, "TROUPE_FAULT=poison:1:100000 names global sequence 100000 of a step of "},
   };
   int i = 0;
   for (const auto& c : cases) {

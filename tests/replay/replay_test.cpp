@@ -485,3 +485,27 @@ TEST_CASE("a run with uneven stages and per-layer recompute replays bit for bit,
     CHECK(one.messages > 0);
   }
 }
+
+TEST_CASE("a run whose step forensics retried a transient fault replays against the bits it went on "
+          "with") {
+  scratch_dir tmp("replay_forensics");
+  auto cfg = recorded_config(tmp);
+  cfg.runtime.forensics = "stop";
+  actors::run_options opt;
+  auto nan = core::parse_fault("nan:3:2", "TROUPE_FAULT");
+  REQUIRE(nan.ok());
+  opt.fault = nan.value();
+  train(cfg, opt);
+  // Every worker's log marks the re-execution of step 2.
+  const int workers = cfg.parallel.data_parallel * cfg.parallel.pipeline_stage;
+  for (int w = 0; w < workers; ++w) {
+    std::ifstream in(actors::messages_dir(cfg.runtime.run_dir) + "/rank_" + std::to_string(w) + ".log");
+    std::stringstream text;
+    text << in.rdbuf();
+    CHECK(text.str().find("{\"step\":2,\"src\":" + std::to_string(w) + ",\"control\":\"rerun\"}") !=
+          std::string::npos);
+  }
+  const auto r = replay(cfg.runtime.run_dir);
+  CHECK_MESSAGE(r.matched, r.mismatch);
+  CHECK(r.last_step == cfg.train.steps - 1);
+}
