@@ -1,7 +1,8 @@
 // The coordinator's engine driven directly, without CAF (as the stage actor's engine is driven by
 // its host): its phases through a step, the run policy's cadence of checkpoints and metrics, and
 // every way it stops a job — a non-finite loss, an actor's failure, a lost process, the watchdog,
-// and an evaluation whose validation shard holds a token id outside the vocabulary.
+// and an evaluation whose validation shard holds a token id outside the vocabulary — and step
+// forensics: the shards forget a suspicious step, it runs again, and the same or other bits decide.
 #include "actors/coordinator_engine.hpp"
 
 #include <doctest/doctest.h>
@@ -392,4 +393,69 @@ TEST_CASE("a replica computing far longer than the others of its pipeline stage 
     ++n;
   CHECK(n == 2);
   std::fclose(log);
+}
+
+TEST_CASE("step forensics: a step whose re-execution gives the same bits stops naming its sequence; "
+          "shards forget first, then the step runs again") {
+  scratch_dir tmp("ce_forensics_same");
+  auto cfg = engine_config(tmp);
+  cfg.runtime.forensics = "stop";
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr);
+  e.start();
+  e.take_commands();
+  const double nan = std::nan("");
+  auto execute = [&](std::vector<double> seqs) {
+    e.on_loss(loss_report{0, 0, {nan, 1.0}, std::move(seqs)});
+    e.on_norm(norm_part{0, 0, 0, norm_words(0.25), "", 7});
+    e.on_norm(norm_part{0, 1, 0, norm_words(0.75), "", 9});
+  };
+  execute({});
+  auto cs = e.take_commands();
+  REQUIRE(cs.size() == 1);
+  REQUIRE(command<forget_cmd>(cs, 0));
+  CHECK(e.phase() == coordinator_phase::reexecuting);
+  e.on_forgotten(0, 0, 0);
+  CHECK(e.take_commands().empty());  // one shard of two
+  e.on_forgotten(0, 1, 0);
+  cs = e.take_commands();
+  REQUIRE(cs.size() == 1);
+  REQUIRE(command<reexecute_cmd>(cs, 0));
+  CHECK(e.phase() == coordinator_phase::gathering);
+  execute({0.5, nan, 0.5, 0.5});  // sequence 1 = row 1 of micro-batch 0
+  CHECK(e.take_commands().empty());  // no decision: stopped
+  const auto m = error_of(e);
+  CHECK(has(m, "step forensics: step 0 is deterministic: the loss is NaN at step 0, micro-batch 0 "
+               "(replica 0)"));
+  CHECK(has(m, "micro-batch 0 of replica 0, global sequence 1 (row 1 of the micro-batch): mean loss NaN"));
+}
+
+TEST_CASE("step forensics: a step whose re-execution gives other bits is transient and decided from "
+          "the re-execution") {
+  scratch_dir tmp("ce_forensics_other");
+  auto cfg = engine_config(tmp);
+  cfg.runtime.forensics = "stop";
+  std::FILE* log = std::tmpfile();
+  REQUIRE(log);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), log);
+  e.start();
+  e.take_commands();
+  e.on_loss(loss_report{0, 0, {1.0, 1.0}});
+  e.on_norm(norm_part{0, 0, 0, norm_words(0.25), "", 7});
+  e.on_norm(norm_part{0, 1, 0, norm_words(nan("")), culprit, 9});
+  REQUIRE(command<forget_cmd>(e.take_commands(), 0));
+  e.on_forgotten(0, 0, 0);
+  e.on_forgotten(0, 1, 0);
+  REQUIRE(command<reexecute_cmd>(e.take_commands(), 0));
+  e.on_loss(loss_report{0, 0, {1.0, 1.0}, {0.5, 0.5, 0.5, 0.5}});
+  e.on_norm(norm_part{0, 0, 0, norm_words(0.25), "", 7});
+  e.on_norm(norm_part{0, 1, 0, norm_words(0.75), "", 10});
+  auto cs = e.take_commands();
+  REQUIRE(cs.size() == 1);
+  REQUIRE(command<clip_decision>(cs, 0));
+  CHECK_FALSE(command<clip_decision>(cs, 0)->skip);
+  CHECK(e.phase() == coordinator_phase::updating);
+  const auto text = read_log(log);
+  CHECK(has(text, "step forensics: step 0 is transient: the gradient is not finite at step 0: " +
+                      std::string(culprit)));
+  CHECK(has(text, "the re-execution's result stands"));
 }
