@@ -595,6 +595,71 @@ status check_lora(config& c) {
   return {};
 }
 
+// Whether tensor parallelism of `tp` ranks splits model `m` (docs/model.md, "Tensor and sequence
+// parallel"): query heads and the feed-forward width evenly; key/value heads evenly, or, when
+// there are fewer of them than ranks, replicated so that each rank holds the one its query heads
+// read (tp a multiple of num_kv_heads). hidden_size = num_heads x head_dim then splits too; the
+// vocabulary is padded to a multiple of tp, so it need not divide.
+bool tp_splits(const model_config& m, int tp) {
+  const int kv = m.kv_heads();
+  return m.num_heads % tp == 0 && m.hidden_size % tp == 0 && m.ffn_size() % tp == 0 &&
+         (kv % tp == 0 || (kv < tp && tp % kv == 0));
+}
+
+// The model_parallel values nearest to `tp` (below and above) that split `m`.
+std::string nearby_tp(const model_config& m, int tp) {
+  int lo = 0, hi = 0;
+  for (int t = tp - 1; t >= 1 && !lo; --t)
+    if (tp_splits(m, t)) lo = t;
+  for (int t = tp + 1; t <= m.num_heads && !hi; ++t)
+    if (tp_splits(m, t)) hi = t;
+  if (lo && hi) return fmt::format("{} or {}", lo, hi);
+  return std::to_string(lo ? lo : hi);
+}
+
+status check_tensor_parallel(const config& c) {
+  const model_config& m = c.model;
+  const parallel_config& p = c.parallel;
+  const int tp = p.model_parallel, kv = m.kv_heads();
+  const std::string valid = fmt::format("model_parallel values that split this model near {}: {}",
+                                        tp, nearby_tp(m, tp));
+  const std::pair<const char*, int> split_by_tp[] = {{"num_heads", m.num_heads},
+                                                      {"hidden_size", m.hidden_size},
+                                                      {"ffn_hidden_size", m.ffn_hidden_size}};
+  for (const auto& [name, value] : split_by_tp)
+    if (value % tp != 0)
+      return config_error(c, "parallel.model_parallel",
+                          fmt::format("model_parallel {} does not divide {} {}", tp, name, value),
+                          fmt::format("tensor parallelism splits heads and the feed-forward layer "
+                                      "evenly across ranks: {}",
+                                      valid));
+  if (kv % tp != 0 && !(kv < tp && tp % kv == 0))
+    return config_error(
+        c, "parallel.model_parallel",
+        fmt::format("model_parallel {} neither divides num_kv_heads {} nor is a multiple of it", tp,
+                    kv),
+        fmt::format("key/value heads are split across ranks when num_kv_heads >= model_parallel "
+                    "and replicated when model_parallel is a multiple of num_kv_heads: {}",
+                    valid));
+  if (p.sequence_parallel && tp == 1)
+    return config_error(c, "parallel.sequence_parallel",
+                        "sequence_parallel = true needs model_parallel > 1: it splits the tokens "
+                        "of the norms and residuals across the tensor-parallel ranks",
+                        fmt::format("set parallel.model_parallel to {} (or another value that "
+                                    "splits the model), or remove parallel.sequence_parallel",
+                                    nearby_tp(m, 1)));
+  if (p.sequence_parallel && m.seq_length % tp != 0)
+    return config_error(
+        c, "model.seq_length",
+        fmt::format("seq_length {} is not divisible by model_parallel {} with sequence_parallel = "
+                    "true",
+                    m.seq_length, tp),
+        fmt::format("each rank holds seq_length / model_parallel tokens of every sequence: use "
+                    "seq_length = {}, or set parallel.sequence_parallel = false",
+                    nearby_multiples(tp, m.seq_length)));
+  return {};
+}
+
 status resolve_and_check(config& c) {
   model_config& m = c.model;
   const parallel_config& p = c.parallel;
@@ -669,16 +734,7 @@ status resolve_and_check(config& c) {
         "a larger global batch needs more data_parallel replicas, not more micro-batches");
   if (auto st = check_stage_split(c); !st) return st;
   if (auto st = check_recompute_layers(c); !st) return st;
-  const std::pair<const char*, int> split_by_tp[] = {
-      {"num_heads", m.num_heads}, {"num_kv_heads", m.num_kv_heads}, {"ffn_hidden_size", m.ffn_hidden_size}};
-  for (const auto& [name, value] : split_by_tp)
-    if (value % p.model_parallel != 0)
-      return config_error(c, "parallel.model_parallel",
-                          fmt::format("model_parallel {} does not divide {} {}", p.model_parallel,
-                                      name, value),
-                          fmt::format("tensor parallelism splits heads and the feed-forward layer "
-                                      "evenly across ranks: use model_parallel = {}",
-                                      nearby_divisors(value, p.model_parallel)));
+  if (auto st = check_tensor_parallel(c); !st) return st;
 
   if (c.precision.compute != precision_kind::fp32 && c.runtime.device == "cpu")
     return config_error(c, "precision.compute",

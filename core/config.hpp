@@ -95,6 +95,9 @@ struct model_config {
 struct parallel_config {
   int data_parallel = 1;
   int model_parallel = 1;       // tensor parallel size
+  // Sequence parallel (Megatron): with model_parallel > 1, norms, residuals and dropout hold
+  // seq_length / model_parallel tokens per rank (docs/model.md, "Tensor and sequence parallel").
+  bool sequence_parallel = false;
   int pipeline_stage = 1;
   int micro_batch_num = 1;
   int micro_batch_size = 1;

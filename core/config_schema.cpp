@@ -232,6 +232,7 @@ std::vector<key_spec> make_specs() {
 
   s.push_back(int_key("parallel", "data_parallel", &C::parallel, &P::data_parallel, 1, 1 << 16));
   s.push_back(int_key("parallel", "model_parallel", &C::parallel, &P::model_parallel, 1, 1024));
+  s.push_back(bool_key("parallel", "sequence_parallel", &C::parallel, &P::sequence_parallel));
   s.push_back(int_key("parallel", "pipeline_stage", &C::parallel, &P::pipeline_stage, 1, 1024));
   s.push_back(int_key("parallel", "micro_batch_num", &C::parallel, &P::micro_batch_num, 1, 1 << 20));
   s.push_back(int_key("parallel", "micro_batch_size", &C::parallel, &P::micro_batch_size, 1, 1 << 20));

@@ -498,6 +498,7 @@ core::result<train_summary> train_single_rank(const core::config& cfg, const tra
                   std::to_string(par.data_parallel) + " × pipeline_stage=" +
                   std::to_string(par.pipeline_stage) + " × model_parallel=" +
                   std::to_string(par.model_parallel) +
+                  (par.sequence_parallel ? " (sequence_parallel)" : "") +
                   " as the same global batch on one rank (the actor runtime runs the layout)");
 
   if (cfg.optimizer.offload) {

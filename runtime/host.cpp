@@ -44,9 +44,14 @@ bool hosted_job::hosts(int w) const { return std::binary_search(workers.begin(),
 core::result<hosted_job> prepare_job(const core::config& cfg, const run_options& opt,
                                      std::vector<int> workers) {
   if (cfg.parallel.model_parallel != 1)
-    return core::error::at_key(cfg.source, "parallel.model_parallel", 0, 0,
-                               "tensor parallelism (model_parallel > 1) is not implemented yet",
-                               "set parallel.model_parallel = 1 and use pipeline_stage / data_parallel");
+    return core::config_error(
+        cfg, "parallel.model_parallel",
+        "parallel.model_parallel = " + std::to_string(cfg.parallel.model_parallel) +
+            " is a valid layout, but the actor runtime does not run tensor parallel yet (the "
+            "tensor- and sequence-parallel layers exist and are tested as units, docs/model.md)",
+        "set parallel.model_parallel = 1 (and remove parallel.sequence_parallel) and scale with "
+        "parallel.pipeline_stage / parallel.data_parallel, or train the same math on one rank "
+        "with --single-rank");
   hosted_job h;
   std::sort(workers.begin(), workers.end());
   h.workers = std::move(workers);

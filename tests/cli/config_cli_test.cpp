@@ -195,3 +195,35 @@ TEST_CASE("config check shows an uneven split and refuses a bad one naming the k
   CHECK(contains(recompute.err, "recompute.layers 9 is more than the 4 layers of the largest model chunk"));
   CHECK(contains(recompute.err, "--set recompute.layers=9"));
 }
+
+TEST_CASE("tensor-parallel layouts: config check validates them, train refuses them by key") {
+  work_dir dir("tp");
+  const run_result split = config_check(
+      dir, "'" + tiny + "' --no-file-check --set parallel.model_parallel=2 --set "
+           "parallel.sequence_parallel=true");
+  CHECK_MESSAGE(split.code == 0, split.err);
+  CHECK(contains(split.out, "sequence_parallel           = true"));
+  CHECK(contains(split.out, "workers           = 8"));
+  const run_result three =
+      config_check(dir, "'" + tiny + "' --no-file-check --set parallel.model_parallel=3");
+  CHECK(three.code == 1);
+  CHECK(contains(three.err, "parallel.model_parallel: model_parallel 3 does not divide num_heads 4"));
+  CHECK(contains(three.err, "near 3: 2 or 4"));
+  const run_result sp = config_check(dir, "'" + tiny + "' --no-file-check --set parallel.sequence_parallel=true");
+  CHECK(sp.code == 1);
+  CHECK(contains(sp.err, "parallel.sequence_parallel: sequence_parallel = true needs model_parallel > 1"));
+
+  // A valid layout is still refused when the run starts, naming the key.
+  fs::create_directories(dir.path / "data/tokens");
+  fs::create_directories(dir.path / "data/gpt2");
+  for (const char* f : {"data/gpt2/encoder.json", "data/gpt2/vocab.bpe"}) dir.write(f, "x");
+  const std::vector<std::uint16_t> tokens(2000, 7);
+  REQUIRE(troupe::model::write_shard((dir.path / "data/tokens/train.bin").string(), tokens).ok());
+  REQUIRE(troupe::model::write_shard((dir.path / "data/tokens/val.bin").string(), tokens).ok());
+  const run_result train = run_troupe(
+      dir.path, "train '" + tiny + "' --no-plan-check --set parallel.model_parallel=2 --set runtime.run_dir=run");
+  CHECK(train.code == 1);
+  CHECK(contains(train.err, "parallel.model_parallel: parallel.model_parallel = 2 is a valid layout, "
+                            "but the actor runtime does not run tensor parallel yet"));
+  CHECK(contains(train.err, "hint: set parallel.model_parallel = 1"));
+}

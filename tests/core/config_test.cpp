@@ -330,6 +330,58 @@ TEST_CASE("model_parallel must divide the heads and the feed-forward width") {
   CHECK(e.where.key == "parallel.model_parallel");
   CHECK(e.where.line == 4);
   CHECK(e.message == "model_parallel 3 does not divide num_heads 4");
+  CHECK(contains(e.hint, "near 3: 2 or 4"));
+
+  // The feed-forward width: 8 heads split by 8, but ffn 1020 does not; 4 splits everything.
+  const core::error f = parse_bad(
+      "[model]\nhidden_size = 256\nnum_heads = 8\nffn_hidden_size = 1020\n[parallel]\n"
+      "model_parallel = 8\n");
+  CHECK(f.where.key == "parallel.model_parallel");
+  CHECK(f.message == "model_parallel 8 does not divide ffn_hidden_size 1020");
+  CHECK(contains(f.hint, "near 8: 4"));
+  CHECK(parse_ok("[model]\nhidden_size = 256\nnum_heads = 8\n[parallel]\nmodel_parallel = 8\n")
+            .parallel.model_parallel == 8);
+}
+
+TEST_CASE("key/value heads split when there are at least model_parallel of them, else replicate") {
+  const std::string llama = "[model]\narch = \"llama\"\nhidden_size = 384\nnum_heads = 12\nffn_hidden_size = 1536\n";
+  // 4 kv heads over 2 ranks: split; over 12: replicated (12 is a multiple of 4).
+  CHECK(parse_ok(llama + "num_kv_heads = 4\n[parallel]\nmodel_parallel = 2\n").parallel.model_parallel == 2);
+  CHECK(parse_ok(llama + "num_kv_heads = 4\n[parallel]\nmodel_parallel = 12\n")
+            .parallel.model_parallel == 12);
+  CHECK(parse_ok(llama + "num_kv_heads = 1\n[parallel]\nmodel_parallel = 4\n").parallel.model_parallel == 4);
+  // 4 kv heads over 6 ranks: neither split evenly nor replicated evenly.
+  const core::error e = parse_bad(llama + "num_kv_heads = 4\n[parallel]\nmodel_parallel = 6\n");
+  CHECK(e.where.key == "parallel.model_parallel");
+  CHECK(e.where.line == 8);
+  CHECK(e.message == "model_parallel 6 neither divides num_kv_heads 4 nor is a multiple of it");
+  CHECK(contains(e.hint, "replicated when model_parallel is a multiple of num_kv_heads"));
+  CHECK(contains(e.hint, "near 6: 4 or 12"));
+  // 6 kv heads over 4 ranks: more kv heads than ranks, so they must split evenly.
+  const core::error g = parse_bad(llama + "num_kv_heads = 6\n[parallel]\nmodel_parallel = 4\n");
+  CHECK(g.message == "model_parallel 4 neither divides num_kv_heads 6 nor is a multiple of it");
+  CHECK(contains(g.hint, "near 4: 3 or 6"));
+}
+
+TEST_CASE("sequence_parallel needs model_parallel > 1 and seq_length divisible by it") {
+  const core::error e = parse_bad("[parallel]\nsequence_parallel = true\n");
+  CHECK(e.where.key == "parallel.sequence_parallel");
+  CHECK(e.where.line == 2);
+  CHECK(contains(e.message, "sequence_parallel = true needs model_parallel > 1"));
+  CHECK(contains(e.hint, "parallel.model_parallel to 2"));
+
+  const core::error t = parse_bad(
+      "[model]\nseq_length = 66\n[parallel]\nmodel_parallel = 4\nsequence_parallel = true\n");
+  CHECK(t.where.key == "model.seq_length");
+  CHECK(t.where.line == 2);
+  CHECK(t.message == "seq_length 66 is not divisible by model_parallel 4 with sequence_parallel = true");
+  CHECK(contains(t.hint, "seq_length = 64 or 68"));
+  // Without sequence parallel the tokens are not split: any seq_length.
+  CHECK(parse_ok("[model]\nseq_length = 66\n[parallel]\nmodel_parallel = 4\n").model.seq_length == 66);
+  const core::config ok =
+      parse_ok("[parallel]\nmodel_parallel = 2\nsequence_parallel = true\n");
+  CHECK(ok.parallel.sequence_parallel);
+  CHECK(contains(core::to_toml(ok), "sequence_parallel = true"));
 }
 
 TEST_CASE("fp16 and bf16 compute need a cuda device") {
