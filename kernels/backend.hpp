@@ -50,6 +50,9 @@ struct attention_dims {
   /// head h of sequence b is element (h·T + t)·T + j of sample first_sample + b. Only backends
   /// that implement it accept p > 0 (the CPU); the others throw.
   dropout_spec dropout{};
+  /// The global index of head 0 for the dropout mask: a tensor-parallel rank computes heads
+  /// dropout_first_head .. + heads - 1 of the whole layer and draws their masks.
+  int dropout_first_head = 0;
 };
 
 struct adamw_params {

@@ -47,9 +47,7 @@ class gpt2_layer_ops final : public layer_ops {
     } else {
       be_.linear_gelu_forward(a.n2, w.fc_w, w.fc_b, a.fc, act);
     }
-    tensor out = alloc({n, cfg_.hidden_size});
-    residual_branch(act, w.out_w, w.out_b, w.out_l, a.mid, a.drop.mlp_out, out);
-    return out;
+    return residual_branch(act, w.out_w, w.out_b, w.out_l, a.mid, a.drop.mlp_out);
   }
 
   void mlp_backward_input(const layer_tensors& w, const layer_acts& a, const tensor& dy,
@@ -90,8 +88,9 @@ class gpt2_layer_ops final : public layer_ops {
 }  // namespace
 
 std::unique_ptr<layer_ops> make_gpt2_layer_ops(const core::model_config& cfg,
-                                               kernels::backend& be, core::dtype act) {
-  return std::make_unique<gpt2_layer_ops>(cfg, be, act);
+                                               kernels::backend& be, core::dtype act,
+                                               const layer_split* split, layer_comm* comm) {
+  return std::make_unique<gpt2_layer_ops>(cfg, be, act, split, comm);
 }
 
 }  // namespace troupe::model

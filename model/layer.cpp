@@ -28,13 +28,24 @@ dropout_ctx training_dropout(const core::model_config& cfg, std::uint64_t seed, 
   return d;
 }
 
-layer_ops::layer_ops(const core::model_config& cfg, kernels::backend& be, core::dtype act)
+layer_ops::layer_ops(const core::model_config& cfg, kernels::backend& be, core::dtype act,
+                     const layer_split* split, layer_comm* comm)
     : cfg_(cfg),
       be_(be),
       act_(act),
-      qkv_width_(static_cast<std::int64_t>(cfg.num_heads + 2 * cfg.kv_heads()) * cfg.head_dim()),
-      ffn_(ffn_hidden(cfg)),
-      lora_scale_(lora_scale(cfg)) {}
+      heads_(split ? split->heads : cfg.num_heads),
+      kv_heads_(split ? split->kv_heads : cfg.kv_heads()),
+      first_head_(split ? split->first_head : 0),
+      kv_replicated_(split && split->kv_replicated),
+      comm_(comm),
+      qkv_width_(static_cast<std::int64_t>(heads_ + 2 * kv_heads_) * cfg.head_dim()),
+      ffn_(split ? split->ffn : ffn_hidden(cfg)),
+      lora_scale_(lora_scale(cfg)) {
+  TROUPE_CHECK((split == nullptr) == (comm == nullptr),
+               "a tensor-parallel layer needs both its split and its group");
+  TROUPE_CHECK(!comm || cfg.lora.rank == 0,
+               "LoRA adapters are not supported with tensor parallel (parallel.model_parallel > 1)");
+}
 
 tensor layer_ops::alloc(const core::shape_t& shape, core::dtype t) { return be_.empty(shape, t); }
 
@@ -49,8 +60,10 @@ kernels::attention_dims layer_ops::dims(std::int64_t rows) const {
   TROUPE_CHECK(rows % cfg_.seq_length == 0,
                std::to_string(rows) + " rows are not whole sequences of " +
                    std::to_string(cfg_.seq_length));
-  return {static_cast<int>(rows / cfg_.seq_length), cfg_.seq_length, cfg_.num_heads,
-          cfg_.kv_heads(), cfg_.head_dim()};
+  kernels::attention_dims d{static_cast<int>(rows / cfg_.seq_length), cfg_.seq_length, heads_,
+                           kv_heads_, cfg_.head_dim()};
+  d.dropout_first_head = first_head_;
+  return d;
 }
 
 void layer_ops::norm_stats(std::int64_t n, tensor& mean, tensor& rstd) {
@@ -95,38 +108,68 @@ void layer_ops::attention_input(const layer_tensors& w, const tensor& x, const t
   a.n1 = alloc({n, c});
   norm_stats(n, a.mean1, a.rstd1);
   norm_forward(x, w.norm1_w, w.norm1_b, a.n1, a.mean1, a.rstd1);
+  if (comm_) a.n1 = comm_->gather_rows(a.n1);  // column-parallel qkv reads every row
   a.qkv = qkv_forward(w, a.n1, positions);
 }
 
-void layer_ops::residual_branch(const tensor& in, const tensor& w, const tensor& b,
-                                const lora_pair& l, const tensor& residual,
-                                const kernels::dropout_spec& drop, tensor& out) {
+tensor layer_ops::residual_branch(const tensor& in, const tensor& w, const tensor& b,
+                                  const lora_pair& l, const tensor& residual,
+                                  const kernels::dropout_spec& drop) {
+  if (comm_) {
+    // Row-parallel: each rank's partial product over its heads / MLP columns; the bias joins
+    // once, on rank 0, so the group's sum holds it once.
+    tensor partial = alloc({in.dim(0), cfg_.hidden_size});
+    be_.linear_forward(in, w, comm_->rank() == 0 ? b : tensor{}, partial);
+    tensor out = comm_->reduce_rows(partial);
+    if (drop.on()) dropout_hidden(out, drop, out);
+    be_.add(out, residual, out);
+    return out;
+  }
+  tensor out = alloc(residual.shape());
   if (!drop.on()) {
     be_.linear_forward_residual(in, w, b, residual, out);
     lora_forward(l, in, out);
-    return;
+    return out;
   }
   be_.linear_forward(in, w, b, out);
   lora_forward(l, in, out);
   be_.dropout(out, drop, std::int64_t(cfg_.seq_length) * cfg_.hidden_size, out);
   be_.add(out, residual, out);
+  return out;
 }
 
 tensor layer_ops::branch_grad(const tensor& dy, const kernels::dropout_spec& drop) {
   if (!drop.on()) return dy;
   tensor out = alloc(dy.shape());
-  be_.dropout(dy, drop, std::int64_t(cfg_.seq_length) * cfg_.hidden_size, out);
+  dropout_hidden(dy, drop, out);
   return out;
+}
+
+void layer_ops::dropout_hidden(const tensor& x, const kernels::dropout_spec& drop, tensor& y) {
+  const std::int64_t T = cfg_.seq_length, C = cfg_.hidden_size, n = x.dim(0);
+  const bool sp = comm_ && comm_->sequence_parallel();
+  const std::int64_t row0 = sp ? comm_->rank() * n : 0;
+  if (row0 % T == 0 && n % T == 0) {
+    kernels::dropout_spec s = drop;
+    s.first_sample += row0 / T;
+    be_.dropout(x, s, T * C, y);
+    return;
+  }
+  // This rank's rows cut a sequence: draw the whole micro-batch's mask and keep these rows.
+  tensor whole = zeros({n * comm_->size(), C});
+  tensor mine = whole.rows(row0, row0 + n);
+  be_.copy(x, mine);
+  be_.dropout(whole, drop, T * C, whole);
+  be_.copy(mine, y);
 }
 
 tensor layer_ops::attention_output(const layer_tensors& w, layer_acts& a) {
   const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
-  tensor mid = alloc({n, c});
-  residual_branch(a.att, w.proj_w, w.proj_b, w.proj_l, a.x, a.drop.attention_out, mid);
-  a.mid = mid;
+  a.mid = residual_branch(a.att, w.proj_w, w.proj_b, w.proj_l, a.x, a.drop.attention_out);
   a.n2 = alloc({n, c});
   norm_stats(n, a.mean2, a.rstd2);
   norm_forward(a.mid, w.norm2_w, w.norm2_b, a.n2, a.mean2, a.rstd2);
+  if (comm_) a.n2 = comm_->gather_rows(a.n2);  // column-parallel MLP input reads every row
   return mlp_forward(w, a);
 }
 
@@ -140,9 +183,10 @@ tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a
 
 tensor layer_ops::forward_cached(const layer_tensors& w, const tensor& x, const cache_rows& at,
                                  layer_cache& c) {
+  TROUPE_CHECK(!comm_, "cached generation does not run tensor parallel");
   layer_acts a;
   attention_input(w, x, &at.positions, a);
-  const kernels::attention_dims d{0, 0, cfg_.num_heads, cfg_.kv_heads(), cfg_.head_dim()};
+  const kernels::attention_dims d{0, 0, heads_, kv_heads_, cfg_.head_dim()};
   be_.kv_cache_write(a.qkv, at.slots, at.positions, d, c.k, c.v);
   a.att = alloc({x.dim(0), static_cast<std::int64_t>(d.heads) * d.head_dim});
   be_.attention_decode(a.qkv, at.slots, at.positions, c.k, c.v, d, a.att);
@@ -164,12 +208,15 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   TROUPE_CHECK(dy.shape() == a.x.shape(), "layer gradient " + core::shape_string(dy.shape()) +
                                               " does not match its input " +
                                               core::shape_string(a.x.shape()));
+  // Under sequence parallel each rank's norm weight gradients cover its rows only: they are
+  // computed into scratch and summed over the group before they join the parameter gradients.
+  const bool sp = comm_ && comm_->sequence_parallel();
   // Norm weight gradients go either straight into the parameter gradients (views, so a copy of
   // the handle writes through) or into scratch that is thrown away: the weight phase then
   // recomputes them from the stashed dy.
   s.norms_done = norm_grads != nullptr;
   tensor dw1, db1, dw2, db2;
-  if (norm_grads) {
+  if (norm_grads && !sp) {
     dw1 = norm_grads->norm1_w, db1 = norm_grads->norm1_b;
     dw2 = norm_grads->norm2_w, db2 = norm_grads->norm2_b;
   }
@@ -181,29 +228,41 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   }
 
   // Buffers an op writes whole are allocated, not zeroed; only accumulated ones are zeroed.
-  tensor dn2 = alloc({n, c});
-  mlp_backward_input(w, a, branch_grad(dy, a.drop.mlp_out), dn2, s);
+  // Tensor parallel: the MLP and attention run on every row (rows = a.n2's), their input
+  // gradients are reduced back to the residual stream's rows (n).
+  tensor d_out = branch_grad(dy, a.drop.mlp_out);
+  if (comm_) d_out = comm_->gather_rows(d_out);
+  tensor dn2 = alloc({a.n2.dim(0), c});
+  mlp_backward_input(w, a, d_out, dn2, s);
+  if (comm_) dn2 = comm_->reduce_rows(dn2);
   tensor d_mid = alloc({n, c});
   // dy reaches d_mid twice: along the residual path (unmasked) and through the norm.
   norm_backward_residual(dn2, a.mid, w.norm2_w, a.mean2, a.rstd2, dy, d_mid, dw2, db2);
   if (!s.norms_done) s.d_n2 = dn2;
 
   if (!a.att.defined()) recompute_attention(a);
-  tensor datt = alloc({n, a.att.dim(1)});
-  const tensor d_branch = branch_grad(d_mid, a.drop.attention_out);
+  const std::int64_t rows = a.qkv.dim(0);
+  tensor datt = alloc({rows, a.att.dim(1)});
+  tensor d_branch = branch_grad(d_mid, a.drop.attention_out);
+  if (comm_) d_branch = comm_->gather_rows(d_branch);
   be_.linear_backward_input_write(d_branch, w.proj_w, datt);
   lora_backward_input(w.proj_l, d_branch, datt);
   s.d_mid = d_branch;
-  tensor dqkv = alloc({n, qkv_width_});
-  auto d = dims(n);
+  tensor dqkv = alloc({rows, qkv_width_});
+  auto d = dims(rows);
   d.dropout = a.drop.attention;
   be_.attention_backward_write(datt, a.qkv, a.att, a.lse, d, dqkv);
-  tensor dn1 = alloc({n, c});
+  tensor dn1 = alloc({rows, c});
   qkv_backward_input(w, dqkv, dn1, s);
+  if (comm_) dn1 = comm_->reduce_rows(dn1);
 
   tensor dx = alloc({n, c});
   norm_backward_residual(dn1, a.x, w.norm1_w, a.mean1, a.rstd1, d_mid, dx, dw1, db1);
   if (!s.norms_done) s.d_n1 = dn1;
+  if (norm_grads && sp)
+    for (auto [part, g] : {std::pair{&dw2, &norm_grads->norm2_w}, std::pair{&db2, &norm_grads->norm2_b},
+                           std::pair{&dw1, &norm_grads->norm1_w}, std::pair{&db1, &norm_grads->norm1_b}})
+      if (g->defined()) be_.accumulate(comm_->all_reduce(*part), *g);
   return dx;
 }
 
@@ -218,10 +277,27 @@ void layer_ops::backward_weight(const layer_tensors& w, const layer_acts& a,
   // The input gradient was produced in backward_input; this pass only wants dw and db.
   if (!g.norm1_w.defined() && !g.norm2_w.defined()) return;
   tensor dx_scratch = zeros({n, c});
-  if (g.norm2_w.defined())
-    norm_backward(s.d_n2, a.mid, w.norm2_w, a.mean2, a.rstd2, dx_scratch, g.norm2_w, g.norm2_b);
-  if (g.norm1_w.defined())
-    norm_backward(s.d_n1, a.x, w.norm1_w, a.mean1, a.rstd1, dx_scratch, g.norm1_w, g.norm1_b);
+  if (!comm_ || !comm_->sequence_parallel()) {
+    if (g.norm2_w.defined())
+      norm_backward(s.d_n2, a.mid, w.norm2_w, a.mean2, a.rstd2, dx_scratch, g.norm2_w, g.norm2_b);
+    if (g.norm1_w.defined())
+      norm_backward(s.d_n1, a.x, w.norm1_w, a.mean1, a.rstd1, dx_scratch, g.norm1_w, g.norm1_b);
+    return;
+  }
+  // Sequence parallel: this rank's rows' share, summed over the group.
+  const bool bias = w.norm1_b.defined();
+  for (int which : {2, 1}) {
+    tensor& gw = which == 2 ? g.norm2_w : g.norm1_w;
+    tensor& gb = which == 2 ? g.norm2_b : g.norm1_b;
+    if (!gw.defined()) continue;
+    tensor dw = zeros({c}, core::dtype::f32), db = bias ? zeros({c}, core::dtype::f32) : tensor{};
+    if (which == 2)
+      norm_backward(s.d_n2, a.mid, w.norm2_w, a.mean2, a.rstd2, dx_scratch, dw, db);
+    else
+      norm_backward(s.d_n1, a.x, w.norm1_w, a.mean1, a.rstd1, dx_scratch, dw, db);
+    be_.accumulate(comm_->all_reduce(dw), gw);
+    if (gb.defined()) be_.accumulate(comm_->all_reduce(db), gb);
+  }
 }
 
 void layer_ops::keep_for_weight(layer_acts& a) const {
@@ -239,6 +315,13 @@ std::unique_ptr<layer_ops> make_layer_ops(const core::model_config& cfg, kernels
                                           core::dtype act) {
   if (cfg.arch == core::arch_kind::gpt2) return make_gpt2_layer_ops(cfg, be, act);
   return make_llama_layer_ops(cfg, be, act);
+}
+
+std::unique_ptr<layer_ops> make_layer_ops(const core::model_config& cfg, kernels::backend& be,
+                                          core::dtype act, const layer_split& split,
+                                          layer_comm& comm) {
+  if (cfg.arch == core::arch_kind::gpt2) return make_gpt2_layer_ops(cfg, be, act, &split, &comm);
+  return make_llama_layer_ops(cfg, be, act, &split, &comm);
 }
 
 }  // namespace troupe::model

@@ -14,6 +14,11 @@
 // The skeleton (norms, attention, residuals) is shared; the families differ in the qkv
 // projection (GPT-2: fused c_attn with bias; LLaMA: q/k/v projections and RoPE) and the MLP
 // (GPT-2: c_fc, GELU, c_proj; LLaMA: SwiGLU), which gpt2_layer.cpp and llama_layer.cpp supply.
+//
+// Tensor parallel (model/tensor_parallel.hpp): the same ops built with a layer_split compute one
+// rank's heads and MLP columns, and call a layer_comm where the rank's partial results meet the
+// group's — gathering rows before the column-parallel GEMMs (sequence parallel), reducing after
+// the row-parallel ones and after the column-parallel input gradients.
 #pragma once
 
 #include <memory>
@@ -142,12 +147,49 @@ struct layer_cache {
   tensor k, v;
 };
 
+/// What one rank of a tensor-parallel group holds of a layer (model/tensor_parallel.hpp).
+struct layer_split {
+  int heads = 0;              // query heads of this rank
+  int kv_heads = 0;           // key/value heads of this rank
+  int first_head = 0;         // global index of its first query head
+  int ffn = 0;                // MLP width of this rank
+  bool kv_replicated = false; // fewer key/value heads than ranks: each rank holds the one its
+                              // query heads read, and ranks sharing it sum its gradient
+};
+
+/// Where a layer split across a tensor-parallel group communicates. Every rank of the group
+/// makes the same calls in the same order (tags follow from the order, model/tensor_parallel.hpp).
+/// Tensors are rows [n, C] on the layer's backend.
+class layer_comm {
+ public:
+  virtual ~layer_comm() = default;
+  /// This rank's position in the group, and the group's size.
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Sequence parallel: the residual stream holds rows [rank * n, (rank + 1) * n) of the
+  /// micro-batch's size * n rows on each rank.
+  virtual bool sequence_parallel() const = 0;
+  /// Before a column-parallel GEMM: every rank's rows in group order (sequence parallel), or x.
+  virtual tensor gather_rows(const tensor& x) = 0;
+  /// After a row-parallel GEMM (forward) or a column-parallel GEMM's input gradient (backward):
+  /// the sum over the group, or this rank's rows of it (sequence parallel).
+  virtual tensor reduce_rows(const tensor& x) = 0;
+  /// The sum over the group (norm weight gradients under sequence parallel).
+  virtual tensor all_reduce(const tensor& x) = 0;
+  /// Every rank's x flattened and concatenated in group order, whatever sequence_parallel says.
+  virtual tensor all_gather(const tensor& x) = 0;
+  /// The sum over the ranks that hold the same replicated key/value heads.
+  virtual tensor all_reduce_kv(const tensor& x) = 0;
+};
+
 /// The ops of one model family. One instance serves all layers of a chunk; it holds only
 /// scratch, never per-micro-batch state.
 class layer_ops {
  public:
-  /// `act` is the activation dtype (the compute precision).
-  layer_ops(const core::model_config& cfg, kernels::backend& be, core::dtype act);
+  /// `act` is the activation dtype (the compute precision). With `split` and `comm`, the ops
+  /// compute one tensor-parallel rank's part of each layer (model/tensor_parallel.hpp).
+  layer_ops(const core::model_config& cfg, kernels::backend& be, core::dtype act,
+            const layer_split* split = nullptr, layer_comm* comm = nullptr);
   virtual ~layer_ops() = default;
 
   /// Runs the layer on x [N, C] and returns its output; `a` receives every activation and the
@@ -219,12 +261,17 @@ class layer_ops {
   virtual void mlp_keep_for_weight(layer_acts& a) const;
 
   kernels::attention_dims dims(std::int64_t rows) const;
-  /// out = residual + dropout(in · wᵀ + b + LoRA(in)) for the mask `drop` (a residual branch's end;
-  /// without dropout the fused linear_forward_residual).
-  void residual_branch(const tensor& in, const tensor& w, const tensor& b, const lora_pair& l,
-                       const tensor& residual, const kernels::dropout_spec& drop, tensor& out);
+  /// residual + dropout(in · wᵀ + b + LoRA(in)) for the mask `drop` (a residual branch's end;
+  /// without dropout the fused linear_forward_residual). Tensor parallel: w is row-parallel, the
+  /// partial products are reduced over the group (rank 0 adds the bias, once) before the
+  /// dropout and the residual add, on the residual's rows.
+  tensor residual_branch(const tensor& in, const tensor& w, const tensor& b, const lora_pair& l,
+                         const tensor& residual, const kernels::dropout_spec& drop);
   /// dy through a residual branch's dropout: dy itself when `drop` is off, else its masked copy.
   tensor branch_grad(const tensor& dy, const kernels::dropout_spec& drop);
+  /// y = dropout of hidden rows x [n, C] (y may alias x); under sequence parallel x holds this
+  /// rank's rows of the micro-batch and the mask is the whole micro-batch's.
+  void dropout_hidden(const tensor& x, const kernels::dropout_spec& drop, tensor& y);
   /// Norm1, then qkv (at `positions` when given); a receives x, n1 and its statistics, and qkv.
   void attention_input(const layer_tensors& w, const tensor& x, const tensor* positions,
                        layer_acts& a);
@@ -245,7 +292,11 @@ class layer_ops {
   core::model_config cfg_;
   kernels::backend& be_;
   core::dtype act_;
-  std::int64_t qkv_width_;  // (H + 2 Hkv) * D
+  int heads_, kv_heads_;    // query and key/value heads this instance computes (all, or a rank's)
+  int first_head_;          // global index of the first
+  bool kv_replicated_;
+  layer_comm* comm_;        // null: the whole layer on one rank
+  std::int64_t qkv_width_;  // (heads + 2 kv_heads) * D
   int ffn_;
   float lora_scale_;        // lora.alpha / lora.rank
 
@@ -259,9 +310,17 @@ class layer_ops {
 /// The ops of cfg.arch.
 std::unique_ptr<layer_ops> make_layer_ops(const core::model_config& cfg, kernels::backend& be,
                                           core::dtype act);
+/// The family ops of one tensor-parallel rank (model/tensor_parallel.hpp: make_tp_layer_ops).
+std::unique_ptr<layer_ops> make_layer_ops(const core::model_config& cfg, kernels::backend& be,
+                                          core::dtype act, const layer_split& split,
+                                          layer_comm& comm);
 std::unique_ptr<layer_ops> make_gpt2_layer_ops(const core::model_config& cfg,
-                                               kernels::backend& be, core::dtype act);
+                                               kernels::backend& be, core::dtype act,
+                                               const layer_split* split = nullptr,
+                                               layer_comm* comm = nullptr);
 std::unique_ptr<layer_ops> make_llama_layer_ops(const core::model_config& cfg,
-                                                kernels::backend& be, core::dtype act);
+                                                kernels::backend& be, core::dtype act,
+                                                const layer_split* split = nullptr,
+                                                layer_comm* comm = nullptr);
 
 }  // namespace troupe::model

@@ -20,7 +20,7 @@ class llama_layer_ops final : public layer_ops {
 
  protected:
   tensor qkv_forward(const layer_tensors& w, const tensor& n1, const tensor* positions) override {
-    const int heads = cfg_.num_heads, kv = cfg_.kv_heads();
+    const int heads = heads_, kv = kv_heads_;
     tensor qkv = alloc({n1.dim(0), qkv_width_});
     be_.linear_forward(n1, stacked(w), {}, qkv);
     const std::int64_t q = std::int64_t(heads) * cfg_.head_dim(), k = std::int64_t(kv) * cfg_.head_dim();
@@ -37,7 +37,7 @@ class llama_layer_ops final : public layer_ops {
 
   void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
                           layer_stash& s) override {
-    const int heads = cfg_.num_heads, kv = cfg_.kv_heads();
+    const int heads = heads_, kv = kv_heads_;
     tensor d_proj = zeros(dqkv.shape());
     be_.rope_backward(dqkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(),
                       rope_of(cfg_), d_proj);
@@ -51,8 +51,8 @@ class llama_layer_ops final : public layer_ops {
 
   void qkv_backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
                            layer_tensors& g) override {
-    const std::int64_t q = std::int64_t(cfg_.num_heads) * cfg_.head_dim(),
-                       k = std::int64_t(cfg_.kv_heads()) * cfg_.head_dim();
+    const std::int64_t q = std::int64_t(heads_) * cfg_.head_dim(),
+                       k = std::int64_t(kv_heads_) * cfg_.head_dim();
     lora_backward_weight(w.q_l, a.n1, s.d_qkv, g.q_l, 0);
     lora_backward_weight(w.k_l, a.n1, s.d_qkv, g.k_l, q);
     lora_backward_weight(w.v_l, a.n1, s.d_qkv, g.v_l, q + k);
@@ -62,11 +62,16 @@ class llama_layer_ops final : public layer_ops {
     be_.zero(dstacked_);
     tensor none;
     be_.linear_backward_weight(s.d_qkv, a.n1, dstacked_, none);
-    std::int64_t row = 0;
-    for (auto [gw, rows] : {std::pair{&g.q_w, q}, std::pair{&g.k_w, k}, std::pair{&g.v_w, k}}) {
-      if (gw->defined()) be_.accumulate(dstacked_.rows(row, row + rows), *gw);
-      row += rows;
+    tensor parts[3] = {dstacked_.rows(0, q), dstacked_.rows(q, q + k), dstacked_.rows(q + k, q + 2 * k)};
+    if (kv_replicated_) {
+      // Ranks that hold the same key/value head each saw the gradient of their query heads only.
+      const tensor kv_sum = comm_->all_reduce_kv(dstacked_.rows(q, q + 2 * k));
+      parts[1] = kv_sum.rows(0, k);
+      parts[2] = kv_sum.rows(k, 2 * k);
     }
+    tensor* grads[3] = {&g.q_w, &g.k_w, &g.v_w};
+    for (int i = 0; i < 3; ++i)
+      if (grads[i]->defined()) be_.accumulate(parts[i], *grads[i]);
   }
 
   tensor mlp_forward(const layer_tensors& w, layer_acts& a) override {
@@ -79,9 +84,7 @@ class llama_layer_ops final : public layer_ops {
     lora_forward(w.up_l, a.n2, a.up);
     a.act = alloc({n, ffn_});
     be_.swiglu_forward(a.fc, a.up, a.act);
-    tensor out = alloc({n, cfg_.hidden_size});
-    residual_branch(a.act, w.out_w, {}, w.out_l, a.mid, a.drop.mlp_out, out);
-    return out;
+    return residual_branch(a.act, w.out_w, {}, w.out_l, a.mid, a.drop.mlp_out);
   }
 
   void mlp_backward_input(const layer_tensors& w, const layer_acts& a, const tensor& dy,
@@ -132,8 +135,9 @@ class llama_layer_ops final : public layer_ops {
 }  // namespace
 
 std::unique_ptr<layer_ops> make_llama_layer_ops(const core::model_config& cfg,
-                                                kernels::backend& be, core::dtype act) {
-  return std::make_unique<llama_layer_ops>(cfg, be, act);
+                                                kernels::backend& be, core::dtype act,
+                                                const layer_split* split, layer_comm* comm) {
+  return std::make_unique<llama_layer_ops>(cfg, be, act, split, comm);
 }
 
 }  // namespace troupe::model

@@ -66,13 +66,14 @@ struct attn_view {
   std::int64_t w = 0, ow = 0;  // row widths of qkv and out
   float scale = 0;
   dropout_spec drop;           // of the probabilities
+  int first_head = 0;          // global index of head 0 (tensor parallel)
   std::uint32_t threshold = 0;
   float drop_scale = 1;
 
   /// m_tj of query t, key j in head h of sequence b (1 without dropout).
   float mask(int b, int h, int t, int j) const {
     const auto sample = static_cast<std::uint64_t>(drop.first_sample + b);
-    const auto within = (static_cast<std::uint64_t>(h) * T + t) * T + j;
+    const auto within = (static_cast<std::uint64_t>(h + first_head) * T + t) * T + j;
     return core::dropout_bits(drop.key, sample, within) >= threshold ? drop_scale : 0.0f;
   }
 };
@@ -88,6 +89,7 @@ attn_view view_of(const attention_dims& d) {
   a.ow = static_cast<std::int64_t>(d.heads) * d.head_dim;
   a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
   a.drop = d.dropout;
+  a.first_head = d.dropout_first_head;
   if (a.drop.on()) {
     a.threshold = core::dropout_threshold(a.drop.p);
     a.drop_scale = core::dropout_scale(a.drop.p);

@@ -1,0 +1,74 @@
+// The collectives of one tensor-parallel group over a transport: model::layer_comm for the
+// layers, the vocabulary-parallel embedding and the loss (model/tensor_parallel.hpp). No CAF: the
+// collectives block, so each rank of the group calls them from its own thread (a test's thread,
+// or the worker thread of its stage).
+//
+// Tags. Before each op of a layer (forward, backward_input, backward_weight, ...) the caller names
+// it with begin(); the op's collectives then take tags (step, kind = tp_kind_base | phase << 8 |
+// n, chunk = layer, mb = micro-batch) where n counts the collectives since begin(). Every rank of
+// the group runs the same ops in the same order, so their tags match, and no two collectives of
+// a step share one.
+#pragma once
+
+#include <chrono>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "model/layer.hpp"
+#include "transport/transport.hpp"
+
+namespace troupe::actors {
+
+using core::tensor;
+
+/// Which op of a layer (or of the embedding / head) a collective belongs to.
+enum class tp_phase : std::uint32_t {
+  forward = 1,
+  backward_input = 2,
+  backward_weight = 3,
+  recompute = 4,
+  embedding_forward = 5,
+  embedding_backward = 6,
+  loss = 7,
+};
+
+/// Kinds of the group's tags start here (above actors/wire.hpp's tensor_kind values).
+inline constexpr std::uint32_t tp_kind_base = 0x10000;
+
+class tp_group final : public model::layer_comm {
+ public:
+  /// `ranks`: the group's global ranks in group order (tensor parallel innermost: consecutive
+  /// ranks, docs/model.md); this endpoint's rank must be one of them. `kv_replicas`: ranks that
+  /// hold the same key/value head (model::kv_replicas), consecutive in the group.
+  tp_group(transport::transport& t, std::vector<int> ranks, kernels::backend& be,
+           bool sequence_parallel, int kv_replicas, std::chrono::milliseconds timeout);
+
+  /// Names the op whose collectives come next.
+  void begin(std::int64_t step, int layer, int micro_batch, tp_phase phase);
+
+  int rank() const override { return me_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  bool sequence_parallel() const override { return sp_; }
+  tensor gather_rows(const tensor& x) override;
+  tensor reduce_rows(const tensor& x) override;
+  tensor all_reduce(const tensor& x) override;
+  tensor all_gather(const tensor& x) override;
+  tensor all_reduce_kv(const tensor& x) override;
+
+ private:
+  transport::tag next_tag();
+  tensor host(const tensor& x);
+  tensor device(const tensor& h, const core::shape_t& shape);
+
+  transport::transport& t_;
+  std::vector<int> ranks_;
+  std::vector<int> kv_group_;  // the ranks holding this rank's key/value head
+  kernels::backend& be_;
+  bool sp_;
+  std::chrono::milliseconds timeout_;
+  int me_ = 0;
+  transport::tag base_{};
+  std::uint32_t count_ = 0;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,375 @@
+// Tensor-parallel shapes, sharding by parameter name, and the vocabulary-parallel embedding and
+// cross-entropy. See tensor_parallel.hpp.
+//
+// The embedding and the loss work on host copies of their inputs (backend::to_host): they are
+// gathers and row statistics, not GEMMs, and every backend runs them through the same code; the
+// head's GEMMs stay on the backend.
+#include "model/tensor_parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.hpp"
+#include "model/params.hpp"
+
+namespace troupe::model {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// How a parameter splits.
+enum class rule {
+  replicated,  // whole on every rank
+  rows,        // output features (dim 0) in tp equal blocks
+  qkv_rows,    // GPT-2 c_attn: q, k and v blocks of dim 0, each split in tp equal blocks
+  kv_rows,     // LLaMA k/v_proj: by key/value heads, or the head this rank's queries read
+  columns,     // input features (dim 1) in tp equal blocks
+  vocab,       // vocabulary rows, padded to a multiple of tp
+};
+
+rule rule_of(const core::model_config& cfg, const std::string& name) {
+  TROUPE_CHECK(name.find(".lora_") == std::string::npos,
+               "LoRA adapters are not split for tensor parallel: " + name);
+  if (name == embedding_name(cfg) || name == "lm_head.weight") return rule::vocab;
+  if (cfg.arch == core::arch_kind::gpt2) {
+    if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias"))
+      return rule::qkv_rows;
+    if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias")) return rule::rows;
+    if (ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_proj.weight"))
+      return rule::columns;
+    return rule::replicated;  // ln_*, wpe, the row-parallel biases
+  }
+  if (ends_with(name, "self_attn.q_proj.weight") || ends_with(name, "mlp.gate_proj.weight") ||
+      ends_with(name, "mlp.up_proj.weight"))
+    return rule::rows;
+  if (ends_with(name, "self_attn.k_proj.weight") || ends_with(name, "self_attn.v_proj.weight"))
+    return rule::kv_rows;
+  if (ends_with(name, "self_attn.o_proj.weight") || ends_with(name, "mlp.down_proj.weight"))
+    return rule::columns;
+  return rule::replicated;  // norms
+}
+
+// Elements per row of dim 0 (1 for a vector).
+std::int64_t row_elems(const tensor& t) { return t.rank() > 1 ? t.numel() / t.dim(0) : 1; }
+
+// Copies rows [src_row, src_row + n) of src into rows [dst_row, ...) of dst (host fp32).
+void copy_rows(const tensor& src, std::int64_t src_row, tensor& dst, std::int64_t dst_row,
+               std::int64_t n) {
+  const std::int64_t w = row_elems(src);
+  std::memcpy(dst.data<float>() + dst_row * w, src.data<float>() + src_row * w,
+              static_cast<std::size_t>(n * w) * sizeof(float));
+}
+
+core::shape_t with_dim(core::shape_t s, int d, std::int64_t v) {
+  s[static_cast<std::size_t>(d)] = v;
+  return s;
+}
+
+// The host copy of a backend tensor (the tensor itself on the CPU).
+tensor host_of(kernels::backend& be, const tensor& x) { return x.dev().is_cpu() ? x : be.to_host(x); }
+
+// A backend tensor holding host tensor h (h itself on the CPU).
+tensor device_of(kernels::backend& be, const tensor& h) {
+  return be.dev().is_cpu() ? h : be.from_host(h);
+}
+
+}  // namespace
+
+int kv_replicas(const core::model_config& cfg, int tp) {
+  const int kv = cfg.kv_heads();
+  return kv >= tp ? 1 : tp / kv;
+}
+
+layer_split split_of(const core::model_config& cfg, int tp, int rank) {
+  const int kv = cfg.kv_heads(), ffn = ffn_hidden(cfg);
+  TROUPE_CHECK(tp >= 1 && rank >= 0 && rank < tp,
+               "rank " + std::to_string(rank) + " outside a group of " + std::to_string(tp));
+  TROUPE_CHECK(cfg.num_heads % tp == 0 && ffn % tp == 0 &&
+                   (kv % tp == 0 || (kv < tp && tp % kv == 0)),
+               "model_parallel " + std::to_string(tp) + " does not split num_heads " +
+                   std::to_string(cfg.num_heads) + ", num_kv_heads " + std::to_string(kv) +
+                   " and ffn " + std::to_string(ffn) + " (troupe config check names valid values)");
+  layer_split s;
+  s.heads = cfg.num_heads / tp;
+  s.first_head = rank * s.heads;
+  s.kv_replicated = kv < tp;
+  s.kv_heads = s.kv_replicated ? 1 : kv / tp;
+  s.ffn = ffn / tp;
+  return s;
+}
+
+vocab_range vocab_range_of(std::int64_t vocab, int tp, int rank) {
+  vocab_range v;
+  v.padded = (vocab + tp - 1) / tp * tp;
+  v.rows = v.padded / tp;
+  v.first = rank * v.rows;
+  v.valid = std::clamp<std::int64_t>(vocab - v.first, 0, v.rows);
+  return v;
+}
+
+std::unique_ptr<layer_ops> make_tp_layer_ops(const core::model_config& cfg, kernels::backend& be,
+                                             core::dtype act, int tp, layer_comm& comm) {
+  TROUPE_CHECK(comm.size() == tp, "a group of " + std::to_string(comm.size()) +
+                                      " ranks for model_parallel " + std::to_string(tp));
+  const layer_split s = split_of(cfg, tp, comm.rank());
+  return make_layer_ops(cfg, be, act, s, comm);
+}
+
+tensor shard_tensor(const core::model_config& cfg, const std::string& name, const tensor& full,
+                    int tp, int rank) {
+  TROUPE_CHECK(full.type() == core::dtype::f32 && full.dev().is_cpu(),
+               "shard_tensor: " + name + " must be a host fp32 tensor");
+  const rule r = rule_of(cfg, name);
+  const std::int64_t n0 = full.dim(0);
+  switch (r) {
+    case rule::replicated:
+      return full.clone();
+    case rule::rows: {
+      tensor out = tensor::zeros(with_dim(full.shape(), 0, n0 / tp));
+      copy_rows(full, rank * (n0 / tp), out, 0, n0 / tp);
+      return out;
+    }
+    case rule::qkv_rows: {
+      const std::int64_t block = n0 / 3, part = block / tp;
+      tensor out = tensor::zeros(with_dim(full.shape(), 0, 3 * part));
+      for (int b = 0; b < 3; ++b) copy_rows(full, b * block + rank * part, out, b * part, part);
+      return out;
+    }
+    case rule::kv_rows: {
+      const int kv = cfg.kv_heads();
+      const std::int64_t d = cfg.head_dim();
+      if (kv >= tp) {
+        tensor out = tensor::zeros(with_dim(full.shape(), 0, n0 / tp));
+        copy_rows(full, rank * (n0 / tp), out, 0, n0 / tp);
+        return out;
+      }
+      const int head = rank / (tp / kv);  // the key/value head this rank's query heads read
+      tensor out = tensor::zeros(with_dim(full.shape(), 0, d));
+      copy_rows(full, head * d, out, 0, d);
+      return out;
+    }
+    case rule::columns: {
+      const std::int64_t cols = full.dim(1), part = cols / tp;
+      tensor out = tensor::zeros({n0, part});
+      for (std::int64_t i = 0; i < n0; ++i)
+        std::memcpy(out.data<float>() + i * part, full.data<float>() + i * cols + rank * part,
+                    static_cast<std::size_t>(part) * sizeof(float));
+      return out;
+    }
+    case rule::vocab: {
+      const vocab_range v = vocab_range_of(n0, tp, rank);
+      tensor out = tensor::zeros(with_dim(full.shape(), 0, v.rows));  // padded rows stay zero
+      copy_rows(full, v.first, out, 0, v.valid);
+      return out;
+    }
+  }
+  return {};
+}
+
+tensor unshard_tensor(const core::model_config& cfg, const std::string& name,
+                      const std::vector<tensor>& shards) {
+  const int tp = static_cast<int>(shards.size());
+  TROUPE_CHECK(tp >= 1, "unshard_tensor: no slices of " + name);
+  const rule r = rule_of(cfg, name);
+  const tensor& s0 = shards[0];
+  switch (r) {
+    case rule::replicated:
+      return s0.clone();
+    case rule::rows: {
+      const std::int64_t part = s0.dim(0);
+      tensor out = tensor::zeros(with_dim(s0.shape(), 0, part * tp));
+      for (int k = 0; k < tp; ++k) copy_rows(shards[k], 0, out, k * part, part);
+      return out;
+    }
+    case rule::qkv_rows: {
+      const std::int64_t part = s0.dim(0) / 3, block = part * tp;
+      tensor out = tensor::zeros(with_dim(s0.shape(), 0, 3 * block));
+      for (int k = 0; k < tp; ++k)
+        for (int b = 0; b < 3; ++b) copy_rows(shards[k], b * part, out, b * block + k * part, part);
+      return out;
+    }
+    case rule::kv_rows: {
+      const int kv = cfg.kv_heads();
+      if (kv >= tp) {
+        const std::int64_t part = s0.dim(0);
+        tensor out = tensor::zeros(with_dim(s0.shape(), 0, part * tp));
+        for (int k = 0; k < tp; ++k) copy_rows(shards[k], 0, out, k * part, part);
+        return out;
+      }
+      const std::int64_t d = cfg.head_dim();
+      tensor out = tensor::zeros(with_dim(s0.shape(), 0, d * kv));
+      for (int head = 0; head < kv; ++head) copy_rows(shards[head * (tp / kv)], 0, out, head * d, d);
+      return out;
+    }
+    case rule::columns: {
+      const std::int64_t rows = s0.dim(0), part = s0.dim(1);
+      tensor out = tensor::zeros({rows, part * tp});
+      for (int k = 0; k < tp; ++k)
+        for (std::int64_t i = 0; i < rows; ++i)
+          std::memcpy(out.data<float>() + i * part * tp + k * part, shards[k].data<float>() + i * part,
+                      static_cast<std::size_t>(part) * sizeof(float));
+      return out;
+    }
+    case rule::vocab: {
+      const std::int64_t vocab = cfg.vocab_size;
+      tensor out = tensor::zeros(with_dim(s0.shape(), 0, vocab));
+      for (int k = 0; k < tp; ++k) {
+        const vocab_range v = vocab_range_of(vocab, tp, k);
+        TROUPE_CHECK(shards[k].dim(0) == v.rows, "unshard_tensor: " + name + " slice " +
+                                                     std::to_string(k) + " has " +
+                                                     std::to_string(shards[k].dim(0)) +
+                                                     " rows, expected " + std::to_string(v.rows));
+        copy_rows(shards[k], 0, out, v.first, v.valid);
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
+tensor vp_embedding_forward(layer_comm& comm, kernels::backend& be, const embedding_tensors& w,
+                            const tensor& tokens, std::int64_t vocab, int seq) {
+  const vocab_range v = vocab_range_of(vocab, comm.size(), comm.rank());
+  const tensor tok = host_of(be, tokens), wte = host_of(be, w.wte);
+  TROUPE_CHECK(wte.type() == core::dtype::f32 && wte.dim(0) == v.rows,
+               "vp_embedding_forward: this rank's wte must be fp32 [" + std::to_string(v.rows) +
+                   ", C], got " + core::shape_string(wte.shape()));
+  const std::int64_t n = tok.numel(), c = wte.dim(1);
+  tensor out = tensor::zeros({n, c});
+  const std::int32_t* t = tok.data<std::int32_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    TROUPE_CHECK(t[i] >= 0 && t[i] < vocab, "token " + std::to_string(t[i]) + " at row " +
+                                                std::to_string(i) + " is outside the vocabulary [0, " +
+                                                std::to_string(vocab) + ")");
+    const std::int64_t local = t[i] - v.first;
+    if (local >= 0 && local < v.valid) copy_rows(wte, local, out, i, 1);
+  }
+  if (comm.rank() == 0 && w.wpe.defined()) {
+    const tensor wpe = host_of(be, w.wpe);
+    float* o = out.data<float>();
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < c; ++j) o[i * c + j] += wpe.data<float>()[(i % seq) * c + j];
+  }
+  return comm.reduce_rows(device_of(be, out));
+}
+
+void vp_embedding_backward(layer_comm& comm, kernels::backend& be, const tensor& dout,
+                           const tensor& tokens, std::int64_t vocab, int seq,
+                           embedding_tensors& g) {
+  const vocab_range v = vocab_range_of(vocab, comm.size(), comm.rank());
+  const tensor d = host_of(be, comm.gather_rows(dout));
+  const tensor tok = host_of(be, tokens);
+  const std::int64_t n = tok.numel(), c = d.dim(1);
+  TROUPE_CHECK(d.dim(0) == n, "vp_embedding_backward: " + std::to_string(d.dim(0)) +
+                                  " gradient rows for " + std::to_string(n) + " tokens");
+  const std::int32_t* t = tok.data<std::int32_t>();
+  const float* dp = d.data<float>();
+  // Rows are added in row order, as embedding_backward adds them.
+  if (g.wte.defined()) {
+    tensor dw = host_of(be, g.wte);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t local = t[i] - v.first;
+      if (local < 0 || local >= v.valid) continue;
+      float* row = dw.data<float>() + local * c;
+      for (std::int64_t j = 0; j < c; ++j) row[j] += dp[i * c + j];
+    }
+    if (!g.wte.dev().is_cpu()) be.copy(dw, g.wte);
+  }
+  if (g.wpe.defined()) {
+    tensor dw = host_of(be, g.wpe);
+    for (std::int64_t i = 0; i < n; ++i) {
+      float* row = dw.data<float>() + (i % seq) * c;
+      for (std::int64_t j = 0; j < c; ++j) row[j] += dp[i * c + j];
+    }
+    if (!g.wpe.dev().is_cpu()) be.copy(dw, g.wpe);
+  }
+}
+
+vp_loss vp_cross_entropy(layer_comm& comm, kernels::backend& be, const tensor& h,
+                         const tensor& head_w, const tensor& targets, std::int64_t vocab,
+                         float grad_scale, tensor& dw) {
+  const int tp = comm.size();
+  const vocab_range v = vocab_range_of(vocab, tp, comm.rank());
+  TROUPE_CHECK(head_w.dim(0) == v.rows, "vp_cross_entropy: this rank's lm_head has " +
+                                            std::to_string(head_w.dim(0)) + " rows, expected " +
+                                            std::to_string(v.rows));
+  const tensor hf = comm.gather_rows(h);  // every row meets this rank's vocabulary columns
+  const std::int64_t n = hf.dim(0), cols = v.rows;
+  tensor logits = be.empty({n, cols}, core::dtype::f32);
+  be.linear_forward(hf, head_w, {}, logits);
+  tensor z = host_of(be, logits);  // written over with d logits below
+  const tensor tgt = host_of(be, targets);
+  TROUPE_CHECK(tgt.numel() == n, "vp_cross_entropy: " + std::to_string(tgt.numel()) +
+                                     " targets for " + std::to_string(n) + " rows");
+  const std::int32_t* t = tgt.data<std::int32_t>();
+  float* zp = z.data<float>();
+
+  // 1. The row maxima over this rank's real columns; the global max is the largest of every
+  // rank's (all-gathered, so every rank takes the max of the same numbers).
+  tensor local_max = tensor::zeros({n});
+  for (std::int64_t i = 0; i < n; ++i) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < v.valid; ++j) m = std::max(m, zp[i * cols + j]);
+    local_max.data<float>()[i] = m;
+  }
+  const tensor maxima = host_of(be, comm.all_gather(device_of(be, local_max)));
+  std::vector<float> m(static_cast<std::size_t>(n), -std::numeric_limits<float>::infinity());
+  for (int k = 0; k < tp; ++k)
+    for (std::int64_t i = 0; i < n; ++i) m[i] = std::max(m[i], maxima.data<float>()[k * n + i]);
+
+  // 2. Σ exp(z - m) over this rank's columns and the target's logit where this rank holds it;
+  // one sum over the group for both.
+  tensor stats = tensor::zeros({2 * n});
+  float* sp = stats.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (t[i] < 0) continue;
+    TROUPE_CHECK(t[i] < vocab, "target " + std::to_string(t[i]) + " at row " + std::to_string(i) +
+                                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    double s = 0;
+    for (std::int64_t j = 0; j < v.valid; ++j) s += std::exp(static_cast<double>(zp[i * cols + j]) - m[i]);
+    sp[i] = static_cast<float>(s);
+    const std::int64_t local = t[i] - v.first;
+    if (local >= 0 && local < v.valid) sp[n + i] = zp[i * cols + local];
+  }
+  const tensor sum = host_of(be, comm.all_reduce(device_of(be, stats)));
+  const float* sum_p = sum.data<float>();
+
+  vp_loss out;
+  tensor losses = tensor::zeros({n});
+  for (std::int64_t i = 0; i < n; ++i)
+    if (t[i] >= 0)
+      losses.data<float>()[i] = static_cast<float>(std::log(static_cast<double>(sum_p[i])) +
+                                                   (static_cast<double>(m[i]) - sum_p[n + i]));
+  out.losses = device_of(be, losses);
+  if (grad_scale == 0.0f) return out;
+
+  // 3. d logits = (softmax - onehot) * grad_scale on this rank's columns; padded columns 0.
+  for (std::int64_t i = 0; i < n; ++i) {
+    float* row = zp + i * cols;
+    if (t[i] < 0) {
+      std::fill(row, row + cols, 0.0f);
+      continue;
+    }
+    const double f = grad_scale / static_cast<double>(sum_p[i]);
+    for (std::int64_t j = 0; j < v.valid; ++j)
+      row[j] = static_cast<float>(std::exp(static_cast<double>(row[j]) - m[i]) * f);
+    std::fill(row + v.valid, row + cols, 0.0f);
+    const std::int64_t local = t[i] - v.first;
+    if (local >= 0 && local < v.valid) row[local] -= grad_scale;
+  }
+  const tensor dz = device_of(be, z);
+  tensor dh = be.empty({n, hf.dim(1)}, hf.type());
+  be.linear_backward_input_write(dz, head_w, dh);
+  out.dh = comm.reduce_rows(dh);
+  if (dw.defined()) {
+    tensor none;
+    be.linear_backward_weight(dz, hf, dw, none);
+  }
+  return out;
+}
+
+}  // namespace troupe::model
