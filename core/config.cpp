@@ -641,6 +641,13 @@ status check_tensor_parallel(const config& c) {
         fmt::format("key/value heads are split across ranks when num_kv_heads >= model_parallel "
                     "and replicated when model_parallel is a multiple of num_kv_heads: {}",
                     valid));
+  if (tp > 1 && m.lora.rank > 0)
+    return config_error(c, "lora.rank",
+                        fmt::format("LoRA adapters (lora.rank {}) do not run with tensor parallel "
+                                    "(parallel.model_parallel {})",
+                                    m.lora.rank, tp),
+                        "fine-tune with adapters at parallel.model_parallel = 1, or train in full "
+                        "(remove lora.rank)");
   if (p.sequence_parallel && tp == 1)
     return config_error(c, "parallel.sequence_parallel",
                         "sequence_parallel = true needs model_parallel > 1: it splits the tokens "

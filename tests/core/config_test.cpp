@@ -384,6 +384,14 @@ TEST_CASE("sequence_parallel needs model_parallel > 1 and seq_length divisible b
   CHECK(contains(core::to_toml(ok), "sequence_parallel = true"));
 }
 
+TEST_CASE("LoRA adapters are refused with tensor parallel") {
+  const core::error e = parse_bad("[lora]\nrank = 4\n[parallel]\nmodel_parallel = 2\n");
+  CHECK(e.where.key == "lora.rank");
+  CHECK(e.where.line == 2);
+  CHECK(e.message == "LoRA adapters (lora.rank 4) do not run with tensor parallel (parallel.model_parallel 2)");
+  CHECK(parse_ok("[lora]\nrank = 4\n").model.lora.rank == 4);
+}
+
 TEST_CASE("fp16 and bf16 compute need a cuda device") {
   const core::error e = parse_bad("[precision]\ncompute = \"bf16\"\n");
   CHECK(e.where.key == "precision.compute");
