@@ -486,15 +486,6 @@ int run_launch(launch_args& a) {
     return usage_error;
   }
   const int first_rank = p.node_rank * p.local_worker_num;
-  if (a.max_restarts > 0 && p.nodes > 1) {
-    print_error(core::error::make(
-                    "--max-restarts works within one node; this job spans " +
-                        std::to_string(p.nodes) + " nodes",
-                    "let the cluster manager restart multi-node jobs (e.g. sbatch --requeue with "
-                    "--resume RUN_DIR in the job script, docs/launch.md)")
-                    .to_string());
-    return usage_error;
-  }
   if (a.max_restarts > 0 && a.steps >= 0) {
     print_error(core::error::make("--steps cannot be combined with --max-restarts: after a "
                                   "restart the steps of 'this invocation' would be counted again",
@@ -677,7 +668,10 @@ Restarts: with --max-restarts N, after such a failure the launcher starts every 
   up to N times. Each restart is logged with its cause, appended to LOG_DIR/restarts.jsonl, and
   counted in every later metrics.jsonl line ("restarts"); the failed attempt's logs are kept as
   worker_<RANK>.attempt<K>.log. No restart follows a signal to the launcher or a job that never
-  formed. One node only: multi-node jobs are restarted by the cluster manager.
+  formed. Over several nodes, give every node's launcher the same --max-restarts: a failure
+  stops the whole job, each launcher restarts its own workers, and they form the job again;
+  the checkpoints must be on storage every node shares (workers that would start at different
+  steps stop at once, saying so).
 
 Exit status: 0 when every worker exited 0 (in the last attempt); 2 for a usage or config error (nothing started);
   1 when the rendezvous port is in use, the job could not form, or a worker could not start;

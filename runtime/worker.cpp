@@ -340,8 +340,10 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
     ro.node_rank = opt.node_rank;
     ro.local_rank = opt.local_rank;
     ro.data_port = data.port();
-    ro.blob = blob + "caf=" + std::to_string(*port);
+    // The step this worker resumes at, checked against every other worker's below.
+    ro.blob = blob + "step=" + std::to_string(h.first_step) + " caf=" + std::to_string(*port);
     ro.timeout = opt.rendezvous_timeout;
+    ro.retry_refused = opt.run.restarts > 0;
     auto client = transport::rendezvous_client::join(ro);
     if (!client.ok()) return fail(client.err());
     if (client.value()->rank() != rank)
@@ -350,6 +352,18 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
                                     "every node must use the same --local_worker_num"));
     const transport::job_table& table = client.value()->table();
     for (const auto& w : table.workers) j.hosts[w.rank] = w.data.host;
+    // Every worker resolves the resume point itself (--resume, or the launcher's restart from the
+    // last checkpoint): on nodes that see different checkpoints, they would train different steps.
+    for (const auto& w : table.workers) {
+      const std::string theirs = blob_word(w.blob, "step");
+      if (theirs != std::to_string(h.first_step))
+        return fail(core::error::make(
+            "worker rank " + std::to_string(w.rank) + " (host " + w.data.host + ") starts at step " +
+                (theirs.empty() ? std::string("?") : theirs) + " and this worker at step " +
+                std::to_string(h.first_step) + ": the nodes see different checkpoints",
+            "put checkpoint.dir (default <runtime.run_dir>/checkpoints) on storage that every node "
+            "shares, and pass every node the same --resume (docs/launch.md)"));
+    }
 
 #ifdef TROUPE_HAVE_NCCL
     if (data.nccl) {

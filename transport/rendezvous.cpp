@@ -451,6 +451,7 @@ struct rendezvous_client::impl {
   tcp::socket sock{io};
   int rank = -1;
   job_table table;
+  bool rejected = false;  // the last read was the server's refusal
 
   std::string master() const { return opt.master.to_string(); }
   std::string me() const {
@@ -553,7 +554,8 @@ struct rendezvous_client::impl {
     if (head.type == rendezvous_frame::reject || head.type == rendezvous_frame::abort) {
       wire_reader r(body.data(), body.size());
       std::string reason = r.get_bytes();
-      if (head.type == rendezvous_frame::reject)
+      rejected = head.type == rendezvous_frame::reject;
+      if (rejected)
         return core::error::make(
             "the rendezvous at " + master() + " refused this worker (" + me() + "): " + reason,
             "every process of a job needs the same job token and launch "
@@ -593,7 +595,6 @@ core::result<std::unique_ptr<rendezvous_client>> rendezvous_client::join(
     rendezvous_client_options opt) {
   auto p = std::make_unique<impl>(std::move(opt));
   auto until = clock_type::now() + p->opt.timeout;
-  if (auto st = p->connect(until); !st) return st.err();
   wire_writer w;
   w.put(token_hash(p->opt.job_token));
   w.put(static_cast<std::int32_t>(p->opt.node_rank));
@@ -601,11 +602,22 @@ core::result<std::unique_ptr<rendezvous_client>> rendezvous_client::join(
   w.put_bytes(p->opt.host);
   w.put(p->opt.data_port);
   w.put_bytes(p->opt.blob);
-  if (auto st =
-          p->write(until, rendezvous_frame::encode(rendezvous_frame::register_worker, w.bytes()));
-      !st)
-    return st.err();
-  auto got = p->read(until, "job table");
+  core::result<std::pair<std::uint16_t, std::vector<char>>> got = core::error::make("");
+  while (true) {
+    if (auto st = p->connect(until); !st) return st.err();
+    if (auto st = p->write(until, rendezvous_frame::encode(rendezvous_frame::register_worker,
+                                                           w.bytes()));
+        !st)
+      return st.err();
+    p->rejected = false;
+    got = p->read(until, "job table");
+    if (got || !p->rejected || !p->opt.retry_refused ||
+        clock_type::now() + std::chrono::milliseconds(200) >= until)
+      break;
+    boost::system::error_code ignored;
+    p->sock.close(ignored);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   if (!got) return got.err();
   if (got->first != rendezvous_frame::table)
     return core::error::make("the rendezvous at " + p->master() + " sent frame type " +

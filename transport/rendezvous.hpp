@@ -109,6 +109,10 @@ struct rendezvous_client_options {
   std::chrono::milliseconds timeout{300000};
   /// Largest frame accepted from the server (the table grows with the job).
   std::uint32_t max_frame_bytes = 1u << 28;
+  /// Register again after a refusal, until the timeout: a restarted attempt of a multi-node job
+  /// may reach the previous attempt's rendezvous, still closing, which refuses this attempt's
+  /// job token. Off for a first attempt, where a refusal is a configuration error.
+  bool retry_refused = false;
 };
 
 class rendezvous_client {

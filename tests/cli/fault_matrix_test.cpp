@@ -224,6 +224,56 @@ TEST_CASE("fault matrix: a connection cut mid-transfer stops the job naming both
   require_same_result(tmp.path / "whole", run);
 }
 
+TEST_CASE("fault matrix, two nodes: a connection cut stops both nodes' workers; each launcher restarts its own and the job ends bit-identical") {
+  scratch_dir tmp("fault_drop_nodes");
+  const int steps = 6;
+  train_whole(tmp, "whole", steps);
+  const fs::path run = tmp.path / "nodes";
+  const int port = free_port();
+  const std::string env = "TROUPE_JOB_TOKEN=two-node-restart TROUPE_FAULT=drop:1:3";
+  const std::string common = "--local_worker_num 2 --max-restarts 1";
+  child n0(tmp.path, "node0", launch_args(port, common + " --node_rank 0") + sets(tmp, "nodes", steps), env);
+  child n1(tmp.path, "node1", launch_args(port, common + " --node_rank 1") + sets(tmp, "nodes", steps), env);
+  wait_for_text(run / "logs" / "worker_1.log", "was cut by TROUPE_FAULT=drop:1:3", n0);
+  REQUIRE_MESSAGE(n0.wait() == 0, n0.stderr_text());
+  REQUIRE_MESSAGE(n1.wait() == 0, n1.stderr_text());
+  for (child* n : {&n0, &n1}) {
+    CHECK_MESSAGE(contains(n->stderr_text(), "restart 1 of 1"), n->stderr_text());
+    CHECK_MESSAGE(contains(n->stderr_text(), "restarting from the last checkpoint"), n->stderr_text());
+    CHECK_MESSAGE(contains(n->stdout_text(), "1 restart)"), n->stdout_text());
+  }
+  // Each node's first attempt is kept beside the second.
+  for (int r = 0; r < 4; ++r)
+    CHECK(fs::exists(run / "logs" / ("worker_" + std::to_string(r) + ".attempt0.log")));
+  const std::string metrics_text = slurp(run / "metrics.jsonl");
+  CHECK_MESSAGE(contains(metrics_text, "\"restarts\":1"), metrics_text);
+  require_same_result(tmp.path / "whole", run);
+}
+
+TEST_CASE("two nodes that see different checkpoints stop at formation naming both steps, instead of training a mix") {
+  scratch_dir tmp("fault_nodes_mismatch");
+  const int steps = 4;
+  // A finished run whose checkpoints only node 1 is pointed at: node 0 starts from step 0.
+  train_whole(tmp, "done", steps);
+  const fs::path run = tmp.path / "mix";
+  const int port = free_port();
+  const std::string env = "TROUPE_JOB_TOKEN=two-node-mismatch";
+  const std::string common = "--local_worker_num 2";
+  child n0(tmp.path, "node0", launch_args(port, common + " --node_rank 0") + sets(tmp, "mix", steps + 2), env);
+  child n1(tmp.path, "node1",
+           launch_args(port, common + " --node_rank 1 --resume '" + (tmp / "done") + "'") +
+               sets(tmp, "mix", steps + 2),
+           env);
+  CHECK(n0.wait() != 0);
+  CHECK(n1.wait() != 0);
+  std::string logs;
+  for (int r = 0; r < 4; ++r) logs += slurp(run / "logs" / ("worker_" + std::to_string(r) + ".log"));
+  CHECK_MESSAGE(contains(logs, "starts at step " + std::to_string(steps) + " and this worker at step 0"), logs);
+  CHECK_MESSAGE(contains(logs, "the nodes see different checkpoints"), logs);
+  const bool trained = fs::exists(run / "metrics.jsonl") && !slurp(run / "metrics.jsonl").empty();
+  CHECK_MESSAGE(!trained, slurp(run / "metrics.jsonl"));
+}
+
 TEST_CASE("fault matrix: the disk filling during a checkpoint write names the file, keeps the previous checkpoint whole, and a resume from it ends bit-identical") {
   scratch_dir tmp("fault_enospc");
   const int steps = 6;
