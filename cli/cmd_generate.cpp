@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cli/command.hpp"
+#include "cli/model_source.hpp"
 #include "core/config.hpp"
 #include "model/checkpoint.hpp"
 #include "model/chunk.hpp"
@@ -231,54 +232,21 @@ int run_generate(const generate_args& a) {
 
   // The model: a Hugging Face directory (config.json + safetensors) or a troupe checkpoint, whose
   // manifest also names the tokenizer, device and threads of its run.
-  core::model_config m;
-  core::runtime_config run;
-  std::string tok_dir = a.tokenizer_dir, source = a.checkpoint;
-  std::function<core::status(kernels::backend&, model::chunk&)> load_weights;
-  std::optional<model::checkpoint::reader> ck;
-  std::shared_ptr<const model::hf::weights> hf_weights;
-  core::config run_cfg;
-  if (model::hf::is_model_dir(a.checkpoint)) {
-    auto c = model::hf::read_config(a.checkpoint);
-    if (!c) return fail(c.err());
-    m = c.value();
-    auto w = model::hf::weights::open(a.checkpoint, m, a.checkpoint + "/config.json");
-    if (!w) return fail(w.err());
-    hf_weights = w.value();
-    // Its own tokenizer files (tokenizer.json, or GPT-2's encoder.json and vocab.bpe).
-    if (tok_dir.empty()) tok_dir = a.checkpoint;
-    load_weights = [&](kernels::backend& be, model::chunk& net) {
-      return model::hf::load_chunk(*hf_weights, be, m, net);
-    };
-  } else {
-    auto dir = model::checkpoint::resolve(a.checkpoint);
-    if (!dir) return fail(dir.err());
-    auto opened = model::checkpoint::reader::open(dir.value());
-    if (!opened) return fail(opened.err());
-    ck.emplace(std::move(opened.value()));
-    auto cfg = core::parse_config(ck->info().config_toml, dir.value() + "/manifest.json");
-    if (!cfg) return fail(cfg.err());
-    m = cfg->model;
-    run = cfg->runtime;
-    source = dir.value();
-    if (tok_dir.empty()) tok_dir = cfg->data.tokenizer_spec();
-    run_cfg = cfg.value();
-    load_weights = [&](kernels::backend& be, model::chunk& net) {
-      // A LoRA checkpoint holds the trainable weights; the frozen base is the run's starting
-      // point: its seeded initialisation, or model.init's weights.
-      if (!net.frozen_params().empty()) {
-        net.init(run_cfg.train.seed);
-        if (auto st = model::hf::load_frozen_base(run_cfg, be, net); !st) return st;
-      }
-      return model::checkpoint::restore(*ck, be, m, net, nullptr);
-    };
-  }
+  auto src = open_model_source(a.checkpoint);
+  if (!src) return fail(src.err());
+  const core::model_config m = src->model;
+  const core::runtime_config run = src->run ? src->run->runtime : core::runtime_config{};
+  const std::string source = src->path;
+  std::string tok_dir = a.tokenizer_dir;
+  // A model directory's own tokenizer files (tokenizer.json, or GPT-2's encoder.json and
+  // vocab.bpe); a checkpoint's run's data.tokenizer.
+  if (tok_dir.empty()) tok_dir = src->run ? src->run->data.tokenizer_spec() : a.checkpoint;
 
   if (tok_dir.empty()) tok_dir = model::tokenizer::default_dir;
   auto loaded = model::load_tokenizer(tok_dir);
   if (!loaded) {
     core::error e = loaded.err();
-    if (a.tokenizer_dir.empty() && hf_weights)
+    if (a.tokenizer_dir.empty() && src->hf_dir)
       e.hint = "the model directory holds no tokenizer troupe reads (tokenizer.json, or GPT-2's "
                "encoder.json and vocab.bpe); pass one with --tokenizer, e.g. --tokenizer data/gpt2";
     return fail(e);
@@ -318,7 +286,7 @@ int run_generate(const generate_args& a) {
                                   "use --device cpu, or cuda on a machine with a GPU"));
   }
   model::chunk net(m, model::partition(m, 1)[0], *be, precision);
-  if (auto st = load_weights(*be, net); !st) return fail(st.err());
+  if (auto st = src->load(*be, m, net); !st) return fail(st.err());
   if (auto st = check_finite(net, *be, source); !st) return fail(st.err());
 
   model::generate_options o;

@@ -135,6 +135,26 @@ TEST_CASE("export, import and --init: a fine-tuning run starts from exactly the 
     REQUIRE_MESSAGE(l2.code == 0, l2.err);
     CHECK(fs::file_size(tmp / "l1.bin") == 2 * 8 * 64 * sizeof(float));
     CHECK(slurp(tmp / "l1.bin") == slurp(tmp / "l2.bin"));
+
+    // eval of the export is eval of the checkpoint: the same loss, bit for bit, which is the run's
+    // own final validation loss (its eval_batches and micro-batch size).
+    const std::string data = " --data " + q(cfg.data.val) + " --json";
+    auto ev_ck = run_troupe(tmp.path, "eval " + q(cfg.runtime.run_dir) + data);
+    auto ev_hf = run_troupe(tmp.path, "eval " + q(hf) + data + " --batches " +
+                                          std::to_string(cfg.train.eval_batches) + " --batch-size " +
+                                          std::to_string(cfg.parallel.micro_batch_size) +
+                                          " --seq-length " + std::to_string(cfg.model.seq_length));
+    REQUIRE_MESSAGE(ev_ck.code == 0, ev_ck.err);
+    REQUIRE_MESSAGE(ev_hf.code == 0, ev_hf.err);
+    const auto j_ck = nlohmann::json::parse(ev_ck.out), j_hf = nlohmann::json::parse(ev_hf.out);
+    CHECK(j_hf["model"].get<std::string>() == hf);
+    CHECK(j_hf["targets"] == j_ck["targets"]);
+    CHECK(j_hf["loss"].get<double>() == j_ck["loss"].get<double>());
+    CHECK(j_ck["loss"].get<double>() == doctest::Approx(base_val).epsilon(1e-6));
+    // A model directory's sequence length defaults to its positions; longer is refused.
+    auto too_long = run_troupe(tmp.path, "eval " + q(hf) + data + " --seq-length 1000");
+    CHECK(too_long.code == 1);
+    CHECK(contains(too_long.err, "--seq-length 1000 is longer than the model's 64 positions"));
   }
 }
 

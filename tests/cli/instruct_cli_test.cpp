@@ -138,6 +138,22 @@ TEST_CASE("train and eval on instruction shards: eval reproduces the run's maske
   REQUIRE(h.code == 0);
   CHECK(contains(h.out, "2 batches × 2 × 16 = 64 targets"));
   CHECK(contains(h.out, "trained (instruction data: the loss is their mean)"));
+
+  // The run exported as a Hugging Face directory evaluates to the same masked loss, bit for bit:
+  // its sequence length is the rows' (prepared for seq_length 16), the other settings given.
+  REQUIRE(run_troupe(tmp.path, "export run --out hf").code == 0);
+  auto x = run_troupe(tmp.path, "eval hf --data rows/val.bin --json --batches 3 --batch-size 2");
+  INFO(x.out << x.err);
+  REQUIRE(x.code == 0);
+  CHECK(contains(x.out, "\"seq_length\":16"));
+  CHECK(contains(x.out, "\"masked\":true"));
+  const auto xat = x.out.find("\"loss\":");
+  REQUIRE(xat != std::string::npos);
+  CHECK(std::stod(x.out.substr(xat + 7)) == loss);
+  auto xh = run_troupe(tmp.path, "eval hf --data rows/val.bin --batches 2 --batch-size 2");
+  REQUIRE(xh.code == 0);
+  CHECK(contains(xh.out, "(Hugging Face model directory)"));
+  CHECK(contains(xh.out, "2 batches × 2 × 16 = 64 targets"));
   CHECK(contains(h.out, "perplexity"));
 }
 
@@ -203,5 +219,5 @@ TEST_CASE("bad instruction inputs exit non-zero with their message") {
   std::ofstream(tmp / "hf/config.json") << "{}";
   auto hf = run_troupe(tmp.path, "eval hf --data rows/val.bin");
   CHECK(hf.code == 1);
-  CHECK(contains(hf.err, "is a Hugging Face model directory"));
+  CHECK(contains(hf.err, (tmp / "hf/config.json")));
 }
