@@ -154,7 +154,8 @@ TEST_CASE("export, import and --init: a fine-tuning run starts from exactly the 
     // A model directory's sequence length defaults to its positions; longer is refused.
     auto too_long = run_troupe(tmp.path, "eval " + q(hf) + data + " --seq-length 1000");
     CHECK(too_long.code == 1);
-    CHECK(contains(too_long.err, "--seq-length 1000 is longer than the model's 64 positions"));
+    CHECK(contains(too_long.err, "--seq-length 1000 is longer than the model's " +
+                                     std::to_string(cfg.model.seq_length) + " positions"));
   }
 }
 
