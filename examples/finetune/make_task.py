@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Writes the fine-tuning example's task: copy a short list of words.
+"""Writes the fine-tuning example's task: count the words of a short list.
 
-Each record is {"prompt": "Repeat: whale ship sea. Answer:", "response": " whale ship sea"}. The
-words are the most frequent lowercase words of the corpus, so the pretrained model knows them
-as tokens; what it does not know is the task. Held-out prompts use word lists that never occur
-in the training records, so a model that answers them has learned to copy, not to recall.
+Each record is {"prompt": "Count: whale ship sea. Answer:", "response": " 3"}: one to six words,
+the answer their number (one token). The words are the most frequent short lowercase words of the
+corpus, so the pretrained model knows them as tokens; what it does not know is the task. Held-out
+prompts use word lists that never occur in the training records, so a model that answers them
+has learned to count, not to recall.
 
 Usage: make_task.py CORPUS_DIR OUT_DIR [--train N] [--heldout N] [--seed S]
 Writes OUT_DIR/train.jsonl and OUT_DIR/heldout.jsonl (one JSON object a line), and
@@ -43,6 +44,7 @@ def main():
     ap.add_argument("--train", type=int, default=4000)
     ap.add_argument("--heldout", type=int, default=100)
     ap.add_argument("--words", type=int, default=300, help="vocabulary of the task")
+    ap.add_argument("--max-count", type=int, default=6, help="the longest list")
     ap.add_argument("--seed", type=int, default=7)
     a = ap.parse_args()
     counts = corpus_words(a.corpus)
@@ -53,19 +55,21 @@ def main():
     rng = random.Random(a.seed)
 
     def record(words):
-        listed = " ".join(words)
-        return {"prompt": f"Repeat: {listed}. Answer:", "response": f" {listed}"}
+        return {"prompt": f"Count: {' '.join(words)}. Answer:", "response": f" {len(words)}"}
+
+    def draw():
+        return tuple(rng.sample(vocab, rng.randint(1, a.max_count)))
 
     seen = set()
     heldout = []
     while len(heldout) < a.heldout:
-        words = tuple(rng.sample(vocab, rng.randint(2, 4)))
+        words = draw()
         if words not in seen:
             seen.add(words)
             heldout.append(record(words))
     train = []
     while len(train) < a.train:
-        words = tuple(rng.sample(vocab, rng.randint(2, 4)))
+        words = draw()
         if words not in seen:
             train.append(record(words))
     os.makedirs(a.out, exist_ok=True)

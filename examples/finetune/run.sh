@@ -6,20 +6,22 @@
 #   1. the pretrained model: a run of configs/tiny.toml (the README demo's; --base RUN_DIR takes an
 #      existing one such as runs/tiny, otherwise it is trained here), exported with `troupe export`
 #      as a Hugging Face directory;
-#   2. a task with a measurable answer, made offline from the corpus (make_task.py): repeat a list
-#      of 2 to 4 words ("Repeat: whale ship sea. Answer:" -> " whale ship sea"); held-out prompts
+#   2. a task with a measurable answer, made offline from the corpus (make_task.py): count the
+#      words of a list of one to six ("Count: whale ship sea. Answer:" -> " 3"); held-out prompts
 #      use word lists that no training record has;
-#   3. `troupe data prepare` turns the JSONL records into instruction shards (prompt masked, answer
-#      and end-of-text trained);
+#   3. `troupe data prepare` turns the JSONL records into instruction shards of 16-token rows
+#      (prompt masked, answer and end-of-text trained);
 #   4. the task metric before: greedy `troupe generate` on the held-out prompts, exact answers;
 #   5. LoRA fine-tuning with `troupe train --init <export>` ([lora] rank 16 on c_attn, c_proj and
-#      c_fc): the base weights stay frozen, only the adapters train;
+#      c_fc, and the tied token embedding trained in full beside them): the other base weights
+#      stay frozen;
 #   6. `troupe export --merge-lora` folds the adapters into the weights (and writes them in PEFT's
 #      layout too), and the metric after is measured on the merged export.
-# The script exits 1 unless every step works and the fine-tuning loss falls; it reports the task
-# metric before and after.
+# The script exits 1 unless every step works, the fine-tuning loss falls and (full form) the task
+# metric after fine-tuning is above the metric before; it reports both.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 default_steps=150
+ft_seq=16  # fine-tuning rows: the longest record is 13 tokens
 parse_options "$@"
 pretrain_steps=""
 base=""
@@ -37,7 +39,7 @@ if [ "$small" = 1 ]; then
   [ "$steps" != 3 ] || steps=12   # enough steps for the loss to fall
   records=400; heldout=16
 else
-  [ -n "$pretrain_steps" ] || pretrain_steps=140
+  [ -n "$pretrain_steps" ] || pretrain_steps=60
   records=4000; heldout=100
 fi
 prepare
@@ -65,11 +67,13 @@ run python3 "$here/make_task.py" data/raw "$work/task" --train "$records" --held
 echo
 echo "== 3. instruction shards"
 ft_sets=(--set "data.train=$work/ft_tokens/train.bin" --set "data.val=$work/ft_tokens/val.bin"
+         --set "model.seq_length=$ft_seq" --set parallel.micro_batch_num=2
          --set "train.steps=$steps" --set train.warmup_steps=5 --set train.eval_interval=0
          --set optimizer.lr=3e-3 --set optimizer.weight_decay=0
-         --set lora.rank=16 --set lora.alpha=32 --set "lora.targets=c_attn,c_proj,c_fc")
+         --set lora.rank=16 --set lora.alpha=32 --set "lora.targets=c_attn,c_proj,c_fc"
+         --set lora.trainable=wte)
 run "$troupe" data prepare --input "$work/task/train.jsonl" --out "$work/ft_tokens" \
-  --config "$config" > "$work/prepare.out" 2>&1 ||
+  --config "$config" --set "model.seq_length=$ft_seq" > "$work/prepare.out" 2>&1 ||
   { cat "$work/prepare.out" >&2; die "troupe data prepare failed"; }
 tail -n 1 "$work/prepare.out"
 
@@ -77,14 +81,14 @@ tail -n 1 "$work/prepare.out"
 score() {
   local model="$1" name="$2"
   bounded "$troupe" generate "$model" --prompts "$work/task/heldout_prompts.jsonl" --temperature 0 \
-    --max-new-tokens 12 --device cpu > "$work/$name.txt" 2> "$work/$name.err" ||
+    --max-new-tokens 4 --device cpu > "$work/$name.txt" 2> "$work/$name.err" ||
     { cat "$work/$name.err" >&2; die "troupe generate on $model failed"; }
   python3 "$here/score.py" "$work/task/heldout.jsonl" "$work/$name.txt" | tee "$work/$name.score"
 }
 
 echo
 echo "== 4. the task metric before fine-tuning"
-show "$troupe" generate "$work/base_hf" --prompts "$work/task/heldout_prompts.jsonl" --temperature 0 --max-new-tokens 12
+show "$troupe" generate "$work/base_hf" --prompts "$work/task/heldout_prompts.jsonl" --temperature 0 --max-new-tokens 4
 score "$work/base_hf" before
 
 echo
@@ -108,10 +112,13 @@ ls "$work/merged_hf" | sed 's/^/  /'
 score "$work/merged_hf" after
 echo
 echo "== a sample"
-run "$troupe" generate "$work/merged_hf" --prompt $'Repeat: the white whale. Answer:\n' --temperature 0 \
-  --max-new-tokens 8 --device cpu 2>/dev/null
+run "$troupe" generate "$work/merged_hf" --prompt $'Count: the white whale. Answer:\n' --temperature 0 \
+  --max-new-tokens 4 --device cpu 2>/dev/null
 
 before="$(cut -d' ' -f1 "$work/before.score")"
 after="$(cut -d' ' -f1 "$work/after.score")"
 echo
 echo "task metric (exact answers on $heldout held-out prompts): $before before, $after after fine-tuning"
+if [ "$small" = 0 ] && [ "$after" -le "$before" ]; then
+  die "fine-tuning did not improve the task metric ($before -> $after)"
+fi
