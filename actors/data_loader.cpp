@@ -1,6 +1,7 @@
 // The data-loader actor of one replica: cuts that replica's micro-batches from the memory-mapped
 // shards (a pure function of seed, step, replica and micro-batch: model/loader.hpp) and feeds the
-// tokens to the first stage and the targets to the last, one step ahead of the pipeline so the
+// tokens to the first stage and the targets to the last (and, for packed instruction rows, the
+// document starts to every stage), one step ahead of the pipeline so the
 // first forward never waits for data.
 #include "actors/actors.hpp"
 
@@ -31,6 +32,12 @@ void feed(caf::stateful_actor<loader_state>* self, const job& j, int dp, std::in
     route(self, j, me, address{role::stage, dp, j.layout.rank_of_chunk(last_chunk)},
           transport::tag{step, static_cast<std::uint32_t>(tensor_kind::targets), last_chunk, mb, 0},
           std::move(b.targets), send_note{nullptr, &key});
+    // Packed rows: every stage needs where each example begins (attention and positions).
+    if (b.doc_starts.defined())
+      for (int p = 0; p < j.layout.pp; ++p)
+        route(self, j, me, address{role::stage, dp, p},
+              transport::tag{step, static_cast<std::uint32_t>(tensor_kind::documents), p, mb, 0},
+              b.doc_starts, send_note{nullptr, &key});
   }
   st.sent_through = step;
 }

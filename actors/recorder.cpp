@@ -16,10 +16,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::uint32_t kind_count = 12;
+constexpr std::uint32_t kind_count = 13;
 const char* const kind_names[kind_count] = {
     "",            "tokens",       "targets",     "activation",   "gradient",     "tied_grad",
-    "grad_slice",  "reduced_grad", "param_slice", "snap_params",  "snap_exp_avg", "snap_exp_avg_sq"};
+    "grad_slice",  "reduced_grad", "param_slice", "snap_params",  "snap_exp_avg", "snap_exp_avg_sq",
+    "documents"};
 
 std::optional<std::uint32_t> kind_of_name(const std::string& s) {
   for (std::uint32_t k = 1; k < kind_count; ++k)
@@ -205,7 +206,8 @@ std::string address_name(const address& a) {
 std::string producer_of(const address& from, const address& to, const transport::tag& tg) {
   switch (static_cast<tensor_kind>(tg.kind)) {
     case tensor_kind::tokens:
-    case tensor_kind::targets: return "loader cut";
+    case tensor_kind::targets:
+    case tensor_kind::documents: return "loader cut";
     case tensor_kind::activation:  // the input of chunk tg.chunk: chunk - 1's SEND_F
       return std::to_string(tg.chunk - 1) + "SEND_F" + std::to_string(tg.mb) + "->" +
              std::to_string(to.b);

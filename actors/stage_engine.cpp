@@ -207,6 +207,15 @@ bool stage_engine::execute(const schedules::instruction& op) {
       auto tgt_tag = tag_of(tensor_kind::targets, last, op.mb);
       if (!need(in_tag)) return false;
       if (op.chunk == last && !need(tgt_tag)) return false;
+      // Packed rows: the micro-batch's document starts (host int32), one copy per stage, kept
+      // until the stage's last chunk has run its forward.
+      core::tensor docs;
+      if (packed()) {
+        auto doc_tag = tag_of(tensor_kind::documents, pp_, op.mb);
+        if (!need(doc_tag)) return false;
+        const int last_here = pp_ + (layout_.v - 1) * layout_.pp;
+        docs = op.chunk == last_here ? take(doc_tag) : stash_.at(doc_tag);
+      }
       core::tensor input = on_device(take(in_tag));
       core::tensor targets = op.chunk == last ? on_device(take(tgt_tag)) : core::tensor{};
       // The micro-batch's first sequence in the global batch (the loader's numbering): the
@@ -215,7 +224,8 @@ bool stage_engine::execute(const schedules::instruction& op) {
                                         cfg_.parallel.micro_batch_size;
       core::tensor out =
           ch.forward(op.mb, input, targets, grad_scale_,
-                     model::training_dropout(cfg_.model, cfg_.train.seed, step_, first_sample));
+                     model::training_dropout(cfg_.model, cfg_.train.seed, step_, first_sample),
+                     docs);
       if (op.chunk == last) maybe_poison(op.mb);
       if (op.chunk != last)
         stash(tag_of(tensor_kind::activation, op.chunk + 1, op.mb), std::move(out));

@@ -66,6 +66,9 @@ class stage_engine {
   /// that every rank computes alike), which is fewer than the tokens with masked instruction data.
   /// Without it every token of the global batch is a target.
   void set_data(std::shared_ptr<const model::loader> data) { data_ = std::move(data); }
+  /// Packed instruction rows: each forward waits for its micro-batch's document starts
+  /// (tensor_kind::documents, from the loader).
+  bool packed() const { return data_ && data_->masked() && data_->rows_layout().packing; }
   /// Arms a test-only fault of this stage's worker (TROUPE_FAULT nan, slow or poison,
   /// core/fault.hpp).
   void inject(const core::fault_spec& f) { fault_ = f; }

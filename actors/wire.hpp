@@ -25,6 +25,8 @@ enum class tensor_kind : std::uint32_t {
   snap_params = 9,   // a copy of chunk `chunk`'s flat parameters (stage -> writer / coordinator)
   snap_exp_avg = 10,     // a copy of slice `part` of chunk `chunk`'s first moment (shard -> writer)
   snap_exp_avg_sq = 11,  // the same for the second moment
+  documents = 12,    // document starts of a micro-batch of packed rows (loader -> every stage;
+                     // `chunk` is the receiving stage's first chunk)
 };
 
 /// Who a message is for.

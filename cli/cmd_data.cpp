@@ -249,7 +249,7 @@ int run_prepare_instructions(const prepare_args& a) {
   const std::string train_path = (fs::path(a.out) / "train.bin").string();
   const std::string val_path = (fs::path(a.out) / "val.bin").string();
   for (auto [path, b] : {std::pair{&train_path, &rows->train}, std::pair{&val_path, &rows->val}})
-    if (auto s = model::write_instruction_shard(*path, layout, b->ids(), b->mask()); !s) {
+    if (auto s = model::write_instruction_shard(*path, layout, b->ids(), b->mask(), b->starts()); !s) {
       print_error(s.err().to_string());
       return 1;
     }

@@ -50,6 +50,23 @@ void backend::rope_forward_at(const tensor&, const tensor&, int, int, int, const
                               tensor&) {
   no_generation(*this, "rope_forward_at");
 }
+namespace {
+[[noreturn]] void no_documents(const backend& be, const char* op) {
+  throw core::failure(std::string(op) + ": the " + be.name() +
+                      " backend does not train on packed documents (instruction shards of "
+                      "packed rows, data.packing = true) (hint: train on the cpu backend, or "
+                      "prepare padded rows with data.packing = false)");
+}
+}  // namespace
+
+void backend::embedding_backward_at(const tensor&, const tensor&, const tensor&, tensor&,
+                                    tensor&) {
+  no_documents(*this, "embedding_backward_at");
+}
+void backend::rope_backward_at(const tensor&, const tensor&, int, int, int, const rope_spec&,
+                               tensor&) {
+  no_documents(*this, "rope_backward_at");
+}
 void backend::kv_cache_write(const tensor&, const tensor&, const tensor&, const attention_dims&,
                              tensor&, tensor&) {
   no_generation(*this, "kv_cache_write");

@@ -53,6 +53,12 @@ struct attention_dims {
   /// The global index of head 0 for the dropout mask: a tensor-parallel rank computes heads
   /// dropout_first_head .. + heads - 1 of the whole layer and draws their masks.
   int dropout_first_head = 0;
+  /// Documents packed in a row (model/loader.hpp, batch::doc_starts): when defined, int32 [B*T] on
+  /// the backend's device, doc_start[b*T + t] = where the document of query t begins in its row;
+  /// key j is then visible to query t iff doc_start[b*T + t] <= j <= t (causal within the
+  /// document). Undefined: plain causal attention (every doc_start 0, the same bits). Only
+  /// backends that implement it accept it (the CPU); the others throw.
+  tensor doc_start{};
 };
 
 struct adamw_params {
@@ -235,6 +241,15 @@ class backend {
   /// angles, so the same bits as rope_forward at that position). y may alias x.
   virtual void rope_forward_at(const tensor& x, const tensor& positions, int heads_total,
                                int rot_heads, int head_dim, const rope_spec& rope, tensor& y);
+  /// Training with packed documents (attention_dims::doc_start): each row at its position within
+  /// its document, int32 [N] on the backend's device. The backward twins of
+  /// embedding_forward_at and rope_forward_at: dwte[tokens[r]] += dout[r], dwpe[positions[r]] +=
+  /// dout[r] (each table row receiving its rows in row order); dx += Rᵀ dy at positions[r]. The
+  /// defaults throw: a backend that trains on packed documents overrides all of them.
+  virtual void embedding_backward_at(const tensor& dout, const tensor& tokens,
+                                     const tensor& positions, tensor& dwte, tensor& dwpe);
+  virtual void rope_backward_at(const tensor& dy, const tensor& positions, int heads_total,
+                                int rot_heads, int head_dim, const rope_spec& rope, tensor& dx);
   /// Copies the key and value heads of each row of qkv [R, (H + 2*Hkv)*D] to
   /// k_cache / v_cache [slots[r], positions[r]].
   virtual void kv_cache_write(const tensor& qkv, const tensor& slots, const tensor& positions,

@@ -74,6 +74,7 @@ struct mb_state {
   tensor targets;                  // last chunk under full recompute: int32 [N]
   float grad_scale = 0;
   dropout_ctx drop;                // the masks of this micro-batch (none in evaluation)
+  doc_rows docs;                   // packed documents (undefined: one per sequence)
   bool complete = false;           // every activation backward reads is held
   bool input_done = false;         // backward_input ran; backward_weight is due
   std::vector<layer_acts> layers;
@@ -87,7 +88,7 @@ struct mb_state {
   template <class F>
   void each(F&& f) {
     for (tensor* t : {&tokens, &input, &targets, &head.x, &head.n, &head.mean, &head.rstd,
-                      &head.dlogits, &head_dn, &d_emb})
+                      &head.dlogits, &head_dn, &d_emb, &docs.start, &docs.positions})
       f(*t);
     for (auto& a : layers) a.each(f);
     for (auto& s : stash) s.each(f);
@@ -269,7 +270,10 @@ class chunk_impl {
     tensor x;
     if (spec_.has_embedding) {
       x = ops_->alloc({st.tokens.dim(0), cfg_.hidden_size});
-      be_.embedding_forward(st.tokens, w.emb.wte, w.emb.wpe, cfg_.seq_length, x);
+      if (st.docs.on())
+        be_.embedding_forward_at(st.tokens, w.emb.wte, w.emb.wpe, st.docs.positions, x);
+      else
+        be_.embedding_forward(st.tokens, w.emb.wte, w.emb.wpe, cfg_.seq_length, x);
       const kernels::dropout_spec d = st.drop.at(0, dropout_site::embedding);
       if (d.on()) be_.dropout(x, d, sample_elems(), x);
     } else {
@@ -279,7 +283,7 @@ class chunk_impl {
     st.layers.assign(k == keep::nothing ? 0 : spec_.num_layers, {});
     for (int l = 0; l < spec_.num_layers; ++l) {
       layer_acts a;
-      tensor y = ops_->forward(w.layers[l], x, a, layer_drop(st, l));
+      tensor y = ops_->forward(w.layers[l], x, a, layer_drop(st, l), st.docs);
       const keep kl = k == keep::per_layer ? layer_keep(l) : k;
       if (kl == keep::all_but_attention) a.att = {}, a.lse = {};
       if (kl == keep::input) {
@@ -345,8 +349,38 @@ class chunk_impl {
     return static_cast<std::int64_t>(cfg_.seq_length) * cfg_.hidden_size;
   }
 
+  /// dwte, dwpe += the embedding's gradient for dy, at the rows' positions.
+  template <class G>
+  void embedding_backward(const tensor& dy, const mb_state& st, G& g) {
+    if (st.docs.on())
+      be_.embedding_backward_at(dy, st.tokens, st.docs.positions, g.wte, g.wpe);
+    else
+      be_.embedding_backward(dy, st.tokens, cfg_.seq_length, g.wte, g.wpe);
+  }
+
+  /// The documents of doc_starts (host int32 [n], model/loader.hpp) on this backend: the starts
+  /// and each row's position within its document.
+  doc_rows documents(const tensor& doc_starts, std::int64_t n) {
+    if (!doc_starts.defined()) return {};
+    TROUPE_CHECK(doc_starts.type() == core::dtype::i32 && doc_starts.numel() == n &&
+                     doc_starts.dev().is_cpu(),
+                 "document starts must be host int32 [" + std::to_string(n) + "]");
+    tensor pos = tensor::zeros({n}, core::dtype::i32);
+    const auto* s = doc_starts.data<std::int32_t>();
+    auto* p = pos.data<std::int32_t>();
+    const std::int64_t T = cfg_.seq_length;
+    for (std::int64_t r = 0; r < n; ++r) {
+      TROUPE_CHECK(s[r] >= 0 && s[r] <= r % T, "document start " + std::to_string(s[r]) +
+                                                   " at row " + std::to_string(r) +
+                                                   " is not within its sequence's first " +
+                                                   std::to_string(r % T + 1) + " tokens");
+      p[r] = static_cast<std::int32_t>(r % T - s[r]);
+    }
+    return {own(doc_starts.reshape({n})), own(pos)};
+  }
+
   tensor forward(int mb, const tensor& input, const tensor& targets, float grad_scale,
-                 const dropout_ctx& drop) {
+                 const dropout_ctx& drop, const tensor& doc_starts) {
     TROUPE_CHECK(!states_.count(mb), "micro-batch " + std::to_string(mb) +
                                          " is already in flight in this chunk; backward or "
                                          "release it first");
@@ -357,6 +391,7 @@ class chunk_impl {
     else
       st.input = own(input);
     st.drop = drop;
+    st.docs = documents(doc_starts, n);
     keep k = forward_keep();
     tensor out;
     if (spec_.has_head) {
@@ -430,7 +465,7 @@ class chunk_impl {
       // same input, so the same bits) right before its backward.
       if (!st.layers[l].n1.defined()) {
         layer_acts a;
-        ops_->forward(w.layers[l], st.layers[l].x, a, layer_drop(st, l));
+        ops_->forward(w.layers[l], st.layers[l].x, a, layer_drop(st, l), st.docs);
         st.layers[l] = std::move(a);
         account(st);
       }
@@ -455,7 +490,7 @@ class chunk_impl {
         dy = std::move(masked);
       }
       if (with_weights && wanted)
-        be_.embedding_backward(dy, st.tokens, cfg_.seq_length, g.emb.wte, g.emb.wpe);
+        embedding_backward(dy, st, g.emb);
       else if (wanted)
         st.d_emb = dy;
       dy = {};
@@ -480,7 +515,7 @@ class chunk_impl {
     for (int l = spec_.num_layers - 1; l >= 0; --l)
       ops_->backward_weight(w.layers[l], st.layers[l], st.stash[l], g.layers[l]);
     if (spec_.has_embedding && st.d_emb.defined())
-      be_.embedding_backward(st.d_emb, st.tokens, cfg_.seq_length, g.emb.wte, g.emb.wpe);
+      embedding_backward(st.d_emb, st, g.emb);
     drop(it);
   }
 
@@ -580,8 +615,8 @@ void chunk::set_recompute(core::recompute_mode mode, const std::vector<bool>& la
 }
 
 tensor chunk::forward(int mb, const tensor& input, const tensor& targets, float grad_scale,
-                      const dropout_ctx& drop) {
-  return impl_->forward(mb, input, targets, grad_scale, drop);
+                      const dropout_ctx& drop, const tensor& doc_starts) {
+  return impl_->forward(mb, input, targets, grad_scale, drop, doc_starts);
 }
 
 double chunk::loss_sum(int mb) const { return sum_loss_rows(impl_->be_, loss_rows(mb)); }

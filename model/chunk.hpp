@@ -126,8 +126,11 @@ class chunk {
   /// tensor is returned; otherwise returns the hidden output [B*T, C].
   /// `drop` (a training forward: model::training_dropout) draws dropout masks; the default
   /// draws none. Recompute and backward of mb redraw the same masks.
+  /// `doc_starts` (host int32 [B*T], model::batch::doc_starts; every chunk of the micro-batch gets
+  /// the same): examples packed in one sequence, each attending only within itself at positions
+  /// restarting from 0. Undefined: one document per sequence.
   tensor forward(int mb, const tensor& input, const tensor& targets = {}, float grad_scale = 0,
-                 const dropout_ctx& drop = {});
+                 const dropout_ctx& drop = {}, const tensor& doc_starts = {});
   /// Sum of mb's per-token losses in row order (last chunk only; valid after forward). Waits for
   /// the device: ask once the host has queued what it can.
   double loss_sum(int mb) const;

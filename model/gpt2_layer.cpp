@@ -22,7 +22,7 @@ class gpt2_layer_ops final : public layer_ops {
   }
 
   void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
-                          layer_stash& s) override {
+                          layer_stash& s, const tensor*) override {
     be_.linear_backward_input_write(dqkv, w.qkv_w, dn1);
     lora_backward_input(w.qkv_l, dqkv, dn1);
     s.d_qkv = dqkv;

@@ -188,6 +188,8 @@ bool row_builder::add(example e, bool* truncated) {
   if (used_ > 0 && (!packing_ || used_ + n > L_)) pad_open_row();
   ids_.insert(ids_.end(), e.ids.begin(), e.ids.end());
   mask_.insert(mask_.end(), e.mask.begin(), e.mask.end());
+  starts_.push_back(1);
+  starts_.insert(starts_.end(), static_cast<std::size_t>(n - 1), 0);
   used_ += n;
   if (used_ == L_) used_ = 0;
   return true;
@@ -197,6 +199,7 @@ void row_builder::pad_open_row() {
   if (used_ == 0) return;
   ids_.insert(ids_.end(), static_cast<std::size_t>(L_ - used_), pad_);
   mask_.insert(mask_.end(), static_cast<std::size_t>(L_ - used_), 0);
+  starts_.insert(starts_.end(), static_cast<std::size_t>(L_ - used_), 0);  // the example's padding
   used_ = 0;
 }
 

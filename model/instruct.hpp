@@ -108,6 +108,8 @@ class row_builder {
   void finish();
   const std::vector<std::int32_t>& ids() const { return ids_; }
   const std::vector<std::uint8_t>& mask() const { return mask_; }
+  /// 1 where an example begins (model/instruction_shards.hpp, version 2).
+  const std::vector<std::uint8_t>& starts() const { return starts_; }
   std::int64_t rows() const { return static_cast<std::int64_t>(ids_.size()) / L_; }
 
  private:
@@ -118,6 +120,7 @@ class row_builder {
   int used_ = 0;  // tokens in the open row (0: none open)
   std::vector<std::int32_t> ids_;
   std::vector<std::uint8_t> mask_;
+  std::vector<std::uint8_t> starts_;
 };
 
 /// A record dropped, where it was and why.

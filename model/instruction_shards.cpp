@@ -27,12 +27,22 @@ constexpr const char* kPrepareHint =
 
 core::status write_instruction_shard(const std::string& path, const row_layout& layout,
                                      std::span<const std::int32_t> rows,
-                                     std::span<const std::uint8_t> mask) {
+                                     std::span<const std::uint8_t> mask,
+                                     std::span<const std::uint8_t> starts) {
   TROUPE_CHECK(layout.row_tokens >= 2 && rows.size() == mask.size() &&
                    rows.size() % static_cast<std::size_t>(layout.row_tokens) == 0,
                "instruction rows and mask do not make whole rows of " +
                    std::to_string(layout.row_tokens) + " tokens");
+  TROUPE_CHECK(starts.empty() || starts.size() == rows.size(),
+               "instruction rows and their document starts differ in length");
   const std::size_t n = rows.size() / static_cast<std::size_t>(layout.row_tokens);
+  std::vector<std::uint8_t> row_starts;
+  if (starts.empty()) {
+    row_starts.assign(rows.size(), 0);
+    for (std::size_t i = 0; i < rows.size(); i += static_cast<std::size_t>(layout.row_tokens))
+      row_starts[i] = 1;
+    starts = row_starts;
+  }
   if (n > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
     return core::error::at_file(path, "cannot hold " + std::to_string(n) + " rows in one shard",
                                 "split the records into several files");
@@ -56,7 +66,7 @@ core::status write_instruction_shard(const std::string& path, const row_layout& 
   const std::span<const std::byte> tokens =
       width == 2 ? std::as_bytes(std::span<const std::uint16_t>(narrow)) : std::as_bytes(rows);
   const std::span<const std::byte> parts[] = {std::as_bytes(std::span(header)), tokens,
-                                               std::as_bytes(mask)};
+                                               std::as_bytes(mask), std::as_bytes(starts)};
   return core::write_file_atomic(path, parts);
 }
 
@@ -107,12 +117,19 @@ core::result<instruction_shard> instruction_shard::open(const std::string& path)
                                     std::to_string(instruction_shard_magic) + ", found " +
                                     std::to_string(h[0]),
                                 kPrepareHint);
-  if (h[1] != instruction_shard_version)
+  if (h[1] != 1 && h[1] != instruction_shard_version)
     return core::error::at_file(path,
                                 "unsupported instruction shard version " + std::to_string(h[1]) +
-                                    " (this build reads version " +
+                                    " (this build reads versions 1 and " +
                                     std::to_string(instruction_shard_version) + ")",
                                 "re-create it with `troupe data prepare`");
+  if (h[1] == 1 && h[5] == 1)
+    return core::error::at_file(path,
+                                "a version-1 instruction shard of packed rows: it does not record "
+                                "where each packed example begins, so its examples cannot be "
+                                "kept from attending to each other",
+                                "re-create it with this build's `troupe data prepare` (version " +
+                                    std::to_string(instruction_shard_version) + ")");
   if (h[2] < 0) return bad("row count " + std::to_string(h[2]) + " is negative");
   if (h[3] < 2) return bad("tokens per row " + std::to_string(h[3]) + " is below 2");
   if (h[4] != 2 && h[4] != 4) return bad("bytes per token " + std::to_string(h[4]) + " is not 2 or 4");
@@ -120,7 +137,9 @@ core::result<instruction_shard> instruction_shard::open(const std::string& path)
   if (h[6] != 0 && h[6] != 1) return bad("template " + std::to_string(h[6]) + " is not 0 or 1");
   const auto n = static_cast<std::size_t>(h[2]);
   const auto L = static_cast<std::size_t>(h[3]);
-  const std::size_t expected = kHeaderBytes + n * L * static_cast<std::size_t>(h[4]) + n * L;
+  const std::size_t sections = h[1] == 1 ? 1 : 2;  // the mask, then (version 2) the starts
+  const std::size_t expected =
+      kHeaderBytes + n * L * static_cast<std::size_t>(h[4]) + sections * n * L;
   if (file_bytes != expected)
     return core::error::at_file(path,
                                 std::string(file_bytes < expected ? "truncated" : "has trailing bytes") +
@@ -136,6 +155,8 @@ core::result<instruction_shard> instruction_shard::open(const std::string& path)
   s.token_bytes_ = h[4];
   s.tokens_ = static_cast<const unsigned char*>(map) + kHeaderBytes;
   s.mask_ = reinterpret_cast<const std::uint8_t*>(s.tokens_ + n * L * static_cast<std::size_t>(h[4]));
+  s.version_ = h[1];
+  if (h[1] >= 2) s.starts_ = s.mask_ + n * L;
   s.rows_ = n;
   return s;
 }
@@ -159,6 +180,8 @@ instruction_shard& instruction_shard::operator=(instruction_shard&& o) noexcept 
     token_bytes_ = o.token_bytes_;
     tokens_ = std::exchange(o.tokens_, nullptr);
     mask_ = std::exchange(o.mask_, nullptr);
+    starts_ = std::exchange(o.starts_, nullptr);
+    version_ = o.version_;
     rows_ = std::exchange(o.rows_, 0);
   }
   return *this;

@@ -174,9 +174,10 @@ tensor layer_ops::attention_output(const layer_tensors& w, layer_acts& a) {
 }
 
 tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a,
-                         const layer_dropout& drop) {
+                         const layer_dropout& drop, const doc_rows& docs) {
   a.drop = drop;
-  attention_input(w, x, nullptr, a);
+  a.docs = docs;
+  attention_input(w, x, docs.on() ? &docs.positions : nullptr, a);
   recompute_attention(a);
   return attention_output(w, a);
 }
@@ -197,6 +198,7 @@ void layer_ops::recompute_attention(layer_acts& a) {
   const std::int64_t n = a.qkv.dim(0);
   auto d = dims(n);
   d.dropout = a.drop.attention;
+  d.doc_start = a.docs.start;
   a.att = alloc({n, static_cast<std::int64_t>(d.heads) * d.head_dim});
   a.lse = alloc({d.batch, d.heads, d.seq}, core::dtype::f32);
   be_.attention_forward(a.qkv, d, a.att, a.lse);
@@ -251,9 +253,10 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   tensor dqkv = alloc({rows, qkv_width_});
   auto d = dims(rows);
   d.dropout = a.drop.attention;
+  d.doc_start = a.docs.start;
   be_.attention_backward_write(datt, a.qkv, a.att, a.lse, d, dqkv);
   tensor dn1 = alloc({rows, c});
-  qkv_backward_input(w, dqkv, dn1, s);
+  qkv_backward_input(w, dqkv, dn1, s, a.docs.on() ? &a.docs.positions : nullptr);
   if (comm_) dn1 = comm_->reduce_rows(dn1);
 
   tensor dx = alloc({n, c});

@@ -95,9 +95,21 @@ struct layer_dropout {
   kernels::dropout_spec mlp_out;        // the MLP's output, before the residual add
 };
 
+/// Packed documents of one micro-batch (model/loader.hpp, batch::doc_starts), int32 [N] each on
+/// the backend's device: where each row's document begins in its sequence (attention sees keys
+/// from there: kernels::attention_dims::doc_start) and the row's position within its document
+/// (GPT-2's position embedding, LLaMA's RoPE angle). Undefined when the rows are one document
+/// each (plain causal attention at position row % T).
+struct doc_rows {
+  tensor start;
+  tensor positions;
+  bool on() const { return start.defined(); }
+};
+
 /// What one layer keeps of one micro-batch for its backward. Undefined = not held.
 struct layer_acts {
   layer_dropout drop;          // the masks forward drew, redrawn by recompute and backward
+  doc_rows docs;               // the micro-batch's documents (shared handles, not counted)
   tensor x;                    // layer input
   tensor n1, mean1, rstd1;     // norm1 output and statistics (mean: LayerNorm only)
   tensor qkv;                  // attention input (after RoPE for LLaMA)
@@ -195,7 +207,7 @@ class layer_ops {
   /// Runs the layer on x [N, C] and returns its output; `a` receives every activation and the
   /// masks `drop` (none by default).
   tensor forward(const layer_tensors& w, const tensor& x, layer_acts& a,
-                 const layer_dropout& drop = {});
+                 const layer_dropout& drop = {}, const doc_rows& docs = {});
   /// Inference with a key/value cache: the layer on rows x [R, C] at the slots and positions
   /// `at` names, their keys and values written into `c` and attention read from it. The same ops
   /// as forward but for attention (and RoPE at the rows' positions); nothing is kept.
@@ -244,8 +256,9 @@ class layer_ops {
                              const tensor* positions) = 0;
   /// dn1 = gradient through the qkv projection from d qkv (dn1 is written, not accumulated);
   /// keeps its dy in s.d_qkv.
+  /// `positions`: the rows' positions (packed documents), or null for row % T.
   virtual void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
-                                  layer_stash& s) = 0;
+                                  layer_stash& s, const tensor* positions) = 0;
   virtual void qkv_backward_weight(const layer_tensors& w, const layer_acts& a,
                                    const layer_stash& s, layer_tensors& g) = 0;
   /// The MLP of the norm2 output a.n2 plus the residual a.mid: returns a.mid + MLP(a.n2) [N, C]

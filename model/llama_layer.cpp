@@ -36,11 +36,15 @@ class llama_layer_ops final : public layer_ops {
   }
 
   void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
-                          layer_stash& s) override {
+                          layer_stash& s, const tensor* positions) override {
     const int heads = heads_, kv = kv_heads_;
     tensor d_proj = zeros(dqkv.shape());
-    be_.rope_backward(dqkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(),
-                      rope_of(cfg_), d_proj);
+    if (positions)
+      be_.rope_backward_at(dqkv, *positions, heads + 2 * kv, heads + kv, cfg_.head_dim(),
+                           rope_of(cfg_), d_proj);
+    else
+      be_.rope_backward(dqkv, cfg_.seq_length, heads + 2 * kv, heads + kv, cfg_.head_dim(),
+                        rope_of(cfg_), d_proj);
     be_.linear_backward_input_write(d_proj, stacked(w), dn1);
     const std::int64_t q = std::int64_t(heads) * cfg_.head_dim(), k = std::int64_t(kv) * cfg_.head_dim();
     lora_backward_input(w.q_l, d_proj, dn1, 0);

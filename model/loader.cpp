@@ -196,6 +196,11 @@ batch loader::gather(const std::vector<std::uint64_t>& windows) const {
                           "model.vocab_size)");
   };
   std::int64_t trained = 0;
+  std::int32_t* starts = nullptr;
+  if (masked() && rows_layout().packing) {
+    b.doc_starts = core::tensor::zeros({static_cast<std::int64_t>(B) * T}, core::dtype::i32);
+    starts = b.doc_starts.data<std::int32_t>();
+  }
   for (int i = 0; i < B; ++i) {
     auto [s, off] = locate(windows[i]);
     std::int32_t* xi = x + static_cast<std::size_t>(i) * T;
@@ -212,6 +217,14 @@ batch loader::gather(const std::vector<std::uint64_t>& windows) const {
         yi[t] = train ? static_cast<std::int32_t>(sh.token(off, t + 1)) : -1;
         trained += train;
       }
+      if (starts) {
+        std::int32_t* si = starts + static_cast<std::size_t>(i) * T;
+        std::int32_t begin = 0;
+        for (int t = 0; t < T; ++t) {
+          if (sh.starts_example(off, t)) begin = t;
+          si[t] = begin;
+        }
+      }
       continue;
     }
     const shard& sh = shards_[s];
@@ -227,6 +240,17 @@ batch loader::gather(const std::vector<std::uint64_t>& windows) const {
   }
   b.trained = trained;
   return b;
+}
+
+core::status check_packed_device(const loader& data, const core::config& cfg,
+                                 const std::string& key) {
+  if (!data.masked() || !data.rows_layout().packing || cfg.runtime.device == "cpu") return {};
+  return core::config_error(
+      cfg, "runtime.device",
+      key + " holds packed instruction rows (prepared with data.packing = true), whose examples "
+            "attend only within themselves; per-document attention is implemented on the cpu "
+            "backend only, not on runtime.device = \"" + cfg.runtime.device + "\"",
+      "train on runtime.device = \"cpu\", or prepare padded rows (data.packing = false)");
 }
 
 }  // namespace troupe::model

@@ -20,6 +20,9 @@
 // the step runs (model/trainer.hpp, actors/stage_engine.hpp). Token shards and instruction shards
 // are not mixed in one loader.
 //
+// Packed instruction rows also give each token the start of its example (batch::doc_starts), which
+// travels with the micro-batch to every chunk: examples packed in one row do not see each other.
+//
 // Evaluation batches do not depend on the seed or the step: sequence j = index·B + i of
 // eval_cut(index) starts at rng_stream(stream_key(0, 0xe7a1, j)).below(windows), so validation
 // losses of different runs and steps are measured on the same text.
@@ -46,6 +49,11 @@ struct batch {
   int batch_size = 0;  // B
   int seq_length = 0;  // T
   std::int64_t trained = 0;  // targets that are not masked (B*T from token shards)
+  /// Packed instruction rows only (else undefined): host int32 [B*T], doc_starts[j] = the index
+  /// within its sequence where the example holding token j begins. Token t of a sequence then
+  /// sits at position t − doc_starts[t] and attends to tokens doc_starts[t] … t only
+  /// (model::chunk::forward), as if each example had a row of its own.
+  core::tensor doc_starts;
 };
 
 struct loader_options {
@@ -117,5 +125,10 @@ class loader {
   std::uint64_t total_tokens_ = 0;
   std::uint64_t total_windows_ = 0;
 };
+
+/// An error naming data.packing and runtime.device when `data` holds packed instruction rows and
+/// cfg.runtime.device cannot keep their examples apart (per-document attention is implemented by
+/// the cpu backend only); `key` names the data (data.train, data.val) in the message.
+core::status check_packed_device(const loader& data, const core::config& cfg, const std::string& key);
 
 }  // namespace troupe::model

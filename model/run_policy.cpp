@@ -205,8 +205,9 @@ double validation_loss(const loader& val, int eval_batches, kernels::backend& be
     batch b = val.eval_cut(i);
     core::tensor x = on_device(b.tokens);
     core::tensor targets = on_device(b.targets);
-    for (std::size_t c = 0; c + 1 < chunks.size(); ++c) x = chunks[c]->forward(i, x);
-    chunks.back()->forward(i, x, targets, 0.0f);
+    for (std::size_t c = 0; c + 1 < chunks.size(); ++c)
+      x = chunks[c]->forward(i, x, {}, 0.0f, {}, b.doc_starts);
+    chunks.back()->forward(i, x, targets, 0.0f, {}, b.doc_starts);
     total += chunks.back()->loss_sum(i);
     for (chunk* c : chunks) c->release(i);
     tokens += b.trained;

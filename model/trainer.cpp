@@ -65,6 +65,7 @@ core::result<std::unique_ptr<trainer>> trainer::create(const core::config& cfg,
   lo.micro_batches = global_micro_batches(cfg);
   auto train = loader::open(cfg.data.train, lo);
   if (!train) return train.err();
+  if (auto st = check_packed_device(train.value(), cfg, "data.train"); !st) return st.err();
   std::unique_ptr<trainer> t(new trainer(cfg, be, std::move(train.value())));
   if (!cfg.data.val.empty()) {
     auto val = loader::open(cfg.data.val, lo);
@@ -125,8 +126,9 @@ core::result<step_result> trainer::scaled_step(int step) {
     tensor x = to_device(b.tokens);
     tensor targets = to_device(b.targets);
     const dropout_ctx drop = dropout_of(step, mb);
-    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i) x = chunks_[i].forward(mb, x, {}, 0, drop);
-    chunks_.back().forward(mb, x, targets, grad_scale, drop);
+    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i)
+      x = chunks_[i].forward(mb, x, {}, 0, drop, b.doc_starts);
+    chunks_.back().forward(mb, x, targets, grad_scale, drop, b.doc_starts);
     double mb_loss = chunks_.back().loss_sum(mb);
     if (!std::isfinite(mb_loss)) {
       for (chunk& c : chunks_) c.release(mb);
@@ -176,8 +178,11 @@ void trainer::queue_device_step(int step, std::int64_t trained) {
   for (int mb = 0; mb < micro_batches_; ++mb) {  // 2
     tensor x = inputs_[static_cast<std::size_t>(mb)].tokens;
     const dropout_ctx drop = dropout_of(step, mb);
-    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i) x = chunks_[i].forward(mb, x, {}, 0, drop);
-    chunks_.back().forward(mb, x, inputs_[static_cast<std::size_t>(mb)].targets, grad_scale, drop);
+    const tensor& docs = inputs_[static_cast<std::size_t>(mb)].doc_starts;
+    for (std::size_t i = 0; i + 1 < chunks_.size(); ++i)
+      x = chunks_[i].forward(mb, x, {}, 0, drop, docs);
+    chunks_.back().forward(mb, x, inputs_[static_cast<std::size_t>(mb)].targets, grad_scale, drop,
+                           docs);
     loss_rows_[static_cast<std::size_t>(mb)] = chunks_.back().loss_rows(mb);
     guard_losses(be_, loss_rows_[static_cast<std::size_t>(mb)], clip_);
     tensor g;
@@ -205,6 +210,7 @@ core::result<step_result> trainer::device_step(int step) {
     be_.copy(b.tokens.reshape({b.tokens.numel()}), inputs_[static_cast<std::size_t>(mb)].tokens);
     be_.copy(b.targets.reshape({b.targets.numel()}),
              inputs_[static_cast<std::size_t>(mb)].targets);
+    inputs_[static_cast<std::size_t>(mb)].doc_starts = b.doc_starts;
   }
   const std::int64_t trained = trained_targets(step);
   step_decision d;

@@ -154,6 +154,7 @@ class trainer {
   device_clip clip_;  // steps 4-7 on the device, without dynamic loss scaling
   struct device_inputs {
     tensor tokens, targets;  // int32 [B*T] on the device: the graph's inputs
+    tensor doc_starts;       // host int32 [B*T] of packed rows (model/loader.hpp), else undefined
   };
   std::vector<device_inputs> inputs_;  // per micro-batch
   std::vector<tensor> loss_rows_;      // per micro-batch: the last chunk's per-row losses

@@ -72,9 +72,10 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
                                "restore that checkpoint to replay rank " + std::to_string(me));
     ck.emplace(std::move(r.value()));
   }
-  // The first stage cuts the inputs; the last scales the loss by the step's trained targets.
+  // The first stage cuts the inputs; the last scales the loss by the step's trained targets;
+  // every stage learns from it whether forwards wait for document starts (packed rows).
   std::shared_ptr<model::loader> data;
-  if (p == 0 || p == l.rank_of_chunk(l.chunks() - 1)) {
+  {
     if (auto st = core::check_files(cfg); !st) return st.err();
     auto ld = model::loader::open(cfg.data.train, model::loader_options::from(cfg));
     if (!ld) return ld.err();
@@ -137,6 +138,13 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
                     transport::tag{s, static_cast<std::uint32_t>(tensor_kind::targets), last_chunk, mb, 0},
                     std::move(b.targets), &key))
             break;
+          bool sent = true;
+          if (b.doc_starts.defined())
+            for (int q = 0; q < l.pp && sent; ++q)
+              sent = send(loader, address{role::stage, d, q},
+                          transport::tag{s, static_cast<std::uint32_t>(tensor_kind::documents), q, mb, 0},
+                          b.doc_starts, &key);
+          if (!sent) break;
         }
       }
       if (checker.mismatch()) break;

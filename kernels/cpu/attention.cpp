@@ -18,6 +18,10 @@
 // scores. Then Δ_t = dO · out_t still equals Σ_j p_tj m_tj dp_tj, and
 //   ds_tj = p_tj (m_tj dp_tj - Δ_t),  dv_j += Σ_t p_tj m_tj dO.
 // With dropout off m = 1 and no mask is drawn.
+//
+// Packed documents (attention_dims::doc_start): query t sees keys doc_start(t) … t only, so every
+// sum above runs over j from doc_start(t) instead of 0, in the same order: a document's outputs
+// and gradients are the bits it gets alone at the start of a row.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -41,6 +45,19 @@ void check_dims(const op_check& c, const attention_dims& d) {
             "dims must be positive with heads % kv_heads == 0, got B=" + std::to_string(d.batch) +
                 " T=" + std::to_string(d.seq) + " H=" + std::to_string(d.heads) +
                 " Hkv=" + std::to_string(d.kv_heads) + " D=" + std::to_string(d.head_dim));
+}
+
+// The document starts, when given: int32 [B*T] on the host, each 0 <= start <= t.
+const std::int32_t* check_docs(const op_check& c, const attention_dims& d) {
+  if (!d.doc_start.defined()) return nullptr;
+  c.host(d.doc_start, "doc_start", core::dtype::i32);
+  c.numel(d.doc_start, "doc_start", static_cast<std::int64_t>(d.batch) * d.seq, "[B*T]");
+  const std::int32_t* s = d.doc_start.data<std::int32_t>();
+  for (std::int64_t r = 0; r < static_cast<std::int64_t>(d.batch) * d.seq; ++r)
+    c.require(s[r] >= 0 && s[r] <= r % d.seq,
+              "doc_start " + std::to_string(s[r]) + " at row " + std::to_string(r) +
+                  " is not within [0, t = " + std::to_string(r % d.seq) + "]");
+  return s;
 }
 
 std::int64_t qkv_width(const attention_dims& d) {
@@ -69,6 +86,12 @@ struct attn_view {
   int first_head = 0;          // global index of head 0 (tensor parallel)
   std::uint32_t threshold = 0;
   float drop_scale = 1;
+  const std::int32_t* doc = nullptr;  // attention_dims::doc_start, or null (every start 0)
+
+  /// The first key query t of sequence b sees.
+  int first_key(int b, int t) const {
+    return doc ? doc[static_cast<std::int64_t>(b) * T + t] : 0;
+  }
 
   /// m_tj of query t, key j in head h of sequence b (1 without dropout).
   float mask(int b, int h, int t, int j) const {
@@ -109,13 +132,14 @@ TROUPE_SIMD_CLONES void forward_head(const attn_view& a, int b, int h) {
   for (int t = 0; t < T; ++t) {
     const float* q = rows_b + t * w + q_off;
     float m = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j <= t; ++j) {
+    const int j0 = a.first_key(b, t);
+    for (int j = j0; j <= t; ++j) {
       p[j] = dot(q, rows_b + j * w + k_off, D) * a.scale;
       m = std::max(m, p[j]);
     }
     float l = 0.0f;
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int j = 0; j <= t; ++j) {
+    for (int j = j0; j <= t; ++j) {
       float e = fast_exp(p[j] - m);
       l += e;
       if (a.drop.on()) e *= a.mask(b, h, t, j);
@@ -148,7 +172,7 @@ TROUPE_SIMD_CLONES void backward_group(const attn_view& a, int b, int g) {
       const float delta = dot(dO, a.out + (row0 + t) * ow + q_off, D);
       const float l = lse_bh[t];
       std::fill(dq.begin(), dq.end(), 0.0f);
-      for (int j = 0; j <= t; ++j) {
+      for (int j = a.first_key(b, t); j <= t; ++j) {
         const float* k = rows_b + j * w + k_off;
         const float* v = rows_b + j * w + v_off;
         const float p = fast_exp(dot(q, k, D) * scale - l);
@@ -198,6 +222,7 @@ void cpu_backend::attention_forward(const tensor& qkv, const attention_dims& d, 
   c.numel(lse, "lse", static_cast<std::int64_t>(d.batch) * d.heads * d.seq, "[B, H, T]");
 
   attn_view a = view_of(d);
+  a.doc = check_docs(c, d);
   a.qkv = qkv.data<float>();
   a.out_w = out.data<float>();
   a.lse_w = lse.data<float>();
@@ -225,6 +250,7 @@ void cpu_backend::attention_backward(const tensor& dout, const tensor& qkv, cons
   c.numel(lse, "lse", static_cast<std::int64_t>(d.batch) * d.heads * d.seq, "[B, H, T]");
 
   attn_view a = view_of(d);
+  a.doc = check_docs(c, d);
   a.qkv = qkv.data<float>();
   a.out = out.data<float>();
   a.dout = dout.data<float>();

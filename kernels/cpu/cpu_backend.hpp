@@ -74,6 +74,10 @@ class cpu_backend final : public backend {
 
   void embedding_forward_at(const tensor& tokens, const tensor& wte, const tensor& wpe,
                             const tensor& positions, tensor& out) override;
+  void embedding_backward_at(const tensor& dout, const tensor& tokens, const tensor& positions,
+                             tensor& dwte, tensor& dwpe) override;
+  void rope_backward_at(const tensor& dy, const tensor& positions, int heads_total, int rot_heads,
+                        int head_dim, const rope_spec& rope, tensor& dx) override;
   void rope_forward_at(const tensor& x, const tensor& positions, int heads_total, int rot_heads,
                        int head_dim, const rope_spec& rope, tensor& y) override;
   void kv_cache_write(const tensor& qkv, const tensor& slots, const tensor& positions,

@@ -145,3 +145,54 @@ void cpu_backend::embedding_backward(const tensor& dout, const tensor& tokens, i
 }
 
 }  // namespace troupe::kernels::cpu
+
+namespace troupe::kernels::cpu {
+
+void cpu_backend::embedding_backward_at(const tensor& dout, const tensor& tokens,
+                                        const tensor& positions, tensor& dwte, tensor& dwpe) {
+  op_check c("embedding_backward_at", {{"dout", &dout},
+                                       {"tokens", &tokens},
+                                       {"positions", &positions},
+                                       {"dwte", &dwte},
+                                       {"dwpe", &dwpe}});
+  c.host(dout, "dout", core::dtype::f32);
+  c.host(tokens, "tokens", core::dtype::i32);
+  c.host(positions, "positions", core::dtype::i32);
+  c.optional(dwte, "dwte", core::dtype::f32);
+  c.optional(dwpe, "dwpe", core::dtype::f32);
+  const std::int64_t n = tokens.numel();
+  c.numel(positions, "positions", n, "one position per token");
+  c.require(dout.rank() >= 1 && rows_of(dout) == n, "dout must be [N, C], one row per token");
+  const std::int64_t ch = dout.dim(-1);
+  if (dwte.defined())
+    c.require(dwte.rank() == 2 && dwte.dim(1) == ch, "dwte must be [V, C] with C = dout.dim(-1)");
+  const std::int32_t* pos = positions.data<std::int32_t>();
+  if (dwpe.defined()) {
+    c.require(dwpe.rank() == 2 && dwpe.dim(1) == ch, "dwpe must be [P, C] with C = dout.dim(-1)");
+    for (std::int64_t r = 0; r < n; ++r)
+      c.require(pos[r] >= 0 && pos[r] < dwpe.dim(0),
+                "position " + std::to_string(pos[r]) + " at row " + std::to_string(r) +
+                    " is outside dwpe's " + std::to_string(dwpe.dim(0)) + " rows");
+  }
+  const std::int32_t* tok = tokens.data<std::int32_t>();
+  if (dwte.defined()) check_tokens("embedding_backward_at", tok, n, dwte.dim(0));
+  const float* d = dout.data<float>();
+  float* te = dwte.defined() ? dwte.data<float>() : nullptr;
+  float* pe = dwpe.defined() ? dwpe.data<float>() : nullptr;
+  parallel_for(ch, std::max<std::int64_t>(16, (1 << 15) / std::max<std::int64_t>(n, 1)),
+               [&](std::int64_t c0, std::int64_t c1) {
+                 for (std::int64_t r = 0; r < n; ++r) {
+                   const float* src = d + r * ch;
+                   if (te) {
+                     float* dst = te + tok[r] * ch;
+                     for (std::int64_t j = c0; j < c1; ++j) dst[j] += src[j];
+                   }
+                   if (pe) {
+                     float* dst = pe + static_cast<std::int64_t>(pos[r]) * ch;
+                     for (std::int64_t j = c0; j < c1; ++j) dst[j] += src[j];
+                   }
+                 }
+               });
+}
+
+}  // namespace troupe::kernels::cpu

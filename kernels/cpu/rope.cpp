@@ -134,6 +134,23 @@ void cpu_backend::rope_forward_at(const tensor& x, const tensor& positions, int 
   }
 }
 
+// dx += Rᵀ dy for one row turned by (cs, sn); the heads past rot_heads pass dy through.
+static void unrotate_row(const float* gr, float* dr, const float* cs, const float* sn, int rot_heads,
+                  int head_dim, std::int64_t width) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < rot_heads; ++h) {
+    const float* g = gr + h * head_dim;
+    float* d = dr + h * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float g1 = g[i], g2 = g[i + half];
+      d[i] += g1 * cs[i] + g2 * sn[i];
+      d[i + half] += g2 * cs[i] - g1 * sn[i];
+    }
+  }
+  for (std::int64_t j = static_cast<std::int64_t>(rot_heads) * head_dim; j < width; ++j)
+    dr[j] += gr[j];
+}
+
 void cpu_backend::rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
                                 int head_dim, const rope_spec& rope, tensor& dx) {
   op_check c("rope_backward", {{"dy", &dy}, {"dx", &dx}});
@@ -145,22 +162,37 @@ void cpu_backend::rope_backward(const tensor& dy, int seq, int heads_total, int 
   float* dxp = dx.data<float>();
   parallel_for(
       n, std::max<std::int64_t>(1, (1 << 14) / width), [&](std::int64_t r0, std::int64_t r1) {
+        for (std::int64_t r = r0; r < r1; ++r)
+          unrotate_row(dyp + r * width, dxp + r * width, table->cos.data() + (r % seq) * half,
+                       table->sin.data() + (r % seq) * half, rot_heads, head_dim, width);
+      });
+}
+
+void cpu_backend::rope_backward_at(const tensor& dy, const tensor& positions, int heads_total,
+                                   int rot_heads, int head_dim, const rope_spec& rope, tensor& dx) {
+  op_check c("rope_backward_at", {{"dy", &dy}, {"positions", &positions}, {"dx", &dx}});
+  c.host(positions, "positions", core::dtype::i32);
+  const std::int64_t n = positions.numel();
+  check_rope(c, dy, "dy", dx, "dx", 1, heads_total, rot_heads, head_dim);
+  c.require(rows_of(dy) == n, "one position per row of dy");
+  const std::int32_t* pos = positions.data<std::int32_t>();
+  std::int32_t top = 0;
+  for (std::int64_t r = 0; r < n; ++r) {
+    c.require(pos[r] >= 0, "positions must not be negative, got " + std::to_string(pos[r]) +
+                               " at row " + std::to_string(r));
+    top = std::max(top, pos[r]);
+  }
+  const auto table = rope_angles(static_cast<int>(top) + 1, head_dim, rope);
+  const std::int64_t width = static_cast<std::int64_t>(heads_total) * head_dim;
+  const int half = head_dim / 2;
+  const float* dyp = dy.data<float>();
+  float* dxp = dx.data<float>();
+  parallel_for(
+      n, std::max<std::int64_t>(1, (1 << 14) / width), [&](std::int64_t r0, std::int64_t r1) {
         for (std::int64_t r = r0; r < r1; ++r) {
-          const float* cs = table->cos.data() + (r % seq) * half;
-          const float* sn = table->sin.data() + (r % seq) * half;
-          const float* gr = dyp + r * width;
-          float* dr = dxp + r * width;
-          for (int h = 0; h < rot_heads; ++h) {
-            const float* g = gr + h * head_dim;
-            float* d = dr + h * head_dim;
-            for (int i = 0; i < half; ++i) {
-              const float g1 = g[i], g2 = g[i + half];
-              d[i] += g1 * cs[i] + g2 * sn[i];
-              d[i + half] += g2 * cs[i] - g1 * sn[i];
-            }
-          }
-          for (std::int64_t j = static_cast<std::int64_t>(rot_heads) * head_dim; j < width; ++j)
-            dr[j] += gr[j];
+          const std::int64_t at = static_cast<std::int64_t>(pos[r]) * half;
+          unrotate_row(dyp + r * width, dxp + r * width, table->cos.data() + at,
+                       table->sin.data() + at, rot_heads, head_dim, width);
         }
       });
 }

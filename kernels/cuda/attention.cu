@@ -909,6 +909,10 @@ attn_shape check_attention(const tensor& qkv, const attention_dims& d, const cha
   require(!d.dropout.on(), op,
           "dropout of the attention probabilities is not implemented in the CUDA attention "
           "kernels (model.attention_dropout must be 0 on CUDA; model.hidden_dropout works)");
+  require(!d.doc_start.defined(), op,
+          "per-document attention (instruction shards of packed rows, data.packing = true) is "
+          "not implemented in the CUDA attention kernels (train on the cpu backend, or prepare "
+          "padded rows with data.packing = false)");
   require_float(qkv, op, "qkv");
   attn_shape s{d.seq, d.heads, d.kv_heads, d.head_dim, (d.heads + 2 * d.kv_heads) * d.head_dim,
                1.0f / std::sqrt(static_cast<float>(d.head_dim))};

@@ -101,11 +101,45 @@ inline void write_instruction_rows(const std::string& file, int rows, int T, int
   if (!st) throw std::runtime_error(st.err().to_string());
 }
 
+/// Instruction shards of packed rows (model/instruction_shards.hpp, version 2): each row of T+1
+/// tokens holds examples of 3 to 8 tokens back to back (a masked first token and prompt, a trained
+/// response following the 8-cycle), a new one starting wherever the last ended, and masked padding
+/// of token 0 when what is left of the row is shorter than 3 tokens.
+inline void write_packed_rows(const std::string& file, int rows, int T, int vocab,
+                              std::uint64_t key) {
+  core::rng_stream rng(core::stream_key(key, 0x9ac4));
+  const int L = T + 1;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows) * L, 0);
+  std::vector<std::uint8_t> mask(ids.size(), 0), starts(ids.size(), 0);
+  for (int r = 0; r < rows; ++r) {
+    const std::size_t row = static_cast<std::size_t>(r) * L;
+    int t = 0;
+    while (L - t >= 3) {
+      const int len = std::min(L - t, 3 + static_cast<int>(rng.below(6)));
+      const int prompt = 1 + static_cast<int>(rng.below(static_cast<std::uint64_t>(len - 1)));
+      starts[row + t] = 1;
+      for (int i = 0; i < len; ++i) {
+        const std::size_t at = row + static_cast<std::size_t>(t + i);
+        if (i < prompt) {
+          ids[at] = 1 + static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(vocab - 1)));
+        } else {
+          ids[at] = 1 + (i % 8) * 5 % (vocab - 1);
+          mask[at] = 1;
+        }
+      }
+      t += len;
+    }
+  }
+  auto st = write_instruction_shard(file, row_layout{L, true, 0, 0}, ids, mask, starts);
+  if (!st) throw std::runtime_error(st.err().to_string());
+}
+
 /// Points `c` (a tiny_run) at instruction shards written into `dir` (train_rows.bin,
 /// val_rows.bin) instead of its token shards.
-inline void use_instruction_data(core::config& c, const scratch_dir& dir) {
-  write_instruction_rows(dir / "train_rows.bin", 300, c.model.seq_length, c.model.vocab_size, 3);
-  write_instruction_rows(dir / "val_rows.bin", 60, c.model.seq_length, c.model.vocab_size, 4);
+inline void use_instruction_data(core::config& c, const scratch_dir& dir, bool packed = false) {
+  auto write = packed ? write_packed_rows : write_instruction_rows;
+  write(dir / "train_rows.bin", 300, c.model.seq_length, c.model.vocab_size, 3);
+  write(dir / "val_rows.bin", 60, c.model.seq_length, c.model.vocab_size, 4);
   c.data.train = dir / "train_rows.bin";
   c.data.val = dir / "val_rows.bin";
 }
