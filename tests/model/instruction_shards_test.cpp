@@ -77,8 +77,22 @@ TEST_CASE("an instruction shard round-trips its header, tokens and mask") {
   auto w = instruction_shard::open(tmp / "wide.bin");
   REQUIRE(w.ok());
   CHECK(w->token(1, 2) == 70102);
+  // Per token: the id, the mask byte and the example-start byte (version 2).
   CHECK(std::filesystem::file_size(tmp / "wide.bin") ==
-        std::filesystem::file_size(tmp / "a.bin") - 5 * 7 * 3 + 2 * 7 * 3 + 2 * 7 * 2);
+        std::filesystem::file_size(tmp / "a.bin") - 5 * 7 * (2 + 2) + 2 * 7 * (4 + 2));
+  // Written without starts: one example per row.
+  CHECK(s->version() == 2);
+  CHECK(s->starts_example(2, 0));
+  CHECK_FALSE(s->starts_example(2, 3));
+  // Written with starts: they come back.
+  std::vector<std::int32_t> ids(2 * 7, 5);
+  std::vector<std::uint8_t> mask(ids.size(), 1), starts(ids.size(), 0);
+  starts[0] = starts[4] = starts[7] = starts[9] = 1;
+  REQUIRE(write_instruction_shard(tmp / "starts.bin", row_layout{7, true, 0, 0}, ids, mask, starts).ok());
+  auto st = instruction_shard::open(tmp / "starts.bin");
+  REQUIRE(st.ok());
+  for (int r = 0; r < 2; ++r)
+    for (int t = 0; t < 7; ++t) CHECK(st->starts_example(r, t) == (starts[r * 7 + t] == 1));
 }
 
 TEST_CASE("the loader cuts whole rows with masked targets at -1 and counts the trained ones") {

@@ -10,6 +10,7 @@
 
 #include "model/checkpoint.hpp"
 #include "model/instruction_shards.hpp"
+#include "runtime/preflight.hpp"
 #include "tests/model/trainer_fixture.hpp"
 #include "tests/runtime/runtime_fixture.hpp"
 
@@ -190,6 +191,16 @@ TEST_CASE("packed instruction rows: document starts reach every stage; splits, v
     INFO("step ", i);
     CHECK(std::fabs(z0.losses[i] - oracle.losses[i]) <= 1e-5 * std::fabs(oracle.losses[i]));
   }
+  // Per-document attention exists on the cpu backend only: a CUDA run stops before it starts.
+  auto gpu = with_rows(pipeline_config(tmp, 2));
+  gpu.runtime.device = "cuda";
+  const core::status st = actors::preflight(gpu);
+  REQUIRE_FALSE(st.ok());
+  const std::string m = st.err().to_string();
+  CHECK(m.find("runtime.device") != std::string::npos);
+  CHECK(m.find("data.train holds packed instruction rows (prepared with data.packing = true)") !=
+        std::string::npos);
+  CHECK(m.find("prepare padded rows (data.packing = false)") != std::string::npos);
 }
 
 TEST_CASE("a failing stage stops the job naming the actor, rank, step and instruction") {
