@@ -15,8 +15,8 @@
 #   5. LoRA fine-tuning with `troupe train --init <export>` ([lora] rank 16 on c_attn, c_proj and
 #      c_fc, and the tied token embedding trained in full beside them): the other base weights
 #      stay frozen;
-#   6. `troupe export --merge-lora` folds the adapters into the weights (and writes them in PEFT's
-#      layout too), and the metric after is measured on the merged export.
+#   6. `troupe export --merge-lora` folds the adapters into the weights, and the metric after is
+#      measured on the merged export.
 # The script exits 1 unless every step works, the fine-tuning loss falls and (full form) the task
 # metric after fine-tuning is above the metric before; it reports both.
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
@@ -106,7 +106,7 @@ python3 -c "import sys; sys.exit(0 if float('$last') < float('$first') else 1)" 
 echo
 echo "== 6. merge, export, and the task metric after"
 run "$troupe" export "$work/lora" --out "$work/merged_hf" --merge-lora \
-  --peft "$work/peft_adapter" --tokenizer data/gpt2 > "$work/export_merged.out" 2>&1 ||
+  --tokenizer data/gpt2 > "$work/export_merged.out" 2>&1 ||
   { cat "$work/export_merged.out" >&2; die "troupe export --merge-lora failed"; }
 ls "$work/merged_hf" | sed 's/^/  /'
 score "$work/merged_hf" after
