@@ -202,7 +202,8 @@ core::result<step_result> trainer::device_step(int step) {
     for (int mb = 0; mb < micro_batches_; ++mb) {
       const std::int64_t rows =
           static_cast<std::int64_t>(cfg_.parallel.micro_batch_size) * cfg_.model.seq_length;
-      inputs_.push_back({be_.empty({rows}, core::dtype::i32), be_.empty({rows}, core::dtype::i32)});
+      inputs_.push_back(
+          {be_.empty({rows}, core::dtype::i32), be_.empty({rows}, core::dtype::i32), {}});
     }
   }
   for (int mb = 0; mb < micro_batches_; ++mb) {
