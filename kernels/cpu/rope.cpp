@@ -63,6 +63,17 @@ void rotate_row(const float* xr, float* yr, const float* cs, const float* sn, in
   if (yr != xr) std::copy(xr + rot_heads * head_dim, xr + width, yr + rot_heads * head_dim);
 }
 
+/// The largest of the n positions; every one must be non-negative.
+int max_position(const op_check& c, const std::int32_t* pos, std::int64_t n) {
+  std::int32_t top = 0;
+  for (std::int64_t r = 0; r < n; ++r) {
+    c.require(pos[r] >= 0, "positions must not be negative, got " + std::to_string(pos[r]) +
+                               " at row " + std::to_string(r));
+    top = std::max(top, pos[r]);
+  }
+  return static_cast<int>(top);
+}
+
 }  // namespace
 
 std::shared_ptr<const cpu_backend::rope_table> cpu_backend::rope_angles(int seq, int head_dim,
@@ -116,13 +127,7 @@ void cpu_backend::rope_forward_at(const tensor& x, const tensor& positions, int 
   check_rope(c, x, "x", y, "y", 1, heads_total, rot_heads, head_dim);
   c.require(rows_of(x) == n, "one position per row of x");
   const std::int32_t* pos = positions.data<std::int32_t>();
-  std::int32_t top = 0;
-  for (std::int64_t r = 0; r < n; ++r) {
-    c.require(pos[r] >= 0, "positions must not be negative, got " + std::to_string(pos[r]) +
-                               " at row " + std::to_string(r));
-    top = std::max(top, pos[r]);
-  }
-  const auto table = rope_angles(static_cast<int>(top) + 1, head_dim, rope);
+  const auto table = rope_angles(max_position(c, pos, n) + 1, head_dim, rope);
   const std::int64_t width = static_cast<std::int64_t>(heads_total) * head_dim;
   const int half = head_dim / 2;
   const float* xp = x.data<float>();
@@ -176,13 +181,7 @@ void cpu_backend::rope_backward_at(const tensor& dy, const tensor& positions, in
   check_rope(c, dy, "dy", dx, "dx", 1, heads_total, rot_heads, head_dim);
   c.require(rows_of(dy) == n, "one position per row of dy");
   const std::int32_t* pos = positions.data<std::int32_t>();
-  std::int32_t top = 0;
-  for (std::int64_t r = 0; r < n; ++r) {
-    c.require(pos[r] >= 0, "positions must not be negative, got " + std::to_string(pos[r]) +
-                               " at row " + std::to_string(r));
-    top = std::max(top, pos[r]);
-  }
-  const auto table = rope_angles(static_cast<int>(top) + 1, head_dim, rope);
+  const auto table = rope_angles(max_position(c, pos, n) + 1, head_dim, rope);
   const std::int64_t width = static_cast<std::int64_t>(heads_total) * head_dim;
   const int half = head_dim / 2;
   const float* dyp = dy.data<float>();
