@@ -26,6 +26,27 @@ void check_tokens(const char* op, const std::int32_t* tok, std::int64_t n, std::
                           "model.vocab_size)");
 }
 
+/// dwte[tok[r]] += dout[r] (when te) and dwpe[position(r)] += dout[r] (when pe) for every row r,
+/// split over columns so that rows sharing a token or position add in row order (same bits for
+/// any thread count).
+template <class Position>
+void add_rows(const float* d, const std::int32_t* tok, float* te, float* pe, std::int64_t n,
+              std::int64_t ch, Position position) {
+  parallel_for(ch, std::max<std::int64_t>(16, (1 << 15) / std::max<std::int64_t>(n, 1)),
+               [&](std::int64_t c0, std::int64_t c1) {
+                 for (std::int64_t r = 0; r < n; ++r) {
+                   const float* src = d + r * ch;
+                   if (te) {
+                     float* dst = te + tok[r] * ch;
+                     for (std::int64_t j = c0; j < c1; ++j) dst[j] += src[j];
+                   }
+                   if (pe) {
+                     float* dst = pe + position(r) * ch;
+                     for (std::int64_t j = c0; j < c1; ++j) dst[j] += src[j];
+                   }
+                 }
+               });
+}
 }  // namespace
 
 void cpu_backend::embedding_forward(const tensor& tokens, const tensor& wte, const tensor& wpe,
@@ -128,20 +149,7 @@ void cpu_backend::embedding_backward(const tensor& dout, const tensor& tokens, i
   const float* d = dout.data<float>();
   float* te = dwte.defined() ? dwte.data<float>() : nullptr;
   float* pe = dwpe.defined() ? dwpe.data<float>() : nullptr;
-  parallel_for(ch, std::max<std::int64_t>(16, (1 << 15) / std::max<std::int64_t>(n, 1)),
-               [&](std::int64_t c0, std::int64_t c1) {
-                 for (std::int64_t r = 0; r < n; ++r) {
-                   const float* src = d + r * ch;
-                   if (te) {
-                     float* dst = te + tok[r] * ch;
-                     for (std::int64_t j = c0; j < c1; ++j) dst[j] += src[j];
-                   }
-                   if (pe) {
-                     float* dst = pe + (r % seq) * ch;
-                     for (std::int64_t j = c0; j < c1; ++j) dst[j] += src[j];
-                   }
-                 }
-               });
+  add_rows(d, tok, te, pe, n, ch, [seq](std::int64_t r) { return r % seq; });
 }
 
 }  // namespace troupe::kernels::cpu
@@ -179,20 +187,8 @@ void cpu_backend::embedding_backward_at(const tensor& dout, const tensor& tokens
   const float* d = dout.data<float>();
   float* te = dwte.defined() ? dwte.data<float>() : nullptr;
   float* pe = dwpe.defined() ? dwpe.data<float>() : nullptr;
-  parallel_for(ch, std::max<std::int64_t>(16, (1 << 15) / std::max<std::int64_t>(n, 1)),
-               [&](std::int64_t c0, std::int64_t c1) {
-                 for (std::int64_t r = 0; r < n; ++r) {
-                   const float* src = d + r * ch;
-                   if (te) {
-                     float* dst = te + tok[r] * ch;
-                     for (std::int64_t j = c0; j < c1; ++j) dst[j] += src[j];
-                   }
-                   if (pe) {
-                     float* dst = pe + static_cast<std::int64_t>(pos[r]) * ch;
-                     for (std::int64_t j = c0; j < c1; ++j) dst[j] += src[j];
-                   }
-                 }
-               });
+  add_rows(d, tok, te, pe, n, ch,
+           [pos](std::int64_t r) { return static_cast<std::int64_t>(pos[r]); });
 }
 
 }  // namespace troupe::kernels::cpu
