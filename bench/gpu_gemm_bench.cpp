@@ -10,7 +10,10 @@
 // Timing: `reps` back-to-back calls between two events after warm-up calls, best of `rounds`.
 //
 // Usage: gpu_gemm_bench [--rows 16384] [--embd 768] [--vocab 50304] [--algos 16] [--reps 20]
-//                       [--rounds 3]
+//                       [--rounds 3] [--ld-align 1]
+// --ld-align A rounds every leading dimension up to a multiple of A elements (the matrices keep
+// their sizes): how a GEMM with an odd dimension (GPT-2's 50,257 vocabulary) runs when its buffer
+// rows are padded.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -41,6 +44,7 @@ void check_lt(cublasStatus_t s, const char* what, int line) {
 struct options {
   long rows = 16384, embd = 768, vocab = 50304;
   int algos = 16, reps = 20, rounds = 3;
+  long ld_align = 1;
 };
 
 /// One column-major GEMM D[m,n] = op(A)·op(B) (+ beta·C) with an optional epilogue.
@@ -72,8 +76,9 @@ int main(int argc, char** argv) {
     else if (a == "--algos") o.algos = std::atoi(v);
     else if (a == "--reps") o.reps = std::atoi(v);
     else if (a == "--rounds") o.rounds = std::atoi(v);
+    else if (a == "--ld-align") o.ld_align = std::max(1L, std::atol(v));
     else {
-      std::fprintf(stderr, "gpu_gemm_bench: unknown option %s (--rows --embd --vocab --algos --reps --rounds)\n", a.c_str());
+      std::fprintf(stderr, "gpu_gemm_bench: unknown option %s (--rows --embd --vocab --algos --reps --rounds --ld-align)\n", a.c_str());
       return 2;
     }
   }
@@ -146,8 +151,10 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&ws, ws_bytes));
   // One pool big enough for every operand: A, B (bf16) and C/D (fp32 at most), filled with small
   // values so nothing overflows.
+  const auto ld = [&](long x) { return (x + o.ld_align - 1) / o.ld_align * o.ld_align; };
   long max_elems = 0;
-  for (const auto& c : cases) max_elems = std::max({max_elems, c.m * c.k, c.k * c.n, c.m * c.n});
+  for (const auto& c : cases)
+    max_elems = std::max({max_elems, ld(c.m) * ld(c.k), ld(c.k) * ld(c.n), ld(c.m) * ld(c.n)});
   void *a_buf, *b_buf, *d_buf, *c_buf, *aux_buf, *bias_buf;
   CK(cudaMalloc(&c_buf, max_elems * 4));
   CK(cudaMalloc(&aux_buf, max_elems * 2));
@@ -192,7 +199,7 @@ int main(int argc, char** argv) {
     }
     if (c.epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || c.epi == CUBLASLT_EPILOGUE_DGELU ||
         c.epi == CUBLASLT_EPILOGUE_DGELU_BGRAD) {
-      const std::int64_t aux_ld = c.m;
+      const std::int64_t aux_ld = ld(c.m);
       LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_buf,
                                         sizeof(aux_buf)));
       LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
@@ -200,9 +207,9 @@ int main(int argc, char** argv) {
     }
     void* const c_ptr = c.separate_c ? c_buf : d_buf;
     cublasLtMatrixLayout_t la, lb, lc;
-    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.ta ? c.k : c.m, c.ta ? c.m : c.k, c.ta ? c.k : c.m));
-    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.tb ? c.n : c.k, c.tb ? c.k : c.n, c.tb ? c.n : c.k));
-    LT(cublasLtMatrixLayoutCreate(&lc, c.d_type, c.m, c.n, c.m));
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, c.ta ? c.k : c.m, c.ta ? c.m : c.k, ld(c.ta ? c.k : c.m)));
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, c.tb ? c.n : c.k, c.tb ? c.k : c.n, ld(c.tb ? c.n : c.k)));
+    LT(cublasLtMatrixLayoutCreate(&lc, c.d_type, c.m, c.n, ld(c.m)));
     cublasLtMatmulPreference_t pref;
     LT(cublasLtMatmulPreferenceCreate(&pref));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
