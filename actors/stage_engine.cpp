@@ -1,5 +1,8 @@
 #include "actors/stage_engine.hpp"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -163,12 +166,28 @@ void stage_engine::maybe_inject_fault(const schedules::instruction& op) const {
   if (spec == want) throw core::failure("injected fault (runtime.fault_inject = \"" + spec + "\")");
 }
 
+/// TROUPE_FAULT=kill (test only): this worker process dies by SIGKILL, as one killed from outside
+/// (the out-of-memory killer, an operator) does: no handler runs, nothing is flushed or closed.
+void stage_engine::kill_self(const schedules::instruction& op) const {
+  std::fprintf(stderr,
+               "troupe worker rank %d: %s: sending SIGKILL to this worker (pid %d) at step %lld, "
+               "before %s (attempt %d; test only)\n",
+               layout_.worker(dp_, pp_), fault_->label().c_str(), static_cast<int>(::getpid()),
+               static_cast<long long>(step_), schedules::to_string(op).c_str(), fault_->attempt);
+  std::fflush(stderr);
+  ::kill(::getpid(), SIGKILL);
+  for (;;) ::pause();  // SIGKILL is never blocked: this is not reached
+}
+
 bool stage_engine::run() {
   TROUPE_CHECK(step_ >= 0, "run() before begin_step()");
   while (pc_ < program_.size()) {
     const auto& op = program_[pc_];
     auto t0 = clock::now();
     maybe_inject_fault(op);
+    if (fault_ && fault_->kind == core::fault_kind::kill && step_ == fault_->step &&
+        schedules::is_compute(op.kind))
+      kill_self(op);
     if (!execute(op)) {
       if (!blocked_since_) blocked_since_ = t0;
       return false;

@@ -69,7 +69,7 @@ class stage_engine {
   /// Packed instruction rows: each forward waits for its micro-batch's document starts
   /// (tensor_kind::documents, from the loader).
   bool packed() const { return data_ && data_->masked() && data_->rows_layout().packing; }
-  /// Arms a test-only fault of this stage's worker (TROUPE_FAULT nan, slow or poison,
+  /// Arms a test-only fault of this stage's worker (TROUPE_FAULT nan, slow, kill or poison,
   /// core/fault.hpp).
   void inject(const core::fault_spec& f) { fault_ = f; }
   /// Starts step `step`: resets the program counter and timings. `loss_scale` multiplies the loss
@@ -121,6 +121,7 @@ class stage_engine {
   void emit(address to, transport::tag tg, core::tensor t);
   void record(const std::string& name, event_cat cat, clock::time_point start, clock::time_point end);
   void maybe_inject_fault(const schedules::instruction& op) const;
+  [[noreturn]] void kill_self(const schedules::instruction& op) const;
   void maybe_inject_nan(int chunk);
   void maybe_poison(int mb);
 

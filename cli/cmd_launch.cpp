@@ -453,29 +453,39 @@ int run_launch(launch_args& a) {
     return usage_error;
   }
   const launch_plan& p = planned.value();
-  if (fault.value() && fault.value()->rank >= p.worker_num) {
-    print_error(core::error::make(fault.value()->label() + " names rank " +
-                                      std::to_string(fault.value()->rank) + " in a job of " +
-                                      std::to_string(p.worker_num) + " workers",
-                                  "test only; ranks are 0 .. --worker_num - 1 (docs/faults.md)")
-                    .to_string());
-    return usage_error;
-  }
-  if (fault.value() && fault.value()->kind == core::fault_kind::poison) {
-    const auto& par = cfg.value().parallel;
-    const std::int64_t sequences = static_cast<std::int64_t>(par.data_parallel) *
-                                   par.micro_batch_num *
-                                   cfg.value().train.gradient_accumulation_steps *
-                                   par.micro_batch_size;
-    if (fault.value()->sequence >= sequences) {
-      print_error(core::error::make(fault.value()->label() + " names global sequence " +
-                                        std::to_string(fault.value()->sequence) +
-                                        " of a step of " + std::to_string(sequences) + " sequences",
-                                    "test only; sequences are 0 .. data_parallel x micro_batch_num "
-                                    "x gradient_accumulation_steps x micro_batch_size - 1 "
+  for (const auto& f : fault.value()) {
+    if (f.rank >= p.worker_num) {
+      print_error(core::error::make(f.label() + " names rank " + std::to_string(f.rank) +
+                                        " in a job of " + std::to_string(p.worker_num) + " workers",
+                                    "test only; ranks are 0 .. --worker_num - 1 (docs/faults.md)")
+                      .to_string());
+      return usage_error;
+    }
+    if (f.attempt > a.max_restarts) {
+      print_error(core::error::make(f.label() + " fires in attempt " + std::to_string(f.attempt) +
+                                        ", but --max-restarts " + std::to_string(a.max_restarts) +
+                                        " allows attempts 0 .. " + std::to_string(a.max_restarts),
+                                    "test only; raise --max-restarts or lower the fault's ATTEMPT "
                                     "(docs/faults.md)")
                       .to_string());
       return usage_error;
+    }
+    if (f.kind == core::fault_kind::poison) {
+      const auto& par = cfg.value().parallel;
+      const std::int64_t sequences = static_cast<std::int64_t>(par.data_parallel) *
+                                     par.micro_batch_num *
+                                     cfg.value().train.gradient_accumulation_steps *
+                                     par.micro_batch_size;
+      if (f.sequence >= sequences) {
+        print_error(core::error::make(f.label() + " names global sequence " +
+                                          std::to_string(f.sequence) + " of a step of " +
+                                          std::to_string(sequences) + " sequences",
+                                      "test only; sequences are 0 .. data_parallel x "
+                                      "micro_batch_num x gradient_accumulation_steps x "
+                                      "micro_batch_size - 1 (docs/faults.md)")
+                        .to_string());
+        return usage_error;
+      }
     }
   }
   if (auto st = core::check_local_workers(
@@ -564,7 +574,11 @@ int run_launch(launch_args& a) {
     const std::string events = (fs::path(p.log_dir) / "restarts.jsonl").string();
     if (!(std::ofstream(events, std::ios::app) << event.dump() << '\n'))
       std::fprintf(stderr, "troupe launch: warning: cannot write %s\n", events.c_str());
-    // Keep the failed attempt's logs beside the new ones.
+    // Keep the failed attempt's logs and its list of workers (their pids) beside the new ones.
+    const std::string listing = p.nodes == 1 ? std::string("workers")
+                                             : "workers_node" + std::to_string(p.node_rank);
+    fs::rename(fs::path(p.log_dir) / (listing + ".json"),
+               fs::path(p.log_dir) / (listing + ".attempt" + std::to_string(round) + ".json"), ec);
     for (int l = 0; l < p.local_worker_num; ++l) {
       const fs::path log = fs::path(p.log_dir) / ("worker_" + std::to_string(first_rank + l) + ".log");
       fs::rename(log,
@@ -648,9 +662,11 @@ const command_registrar reg{command{
 Environment:
   TROUPE_JOB_TOKEN  shared secret every worker presents at the rendezvous; a single-node launch
                     generates one, a multi-node job needs the same value exported on every node.
-  TROUPE_FAULT      test only: one injected fault (drop:RANK:STEP, enospc:STEP, nan:RANK:STEP,
-                    slow:RANK:FACTOR), checked here, acted on by the named worker in the first
-                    attempt (docs/faults.md).
+  TROUPE_FAULT      test only: an injected fault (drop:RANK:STEP, enospc:STEP, nan:RANK:STEP,
+                    slow:RANK:FACTOR, poison:STEP:SEQ[:LOSS]), checked here, acted on by the
+                    named worker in the first attempt; or kill:RANK:STEP[:ATTEMPT], acted on in
+                    attempt ATTEMPT (default 0); several separated by ',', one per attempt
+                    (docs/faults.md).
   Slurm: inside an srun step each task is one launcher: SLURM_PROCID (node_rank) and
   SLURM_STEP_NUM_TASKS (number of nodes); outside a step SLURM_NODEID and SLURM_JOB_NUM_NODES.
   MASTER_ADDR or SLURM_LAUNCH_NODE_IPADDR (master_addr) and MASTER_PORT (master_port) are used
@@ -667,11 +683,11 @@ Restarts: with --max-restarts N, after such a failure the launcher starts every 
   with --resume from the last complete checkpoint (or from the start when none was written),
   up to N times. Each restart is logged with its cause, appended to LOG_DIR/restarts.jsonl, and
   counted in every later metrics.jsonl line ("restarts"); the failed attempt's logs are kept as
-  worker_<RANK>.attempt<K>.log. No restart follows a signal to the launcher or a job that never
-  formed. Over several nodes, give every node's launcher the same --max-restarts: a failure
-  stops the whole job, each launcher restarts its own workers, and they form the job again;
-  the checkpoints must be on storage every node shares (workers that would start at different
-  steps stop at once, saying so).
+  worker_<RANK>.attempt<K>.log, its workers.json as workers.attempt<K>.json. No restart
+  follows a signal to the launcher or a job that never formed. Over several nodes, give every
+  node's launcher the same --max-restarts: a failure stops the whole job, each launcher
+  restarts its own workers, and they form the job again; the checkpoints must be on storage
+  every node shares (workers that would start at different steps stop at once, saying so).
 
 Exit status: 0 when every worker exited 0 (in the last attempt); 2 for a usage or config error (nothing started);
   1 when the rendezvous port is in use, the job could not form, or a worker could not start;

@@ -5,7 +5,8 @@
 // TROUPE_RDZV_TIMEOUT_MS and TROUPE_RESTARTS. Started by hand (with those variables set) it
 // behaves the same.
 // TROUPE_PERTURB_SEND (test only, actors/perturb.hpp) flips one bit of one tensor it sends;
-// TROUPE_FAULT (test only, core/fault.hpp) injects one fault, in the first attempt only.
+// TROUPE_FAULT (test only, core/fault.hpp) injects a fault: kill in the attempt it names, every
+// other fault in the first attempt only.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -122,20 +123,21 @@ int run_worker_command(const worker_args& a) {
     print_error(fault.err().to_string());
     return 2;
   }
-  if (fault.value()) {
-    if (fault.value()->rank >= opt->world_size) {
-      print_error(core::error::make(fault.value()->label() + " names rank " +
-                                        std::to_string(fault.value()->rank) + " in a job of " +
-                                        std::to_string(opt->world_size) + " workers")
+  for (const auto& f : fault.value())
+    if (f.rank >= opt->world_size) {
+      print_error(core::error::make(f.label() + " names rank " + std::to_string(f.rank) +
+                                        " in a job of " + std::to_string(opt->world_size) + " workers")
                       .to_string());
       return 2;
     }
-    // A fault stands for a one-off failure: the attempts after a restart run without it.
-    if (opt->run.restarts == 0) opt->run.fault = fault.value();
-    else if (fault.value()->rank == rank || (fault.value()->rank < 0 && rank == 0))
+  // A fault stands for a one-off failure: each fires in one attempt only (kill in its ATTEMPT,
+  // every other in the first), and the attempts after it run without it.
+  opt->run.fault = core::fault_for_attempt(fault.value(), opt->run.restarts);
+  if (opt->run.restarts > 0)
+    if (auto first = core::fault_for_attempt(fault.value(), 0);
+        first && (first->rank == rank || (first->rank < 0 && rank == 0)))
       std::fprintf(stderr, "troupe worker rank %d: %s is not injected again after a restart\n", rank,
-                   fault.value()->label().c_str());
-  }
+                   first->label().c_str());
   bool reported = false;
   opt->report = [&reported](const core::error& e) {
     print_error(e.to_string());
@@ -175,7 +177,9 @@ const command_registrar reg{command{
           "Test only: TROUPE_PERTURB_SEND=rank:step:instruction flips the lowest bit of the\n"
           "first tensor that instruction sends, to show what troupe replay finds (docs/replay.md).\n"
           "Test only: TROUPE_FAULT=drop:RANK:STEP | enospc:STEP | nan:RANK:STEP | slow:RANK:FACTOR\n"
-          "injects one fault in the first attempt of the job (docs/faults.md).\n"
+          "| poison:STEP:SEQ[:LOSS] injects one fault in the first attempt of the job;\n"
+          "kill:RANK:STEP[:ATTEMPT] kills worker RANK at step STEP of attempt ATTEMPT (default 0);\n"
+          "several separated by ',', one per attempt (docs/faults.md).\n"
           "Exit status: 0 the job finished; 1 the job failed (the message names the rank);\n"
           "2 the environment is incomplete.");
       return [a] { return run_worker_command(*a); };

@@ -8,10 +8,10 @@
 namespace troupe::core {
 namespace {
 
-std::vector<std::string> split(const std::string& s) {
+std::vector<std::string> split(const std::string& s, char sep = ':') {
   std::vector<std::string> out(1);
   for (char c : s) {
-    if (c == ':') out.emplace_back();
+    if (c == sep) out.emplace_back();
     else out.back() += c;
   }
   return out;
@@ -32,7 +32,8 @@ result<fault_spec> parse_fault(const std::string& text, const std::string& sourc
   auto bad = [&](const std::string& why) {
     return error::make(source + "='" + text + "' " + why,
                        "test only; one of drop:RANK:STEP, enospc:STEP, nan:RANK:STEP, "
-                       "slow:RANK:FACTOR, poison:STEP:SEQ[:LOSS] (docs/faults.md)");
+                       "slow:RANK:FACTOR, poison:STEP:SEQ[:LOSS], kill:RANK:STEP[:ATTEMPT], or several "
+                       "separated by ',' (one per attempt) (docs/faults.md)");
   };
   const auto f = split(text);
   fault_spec s;
@@ -44,6 +45,18 @@ result<fault_spec> parse_fault(const std::string& text, const std::string& sourc
     s.kind = f[0] == "drop" ? fault_kind::drop : fault_kind::nan;
     s.rank = static_cast<int>(rank);
     s.step = step;
+    return s;
+  }
+  if (f[0] == "kill") {
+    std::int64_t attempt = 0;
+    if ((f.size() != 3 && f.size() != 4) || !whole(f[1], rank) || !whole(f[2], step) ||
+        (f.size() == 4 && !whole(f[3], attempt)))
+      return bad("is not kill:RANK:STEP[:ATTEMPT] (ATTEMPT 0 for the first attempt, N for the one "
+                 "after the N-th restart)");
+    s.kind = fault_kind::kill;
+    s.rank = static_cast<int>(rank);
+    s.step = step;
+    s.attempt = static_cast<int>(attempt);
     return s;
   }
   if (f[0] == "enospc") {
@@ -80,12 +93,33 @@ result<fault_spec> parse_fault(const std::string& text, const std::string& sourc
   return bad("names no known fault '" + f[0] + "'");
 }
 
-result<std::optional<fault_spec>> fault_from_env() {
+result<std::vector<fault_spec>> parse_faults(const std::string& text, const std::string& source) {
+  std::vector<fault_spec> out;
+  if (text.empty()) return out;
+  for (const auto& item : split(text, ',')) {
+    auto f = parse_fault(item, source);
+    if (!f) return f.err();
+    for (const auto& earlier : out)
+      if (earlier.attempt == f.value().attempt)
+        return error::make(source + "='" + text + "' names two faults for attempt " +
+                               std::to_string(f.value().attempt) + " (" + earlier.text + " and " +
+                               item + ")",
+                           "test only; at most one fault per attempt: kill:RANK:STEP:ATTEMPT fires "
+                           "in attempt ATTEMPT, every other fault in attempt 0 (docs/faults.md)");
+    out.push_back(f.value());
+  }
+  return out;
+}
+
+std::optional<fault_spec> fault_for_attempt(const std::vector<fault_spec>& faults, int attempt) {
+  for (const auto& f : faults)
+    if (f.attempt == attempt) return f;
+  return std::nullopt;
+}
+
+result<std::vector<fault_spec>> fault_from_env() {
   const char* v = std::getenv("TROUPE_FAULT");
-  if (!v || !*v) return std::optional<fault_spec>{};
-  auto f = parse_fault(v, "TROUPE_FAULT");
-  if (!f) return f.err();
-  return std::optional<fault_spec>{f.value()};
+  return parse_faults(v ? v : "", "TROUPE_FAULT");
 }
 
 }  // namespace troupe::core

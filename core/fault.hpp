@@ -1,8 +1,8 @@
-// Test-only fault injection for a launched job (docs/faults.md): TROUPE_FAULT names one fault that
+// Test-only fault injection for a launched job (docs/faults.md): TROUPE_FAULT names a fault that
 // one worker of the job causes on purpose, so that the tests of the fault matrix can show how the
 // job detects it, what it says and how it recovers. Nothing here is active unless that variable is
-// set; fault_from_env is the only place it is read (`troupe worker` arms the fault, `troupe
-// launch` checks the text before starting anything).
+// set; fault_from_env is the only place it is read (`troupe worker` arms the fault of its attempt,
+// `troupe launch` checks the text before starting anything).
 //
 //   drop:RANK:STEP     worker RANK's tcp transport closes its connection to the peer of the first
 //                      tensor it sends in step STEP, halfway through that tensor's bytes
@@ -18,9 +18,14 @@
 //                      that computes that sequence's loss writes LOSS (default NaN; a large
 //                      finite value makes a loss jump) as the loss of its first target — a bad
 //                      sequence that step forensics (runtime.forensics) finds deterministic
+//   kill:RANK:STEP[:ATTEMPT]  worker RANK sends itself SIGKILL just before its stage's first compute
+//                      instruction of step STEP, in attempt ATTEMPT of the job (default 0: the
+//                      first; attempt N is the one after the N-th restart, TROUPE_RESTARTS = N)
 //
-// A fault stands for a one-off failure: a restarted attempt (`--max-restarts`, TROUPE_RESTARTS > 0)
-// runs without it. nan fires once per process, so a step re-executed by step forensics runs clean
+// TROUPE_FAULT may name several faults separated by ',', at most one per attempt (e.g.
+// "kill:2:3,kill:1:7:1": two kills, the second after the first restart). A fault stands for a
+// one-off failure: every fault but kill fires in attempt 0 only, and a restarted attempt
+// (`--max-restarts`, TROUPE_RESTARTS > 0) runs without it; a kill fires in its ATTEMPT only. nan fires once per process, so a step re-executed by step forensics runs clean
 // (a transient fault); poison fires on every execution of its step. No CAF here.
 #pragma once
 
@@ -28,19 +33,22 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 
 namespace troupe::core {
 
-enum class fault_kind { drop, enospc, nan, slow, poison };
+enum class fault_kind { drop, enospc, nan, slow, poison, kill };
 
 /// One injected fault (see the top of this file).
 struct fault_spec {
   std::string text;        // as given, for messages
   fault_kind kind = fault_kind::drop;
-  int rank = -1;           // the worker that acts (drop, nan, slow); -1 for enospc, poison
-  std::int64_t step = -1;  // drop, nan, poison: the step (0-based); enospc: the checkpoint's step
+  int rank = -1;           // the worker that acts (drop, nan, slow, kill); -1 for enospc, poison
+  std::int64_t step = -1;  // drop, nan, poison, kill: the step (0-based); enospc: the
+                           // checkpoint's step
+  int attempt = 0;         // the attempt it fires in (TROUPE_RESTARTS); only kill's can be > 0
   std::int64_t sequence = -1;  // poison: the global sequence index within the step
   double loss = std::numeric_limits<double>::quiet_NaN();  // poison: the loss written
   double factor = 1;       // slow
@@ -52,7 +60,13 @@ struct fault_spec {
 /// Parses one fault; errors name `source` (e.g. "TROUPE_FAULT") and give the forms.
 result<fault_spec> parse_fault(const std::string& text, const std::string& source);
 
-/// TROUPE_FAULT parsed, or nothing when it is unset or empty.
-result<std::optional<fault_spec>> fault_from_env();
+/// Parses a ','-separated list of faults, at most one per attempt; "" gives none.
+result<std::vector<fault_spec>> parse_faults(const std::string& text, const std::string& source);
+
+/// The fault of `faults` that fires in attempt `attempt` (TROUPE_RESTARTS), if any.
+std::optional<fault_spec> fault_for_attempt(const std::vector<fault_spec>& faults, int attempt);
+
+/// TROUPE_FAULT parsed (parse_faults), or none when it is unset or empty.
+result<std::vector<fault_spec>> fault_from_env();
 
 }  // namespace troupe::core

@@ -143,7 +143,8 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
                                                std::move(chunks.value()), j.epoch);
     b->engine->set_data(h.train);
     if (opt.fault && ((opt.fault->rank == w && (opt.fault->kind == core::fault_kind::nan ||
-                                                opt.fault->kind == core::fault_kind::slow)) ||
+                                                opt.fault->kind == core::fault_kind::slow ||
+                                                opt.fault->kind == core::fault_kind::kill)) ||
                       opt.fault->kind == core::fault_kind::poison))
       b->engine->inject(*opt.fault);  // poison: every stage; the one computing the loss acts
     h.stages[{d, p}] = b;

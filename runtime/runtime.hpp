@@ -36,7 +36,7 @@ struct run_options {
   std::vector<model::run_log::step_hook> step_hooks;
   /// Flips one bit of one tensor sent (actors/perturb.hpp, test only); null = none.
   std::shared_ptr<send_perturbation> perturb;
-  /// One injected fault (TROUPE_FAULT, core/fault.hpp; test only); none = none.
+  /// The injected fault of this attempt (TROUPE_FAULT, core/fault.hpp; test only); none = none.
   std::optional<core::fault_spec> fault;
   /// Automatic restarts of the job so far (`troupe launch --max-restarts`, TROUPE_RESTARTS):
   /// written into every metrics line when > 0.

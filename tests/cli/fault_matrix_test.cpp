@@ -2,7 +2,8 @@
 // worker processes (pipeline_stage 2 × data_parallel 2, a small GPT-2 so that each test takes
 // seconds), through the test-only TROUPE_FAULT (core/fault.hpp) or a signal: a connection cut
 // mid-transfer, the disk filling during a checkpoint write, worker 0 (the coordinator's host)
-// killed, a NaN in one rank's gradient under both non-finite policies, and a 5× straggler. Each
+// killed, a NaN in one rank's gradient under both non-finite policies, a 5× straggler, and two
+// workers killed (TROUPE_FAULT=kill) in two attempts of one `--max-restarts 2` job. Each
 // test checks what is said, that every worker process is gone, and — where the job recovers —
 // that its final weights and losses equal an uninterrupted `troupe train` of the same config bit
 // for bit. The time from the fault to the job's reaction is printed (MESSAGE), never asserted:
@@ -513,4 +514,142 @@ TEST_CASE("fault matrix: step forensics: a poisoned sequence is classified deter
   CHECK(f["action"] == "stop");
   CHECK(f["sequences"][0]["sequence"] == 5);
   CHECK(contains(log0, "token offset " + f["sequences"][0]["offset"].dump()));
+}
+
+namespace {
+
+/// Waits until one of `files` contains `text` (a worker's log may be renamed to its attempt's name
+/// by the time it is read); the moment it was seen. Fails after `limit`.
+clock_type::time_point wait_for_any(const std::vector<fs::path>& files, const std::string& text,
+                                    child& job, std::chrono::seconds limit = std::chrono::seconds(120)) {
+  const auto until = clock_type::now() + limit;
+  auto seen = [&] {
+    return std::any_of(files.begin(), files.end(), [&](const fs::path& f) { return contains(slurp(f), text); });
+  };
+  while (!seen()) {
+    REQUIRE_MESSAGE(clock_type::now() < until, "no '" << text << "' in " << files[0] << "\n" << job.stderr_text());
+    const bool alive = job.running() || seen();
+    REQUIRE_MESSAGE(alive, "the job ended without '" << text << "' in " << files[0] << "\n" << job.stderr_text());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return clock_type::now();
+}
+
+/// The step an attempt started at, from its worker 0 log ("resumed from … at step N"; 0 without).
+int resumed_at(const std::string& log) {
+  const std::string key = " at step ";
+  const auto at = log.find("resumed from ");
+  if (at == std::string::npos) return 0;
+  return std::stoi(log.substr(log.find(key, at) + key.size()));
+}
+
+/// The step of the last checkpoint a worker 0 log says was written ("checkpoint: …/step_N"), or 0.
+int last_checkpoint_noted(const std::string& log) {
+  const std::string key = "checkpoint: ";
+  int last = 0;
+  for (auto at = log.find(key); at != std::string::npos; at = log.find(key, at + 1)) {
+    const auto end = log.find('\n', at);
+    const std::string path = log.substr(at + key.size(), end - at - key.size());
+    const auto s = path.rfind("step_");
+    if (s != std::string::npos) last = std::stoi(path.substr(s + 5));
+  }
+  return last;
+}
+
+std::vector<pid_t> pids_in(const fs::path& listing) {
+  std::vector<pid_t> out;
+  for (auto& w : nlohmann::json::parse(slurp(listing))) out.push_back(w.at("pid").get<pid_t>());
+  REQUIRE(out.size() == 4);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fault matrix: two workers killed in two attempts (TROUPE_FAULT=kill:2:3,kill:1:8:1): --max-restarts 2 restarts twice, each from the newest checkpoint, and ends bit-identical") {
+  scratch_dir tmp("fault_two_kills");
+  const int steps = 10;
+  train_whole(tmp, "whole", steps);
+  const fs::path run = tmp.path / "twice";
+  const fs::path logs = run / "logs";
+  // Attempt 0: worker 2 dies by SIGKILL at step 3. Attempt 1 (after restart 1, resumed from the
+  // checkpoint of step 2 or from step 0): worker 1 dies at step 8. Attempt 2 finishes.
+  child l(tmp.path, "launch", launch_args(free_port(), "--max-restarts 2") + sets(tmp, "twice", steps),
+          "TROUPE_FAULT=kill:2:3,kill:1:8:1");
+  const auto kill1 = wait_for_any({logs / "worker_2.log", logs / "worker_2.attempt0.log"},
+                                  "TROUPE_FAULT=kill:2:3: sending SIGKILL", l);
+  const auto restart1 = wait_for_text(l.err, "restart 1 of 2", l);
+  const auto kill2 = wait_for_any({logs / "worker_1.log", logs / "worker_1.attempt1.log"},
+                                  "TROUPE_FAULT=kill:1:8:1: sending SIGKILL", l);
+  const auto restart2 = wait_for_text(l.err, "restart 2 of 2", l);
+  MESSAGE("two kills: every worker of attempt 0 stopped " << seconds_between(kill1, restart1)
+          << " s after the first kill, of attempt 1 " << seconds_between(kill2, restart2)
+          << " s after the second");
+  REQUIRE_MESSAGE(l.wait() == 0, l.stderr_text());
+  const std::string err = l.stderr_text();
+  CHECK_MESSAGE(contains(l.stdout_text(), "2 restarts)"), l.stdout_text());
+  CHECK_MESSAGE(!contains(err, "sending SIGTERM"), err);  // every worker stopped by itself
+
+  // Each attempt's workers are listed; every one of them is gone, and the one killed is named.
+  const std::vector<std::vector<pid_t>> attempts = {
+      pids_in(logs / "workers.attempt0.json"), pids_in(logs / "workers.attempt1.json"),
+      pids_in(logs / "workers.json")};
+  for (const auto& pids : attempts) require_gone(pids);
+  const std::string victim1 = "worker rank 2 (pid " + std::to_string(attempts[0][2]) + ",";
+  const std::string victim2 = "worker rank 1 (pid " + std::to_string(attempts[1][1]) + ",";
+  CHECK_MESSAGE(contains(slurp(logs / "worker_2.attempt0.log"),
+                         "sending SIGKILL to this worker (pid " + std::to_string(attempts[0][2]) + ") at step 3"),
+                slurp(logs / "worker_2.attempt0.log"));
+  CHECK_MESSAGE(contains(slurp(logs / "worker_1.attempt1.log"),
+                         "sending SIGKILL to this worker (pid " + std::to_string(attempts[1][1]) + ") at step 8"),
+                slurp(logs / "worker_1.attempt1.log"));
+  CHECK_MESSAGE(contains(err, "restart 1 of 2 after"), err);
+  CHECK_MESSAGE(contains(err, "restart 2 of 2 after"), err);
+  for (const auto& line : {"restart 1 of 2", "restart 2 of 2"}) {
+    const auto at = err.find(line);
+    if (at != std::string::npos) MESSAGE("two kills: the launcher said: " << err.substr(at, err.find('\n', at) - at));
+  }
+
+  // Two restart events, each with its cause (the killed worker, by rank, pid and signal).
+  std::vector<nlohmann::json> events;
+  {
+    std::istringstream in(slurp(logs / "restarts.jsonl"));
+    for (std::string line; std::getline(in, line);) events.push_back(nlohmann::json::parse(line));
+  }
+  REQUIRE(events.size() == 2);
+  for (int k = 0; k < 2; ++k) {
+    CHECK(events[k].at("restart").get<int>() == k + 1);
+    CHECK(events[k].at("max_restarts").get<int>() == 2);
+    const std::string cause = events[k].at("cause").get<std::string>();
+    CHECK_MESSAGE(contains(cause, k == 0 ? victim1 : victim2), cause);
+    CHECK_MESSAGE(contains(cause, "SIGKILL"), cause);
+  }
+
+  // Each restart resumed from the newest checkpoint: at least the last one its failed attempt
+  // said was written, no later than the step it died at; the second from a newer one than the
+  // first (attempt 1 wrote checkpoints of its own before it died).
+  const std::string log0[3] = {slurp(logs / "worker_0.attempt0.log"), slurp(logs / "worker_0.attempt1.log"),
+                               slurp(logs / "worker_0.log")};
+  const int from1 = resumed_at(log0[1]), from2 = resumed_at(log0[2]);
+  MESSAGE("two kills: attempt 1 resumed at step " << from1 << ", attempt 2 at step " << from2);
+  CHECK(resumed_at(log0[0]) == 0);
+  CHECK(from1 >= last_checkpoint_noted(log0[0]));
+  CHECK(from1 <= 3);
+  CHECK(last_checkpoint_noted(log0[1]) > from1);
+  CHECK(from2 >= last_checkpoint_noted(log0[1]));
+  CHECK(from2 <= 8);
+  CHECK(from2 > from1);
+
+  // Every step is in metrics.jsonl once, in order, written by the attempt that ran it last: the
+  // steps before attempt 1's start without "restarts", then "restarts":1 up to attempt 2's start,
+  // then "restarts":2.
+  const auto m = metrics(run);
+  REQUIRE(m.size() == static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
+    CHECK(m[s].at("step").get<int>() == s);
+    const int expected = s < from1 ? 0 : s < from2 ? 1 : 2;
+    CHECK(m[s].value("restarts", 0) == expected);
+    CHECK(m[s].contains("restarts") == (expected > 0));
+  }
+  require_same_result(tmp.path / "whole", run);
 }

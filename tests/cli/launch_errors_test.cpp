@@ -257,6 +257,11 @@ TEST_CASE(
       {{}, {"TROUPE_FAULT=slow:1:0.5"}, "TROUPE_FAULT='slow:1:0.5' is not slow:RANK:FACTOR"},
       {{}, {"TROUPE_FAULT=drop:4:1"}, "TROUPE_FAULT=drop:4:1 names rank 4 in a job of 4 workers"},
       {{}, {"TROUPE_FAULT=poison:1:100000"}, "TROUPE_FAULT=poison:1:100000 names global sequence 100000 of a step of "},
+      {{}, {"TROUPE_FAULT=kill:1:x"}, "TROUPE_FAULT='kill:1:x' is not kill:RANK:STEP[:ATTEMPT]"},
+      {{}, {"TROUPE_FAULT=kill:1:2,drop:0:3"}, "names two faults for attempt 0 (kill:1:2 and drop:0:3)"},
+      {{}, {"TROUPE_FAULT=kill:1:2,kill:5:3:1"}, "TROUPE_FAULT=kill:5:3:1 names rank 5 in a job of 4 workers"},
+      {{"--max-restarts", "1"}, {"TROUPE_FAULT=kill:1:2:2"},
+       "TROUPE_FAULT=kill:1:2:2 fires in attempt 2, but --max-restarts 1 allows attempts 0 .. 1"},
   };
   int i = 0;
   for (const auto& c : cases) {

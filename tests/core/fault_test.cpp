@@ -40,6 +40,67 @@ TEST_CASE("TROUPE_FAULT forms parse into kind, rank, step and factor") {
   CHECK(poison->sequence == 5);
   CHECK(std::isnan(poison->loss));
   CHECK(parse_fault("poison:2:5:1e4", "X")->loss == 1e4);
+  CHECK(poison->attempt == 0);
+}
+
+TEST_CASE("TROUPE_FAULT=kill:RANK:STEP[:ATTEMPT] parses, in attempt 0 unless it names another") {
+  auto first = parse_fault("kill:2:3", "TROUPE_FAULT");
+  REQUIRE(first.ok());
+  CHECK(first->kind == fault_kind::kill);
+  CHECK(first->rank == 2);
+  CHECK(first->step == 3);
+  CHECK(first->attempt == 0);
+  CHECK(first->label() == "TROUPE_FAULT=kill:2:3");
+  auto later = parse_fault("kill:1:7:2", "TROUPE_FAULT");
+  REQUIRE(later.ok());
+  CHECK(later->rank == 1);
+  CHECK(later->step == 7);
+  CHECK(later->attempt == 2);
+  for (const char* bad : {"kill", "kill:1", "kill:1:", "kill::3", "kill:a:3", "kill:1:-3",
+                          "kill:1:3:", "kill:1:3:x", "kill:1:3:-1", "kill:1:3:1:1", "kill:-1:3"}) {
+    CAPTURE(bad);
+    auto r = parse_fault(bad, "TROUPE_FAULT");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().message == "TROUPE_FAULT='" + std::string(bad) +
+                                 "' is not kill:RANK:STEP[:ATTEMPT] (ATTEMPT 0 for the first "
+                                 "attempt, N for the one after the N-th restart)");
+    CHECK(r.err().hint.find("kill:RANK:STEP[:ATTEMPT]") != std::string::npos);
+  }
+}
+
+TEST_CASE("TROUPE_FAULT lists faults separated by ',', at most one per attempt") {
+  auto two = parse_faults("kill:2:3,kill:1:7:1", "TROUPE_FAULT");
+  REQUIRE(two.ok());
+  REQUIRE(two->size() == 2);
+  CHECK((*two)[0].text == "kill:2:3");
+  CHECK((*two)[1].text == "kill:1:7:1");
+  CHECK(fault_for_attempt(*two, 0)->rank == 2);
+  CHECK(fault_for_attempt(*two, 1)->rank == 1);
+  CHECK_FALSE(fault_for_attempt(*two, 2).has_value());
+  auto mixed = parse_faults("nan:3:3,kill:0:5:2", "TROUPE_FAULT");
+  REQUIRE(mixed.ok());
+  CHECK(fault_for_attempt(*mixed, 0)->kind == fault_kind::nan);
+  CHECK_FALSE(fault_for_attempt(*mixed, 1).has_value());
+  CHECK(fault_for_attempt(*mixed, 2)->kind == fault_kind::kill);
+  CHECK(parse_faults("", "TROUPE_FAULT")->empty());
+
+  // Two faults for one attempt: refused naming both.
+  auto same = parse_faults("kill:2:3,drop:1:4", "TROUPE_FAULT");
+  REQUIRE_FALSE(same.ok());
+  CHECK(same.err().message ==
+        "TROUPE_FAULT='kill:2:3,drop:1:4' names two faults for attempt 0 (kill:2:3 and drop:1:4)");
+  CHECK(same.err().hint.find("at most one fault per attempt") != std::string::npos);
+  CHECK_FALSE(parse_faults("kill:2:3:1,kill:0:4:1", "TROUPE_FAULT").ok());
+  // A bad item is refused naming that item; an empty one too.
+  auto item = parse_faults("kill:2:3,kill:1:x:1", "TROUPE_FAULT");
+  REQUIRE_FALSE(item.ok());
+  CHECK(item.err().message.find("TROUPE_FAULT='kill:1:x:1' is not kill:RANK:STEP[:ATTEMPT]") == 0);
+  for (const char* bad : {"kill:2:3,", ",kill:2:3", "kill:2:3,,kill:1:4:1"}) {
+    CAPTURE(bad);
+    auto r = parse_faults(bad, "TROUPE_FAULT");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().message == "TROUPE_FAULT='' names no known fault ''");
+  }
 }
 
 TEST_CASE("a malformed TROUPE_FAULT is refused naming the text and the forms") {
@@ -60,14 +121,18 @@ TEST_CASE("fault_from_env reads TROUPE_FAULT, and nothing when it is unset or em
   ::unsetenv("TROUPE_FAULT");
   auto none = fault_from_env();
   REQUIRE(none.ok());
-  CHECK_FALSE(none.value().has_value());
+  CHECK(none.value().empty());
   ::setenv("TROUPE_FAULT", "", 1);
-  CHECK_FALSE(fault_from_env().value().has_value());
+  CHECK(fault_from_env().value().empty());
   ::setenv("TROUPE_FAULT", "nan:1:2", 1);
   auto one = fault_from_env();
   REQUIRE(one.ok());
-  REQUIRE(one.value().has_value());
-  CHECK(one.value()->kind == fault_kind::nan);
+  REQUIRE(one.value().size() == 1);
+  CHECK(one.value()[0].kind == fault_kind::nan);
+  ::setenv("TROUPE_FAULT", "kill:1:2,kill:0:5:1", 1);
+  auto two = fault_from_env();
+  REQUIRE(two.ok());
+  CHECK(two.value().size() == 2);
   ::setenv("TROUPE_FAULT", "nan:1", 1);
   CHECK_FALSE(fault_from_env().ok());
   ::unsetenv("TROUPE_FAULT");
