@@ -652,4 +652,8 @@ TEST_CASE("fault matrix: two workers killed in two attempts (TROUPE_FAULT=kill:2
     CHECK(m[s].contains("restarts") == (expected > 0));
   }
   require_same_result(tmp.path / "whole", run);
+  // The message recording, cut back at each resume, replays as one run.
+  child rep(tmp.path, "replay", "replay '" + run.string() + "' --quiet");
+  CHECK_MESSAGE(rep.wait() == 0, rep.stderr_text());
+  CHECK_MESSAGE(contains(rep.stdout_text(), "replay matched the recorded run bit for bit"), rep.stdout_text());
 }
