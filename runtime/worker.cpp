@@ -222,15 +222,29 @@ core::result<local_actors> meet(caf::scoped_actor& self, const job& j, int r, co
   return out;
 }
 
+/// Whether the process of `node` is known to be gone: its connection was lost, so the proxy is
+/// down and monitoring it answers at once. A message to it would be dropped unanswered.
+bool known_gone(caf::scoped_actor& self, const caf::actor& node) {
+  self->monitor(node);
+  bool down = false, more = true;
+  while (more && !down)
+    self->receive([&](caf::down_msg& d) { down = d.source == node.address(); },
+                  caf::after(std::chrono::milliseconds(1)) >> [&] { more = false; });
+  return down;
+}
+
 /// Worker 0, once the job is over: tells every other worker's node how it ended, and waits (a
-/// bounded time) until each has heard it, so its process stays reachable until then.
+/// bounded time) until each has heard it, so its process stays reachable until then. A node whose
+/// process is known to be gone (a killed worker) is not waited for.
 void tell_nodes(caf::scoped_actor& self, const job& j, const core::result<model::train_summary>& r) {
   const bool ok = r.ok();
   const std::string message = ok ? std::string() : r.err().message;
   const std::string hint = ok ? std::string() : r.err().hint;
-  for (auto& [rank, node] : j.nodes)
+  for (auto& [rank, node] : j.nodes) {
+    if (!ok && known_gone(self, node)) continue;
     self->request(node, std::chrono::seconds(5), stop_atom::value, ok, message, hint)
         .receive([](bool) {}, [](caf::error&) {});
+  }
 }
 
 }  // namespace

@@ -190,6 +190,7 @@ TEST_CASE("a worker killed with SIGKILL stops the whole job within 30 s naming i
   const auto killed_at = std::chrono::steady_clock::now();
   const int code = l.wait(std::chrono::seconds(120));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  MESSAGE("SIGKILL: the launcher ended " << took << " s after the kill");
   CHECK(code != 0);
   CHECK(took < 30.0);
   const std::string err = l.stderr_text() + slurp(tmp.path / "killed" / "logs" / "worker_0.log");
