@@ -25,8 +25,9 @@
 // TROUPE_FAULT may name several faults separated by ',', at most one per attempt (e.g.
 // "kill:2:3,kill:1:7:1": two kills, the second after the first restart). A fault stands for a
 // one-off failure: every fault but kill fires in attempt 0 only, and a restarted attempt
-// (`--max-restarts`, TROUPE_RESTARTS > 0) runs without it; a kill fires in its ATTEMPT only. nan fires once per process, so a step re-executed by step forensics runs clean
-// (a transient fault); poison fires on every execution of its step. No CAF here.
+// (`--max-restarts`, TROUPE_RESTARTS > 0) runs without it; a kill fires in its ATTEMPT only. nan
+// fires once per process, so a step re-executed by step forensics runs clean (a transient fault);
+// poison fires on every execution of its step. No CAF here.
 #pragma once
 
 #include <cstdint>
