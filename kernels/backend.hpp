@@ -57,7 +57,7 @@ struct attention_dims {
   /// the backend's device, doc_start[b*T + t] = where the document of query t begins in its row;
   /// key j is then visible to query t iff doc_start[b*T + t] <= j <= t (causal within the
   /// document). Undefined: plain causal attention (every doc_start 0, the same bits). Only
-  /// backends that implement it accept it (the CPU); the others throw.
+  /// backends that implement it accept it (the CPU and CUDA); the others throw.
   tensor doc_start{};
 };
 

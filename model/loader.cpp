@@ -242,15 +242,4 @@ batch loader::gather(const std::vector<std::uint64_t>& windows) const {
   return b;
 }
 
-core::status check_packed_device(const loader& data, const core::config& cfg,
-                                 const std::string& key) {
-  if (!data.masked() || !data.rows_layout().packing || cfg.runtime.device == "cpu") return {};
-  return core::config_error(
-      cfg, "runtime.device",
-      key + " holds packed instruction rows (prepared with data.packing = true), whose examples "
-            "attend only within themselves; per-document attention is implemented on the cpu "
-            "backend only, not on runtime.device = \"" + cfg.runtime.device + "\"",
-      "train on runtime.device = \"cpu\", or prepare padded rows (data.packing = false)");
-}
-
 }  // namespace troupe::model

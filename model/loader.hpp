@@ -126,9 +126,4 @@ class loader {
   std::uint64_t total_windows_ = 0;
 };
 
-/// An error naming data.packing and runtime.device when `data` holds packed instruction rows and
-/// cfg.runtime.device cannot keep their examples apart (per-document attention is implemented by
-/// the cpu backend only); `key` names the data (data.train, data.val) in the message.
-core::status check_packed_device(const loader& data, const core::config& cfg, const std::string& key);
-
 }  // namespace troupe::model

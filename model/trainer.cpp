@@ -65,7 +65,6 @@ core::result<std::unique_ptr<trainer>> trainer::create(const core::config& cfg,
   lo.micro_batches = global_micro_batches(cfg);
   auto train = loader::open(cfg.data.train, lo);
   if (!train) return train.err();
-  if (auto st = check_packed_device(train.value(), cfg, "data.train"); !st) return st.err();
   std::unique_ptr<trainer> t(new trainer(cfg, be, std::move(train.value())));
   if (!cfg.data.val.empty()) {
     auto val = loader::open(cfg.data.val, lo);

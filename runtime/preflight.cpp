@@ -20,7 +20,6 @@ core::status preflight(const core::config& cfg) {
     if (e.where.key.empty()) e.where.key = "data.train";
     return e;
   }
-  if (auto st = model::check_packed_device(train.value(), cfg, "data.train"); !st) return st;
   // A step draws its global batch from the training data's windows; a batch larger than the data
   // (2^20 micro-batches of a small shard) re-reads the same sequences many times a step and
   // makes every step take as long as that.

@@ -26,6 +26,7 @@
 // has exactly one writer, which adds into dqkv (the backend's += contract). Δ_t = dO_t·O_t is
 // computed once by a small kernel. Blocks with the most causal work are launched first (the row
 // blocks are the grid's slow dimension, so the order holds across batches and heads).
+#include <climits>
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -50,7 +51,48 @@ struct attn_shape {
   int D;        // head size
   int W;        // qkv row width (H + 2·Hkv)·D
   float scale;  // 1/√D
+  const int* doc = nullptr;  // attention_dims::doc_start (int32 [B·T] on the device), or null
 };
+
+// ---- packed documents ----------------------------------------------------------------------------
+// With s.doc, query t of sequence b sees keys doc[b·T + t] … t. Blocks start their key loop at the
+// tile holding the smallest start of their rows (the key tiles before it are never loaded) and
+// mask keys before a row's start inside the tiles they do visit; the dK/dV kernels skip query
+// tiles none of whose queries sees one of the block's keys. Without documents every start is 0.
+
+/// Sequence b's row of document starts, or null without documents.
+__device__ __forceinline__ const int* doc_row(const attn_shape& s, int b) {
+  return s.doc ? s.doc + static_cast<std::int64_t>(b) * s.T : nullptr;
+}
+
+/// Where row t's document starts (t < T), 0 without documents.
+__device__ __forceinline__ int doc_at(const int* doc, int t) { return doc ? doc[t] : 0; }
+
+/// The smallest document start of rows [r0, r0 + n) ∩ [0, T) of one sequence (0 without
+/// documents). Every thread of the block calls it (two barriers).
+__device__ int block_min_start(const int* doc, int r0, int n, int T_len) {
+  if (!doc) return 0;
+  __shared__ int smin;
+  if (threadIdx.x == 0) smin = INT_MAX;
+  __syncthreads();
+  int v = INT_MAX;
+  for (int r = threadIdx.x; r < n; r += blockDim.x)
+    if (r0 + r < T_len) v = min(v, doc[r0 + r]);
+  v = __reduce_min_sync(0xffffffffu, v);
+  if (threadIdx.x % 32 == 0) atomicMin(&smin, v);
+  __syncthreads();
+  return smin;
+}
+
+/// Whether one of the queries [q0, q0 + n) ∩ [0, T) sees one of the keys [k_first, k_last]
+/// (n <= blockDim.x): a query before k_first sees none of them (causal), one whose document starts
+/// after k_last neither. Every thread of the block calls it (one barrier); true without documents.
+__device__ bool block_sees(const int* doc, int q0, int n, int T_len, int k_first, int k_last) {
+  if (!doc) return true;
+  const int q = q0 + static_cast<int>(threadIdx.x);
+  const bool p = static_cast<int>(threadIdx.x) < n && q < T_len && q >= k_first && doc[q] <= k_last;
+  return __syncthreads_or(p) != 0;
+}
 
 // ---- row path ------------------------------------------------------------------------------------
 
@@ -85,14 +127,17 @@ __global__ void attn_forward_rows(const T* qkv, T* out, float* lse, attn_shape s
   }
   float m = -INFINITY, l = 0.0f;
   const int last = min(s.T - 1, blockIdx.x * row_warps + row_warps - 1);
-  for (int k0 = 0; k0 <= last; k0 += row_tile) {
+  const int* doc = doc_row(s, b);
+  const int ds = i < s.T ? doc_at(doc, i) : 0;
+  const int first = block_min_start(doc, blockIdx.x * row_warps, row_warps, s.T);
+  for (int k0 = first / row_tile * row_tile; k0 <= last; k0 += row_tile) {
     __syncthreads();
     load_rows_f32(ks, base, s.W, k0, s.T, (s.H + kvh) * s.D, s.D);
     load_rows_f32(vs, base, s.W, k0, s.T, (s.H + s.Hkv + kvh) * s.D, s.D);
     __syncthreads();
     if (i >= s.T) continue;
     const int jn = min(row_tile, i - k0 + 1);
-    for (int j = 0; j < jn; ++j) {
+    for (int j = max(0, ds - k0); j < jn; ++j) {
       float dot = 0.0f;
 #pragma unroll
       for (int e = 0; e < DPL; ++e) {
@@ -185,14 +230,17 @@ __global__ void attn_backward_dq_rows(const T* qkv, const T* dout, const float* 
   const std::int64_t stat = (static_cast<std::int64_t>(b) * s.H + h) * s.T + i;
   const float L = i < s.T ? lse[stat] : 0.0f, Dl = i < s.T ? delta[stat] : 0.0f;
   const int last = min(s.T - 1, blockIdx.x * row_warps + row_warps - 1);
-  for (int k0 = 0; k0 <= last; k0 += row_tile) {
+  const int* doc = doc_row(s, b);
+  const int ds = i < s.T ? doc_at(doc, i) : 0;
+  const int first = block_min_start(doc, blockIdx.x * row_warps, row_warps, s.T);
+  for (int k0 = first / row_tile * row_tile; k0 <= last; k0 += row_tile) {
     __syncthreads();
     load_rows_f32(ks, base, s.W, k0, s.T, (s.H + kvh) * s.D, s.D);
     load_rows_f32(vs, base, s.W, k0, s.T, (s.H + s.Hkv + kvh) * s.D, s.D);
     __syncthreads();
     if (i >= s.T) continue;
     const int jn = min(row_tile, i - k0 + 1);
-    for (int j = 0; j < jn; ++j) {
+    for (int j = max(0, ds - k0); j < jn; ++j) {
       float dot = 0.0f, dp = 0.0f;
 #pragma unroll
       for (int e = 0; e < DPL; ++e) {
@@ -243,10 +291,13 @@ __global__ void attn_backward_dkdv_rows(const T* qkv, const T* dout, const float
     dk[e] = dv[e] = 0.0f;
   }
   const int first = blockIdx.x * row_warps;
+  const int last_key = min(s.T - 1, first + row_warps - 1);
+  const int* doc = doc_row(s, b);
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     const float* lrow = lse + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
     const float* drow = delta + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
     for (int q0 = first / row_tile * row_tile; q0 < s.T; q0 += row_tile) {
+      if (!block_sees(doc, q0, row_tile, s.T, first, last_key)) continue;
       __syncthreads();
       load_rows_f32(qs, base, s.W, q0, s.T, h * s.D, s.D);
       load_rows_f32(gs, obase, s.H * s.D, q0, s.T, h * s.D, s.D);
@@ -257,6 +308,7 @@ __global__ void attn_backward_dkdv_rows(const T* qkv, const T* dout, const float
       __syncthreads();
       if (j >= s.T) continue;
       for (int r = max(0, j - q0); r < row_tile && q0 + r < s.T; ++r) {
+        if (doc_at(doc, q0 + r) > j) continue;  // query r's document starts after key j
         float dot = 0.0f, dp = 0.0f;
 #pragma unroll
         for (int e = 0; e < DPL; ++e) {
@@ -451,13 +503,29 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) attn_forward_mma(const T* qk
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
   const T* kbase = base + (s.H + kvh) * s.D;
   const T* vbase = base + (s.H + s.Hkv + kvh) * s.D;
+  // Key tiles before the first document start of the block's rows are seen by none of them.
+  const int* doc = doc_row(s, b);
+  const int kt0 = block_min_start(doc, qb * BR, BR, s.T) / tile_rows;
   // The first K/V tile's copy starts before this warp's own rows are loaded into registers.
-  prefetch_tile<T, D>(ks[0], kbase, s.W, 0, s.T);
-  prefetch_tile<T, D>(vs[0], vbase, s.W, 0, s.T);
+  prefetch_tile<T, D>(ks[0], kbase, s.W, kt0 * tile_rows, s.T);
+  prefetch_tile<T, D>(vs[0], vbase, s.W, kt0 * tile_rows, s.T);
   cp_async_commit();
   std::uint32_t qa[MT][KD][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i) load_a_rows<T, D>(qa[i], base + h * s.D, s.W, row0 + 16 * i, s.T);
+  // This thread's rows' document starts, and the smallest and largest of the warp's rows.
+  int dsr[MT][2], wmin = INT_MAX, wmax = 0;
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 16 * i + g + 8 * r;
+      dsr[i][r] = row < s.T ? doc_at(doc, row) : 0;
+      if (row < s.T) wmin = min(wmin, dsr[i][r]);
+      wmax = max(wmax, dsr[i][r]);
+    }
+  wmin = __reduce_min_sync(0xffffffffu, wmin);
+  wmax = __reduce_max_sync(0xffffffffu, wmax);
   float o[MT][ND][4];
   float m[MT][2], l[MT][2];  // running max (log2 domain) and sum of each row
 #pragma unroll
@@ -468,8 +536,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) attn_forward_mma(const T* qk
     l[i][0] = l[i][1] = 0.0f;
   }
   const float sl2 = s.scale * log2e;
-  for (int kt = 0; kt < n_kt; ++kt) {
-    const int st = ST == 2 ? (kt & 1) : 0;
+  for (int kt = kt0; kt < n_kt; ++kt) {
+    const int st = ST == 2 ? ((kt - kt0) & 1) : 0;
     if constexpr (ST == 2) {
       if (kt + 1 < n_kt) {
         prefetch_tile<T, D>(ks[st ^ 1], kbase, s.W, (kt + 1) * tile_rows, s.T);
@@ -482,8 +550,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) attn_forward_mma(const T* qk
     }
     __syncthreads();
     const int k0 = kt * tile_rows;
-    // A warp whose rows all precede this tile sees none of its keys (causal): skip the math.
-    if (k0 <= row0 + 16 * MT - 1) {
+    // A warp whose rows all precede this tile sees none of its keys (causal), nor one whose rows'
+    // documents all start after it: skip the math.
+    if (k0 <= row0 + 16 * MT - 1 && k0 + tile_rows - 1 >= wmin) {
       const T* kt_s = ks[st];
       const T* vt_s = vs[st];
       float sc[MT][NT][4];
@@ -503,8 +572,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) attn_forward_mma(const T* qk
         }
       }
       // Only a tile holding a key after one of this warp's rows needs the causal mask (keys ≥ T
-      // follow every row < T, so they are masked by the same test).
-      if (k0 + tile_rows - 1 > row0) {
+      // follow every row < T, so they are masked by the same test), and only one holding a key
+      // before one of its rows' documents the document mask.
+      if (k0 + tile_rows - 1 > row0 || k0 < wmax) {
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -513,7 +583,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) attn_forward_mma(const T* qk
             for (int e = 0; e < 4; ++e) {
               const int row = row0 + 16 * i + g + 8 * (e >> 1);
               const int col = k0 + n * 8 + tig * 2 + (e & 1);
-              if (col > row) sc[i][n][e] = -INFINITY;
+              if (col > row || col < dsr[i][e >> 1]) sc[i][n][e] = -INFINITY;
             }
       }
 #pragma unroll
@@ -634,9 +704,11 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
   const T* kbase = base + (s.H + kvh) * s.D;
   const T* vbase = base + (s.H + s.Hkv + kvh) * s.D;
+  const int* doc = doc_row(s, b);
+  const int kt0 = block_min_start(doc, qb * bwd_rows, bwd_rows, s.T) / tile_rows;
   // The first K/V tile's copy starts before this warp's own rows are loaded into registers.
-  prefetch_tile<T, D>(ks[0], kbase, s.W, 0, s.T);
-  prefetch_tile<T, D>(vs[0], vbase, s.W, 0, s.T);
+  prefetch_tile<T, D>(ks[0], kbase, s.W, kt0 * tile_rows, s.T);
+  prefetch_tile<T, D>(vs[0], vbase, s.W, kt0 * tile_rows, s.T);
   cp_async_commit();
   std::uint32_t qa[KD][4], ga[KD][4];
   load_a_rows<T, D>(qa, base + h * s.D, s.W, row0, s.T);
@@ -645,18 +717,24 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
   const float* lrow = lse + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
   const float* drow = delta + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
   float L2[2], Dl[2];
+  int dsr[2], wmin = INT_MAX, wmax = 0;  // document starts of this thread's rows; warp min, max
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + g + 8 * r;
     L2[r] = row < s.T ? lrow[row] * log2e : 0.0f;
     Dl[r] = row < s.T ? drow[row] : 0.0f;
+    dsr[r] = row < s.T ? doc_at(doc, row) : 0;
+    if (row < s.T) wmin = min(wmin, dsr[r]);
+    wmax = max(wmax, dsr[r]);
   }
+  wmin = __reduce_min_sync(0xffffffffu, wmin);
+  wmax = __reduce_max_sync(0xffffffffu, wmax);
   float dq[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   const float sl2 = s.scale * log2e;
-  for (int kt = 0; kt < n_kt; ++kt) {
-    const int st = ST == 2 ? (kt & 1) : 0;
+  for (int kt = kt0; kt < n_kt; ++kt) {
+    const int st = ST == 2 ? ((kt - kt0) & 1) : 0;
     if constexpr (ST == 2) {
       if (kt + 1 < n_kt) {
         prefetch_tile<T, D>(ks[st ^ 1], kbase, s.W, (kt + 1) * tile_rows, s.T);
@@ -671,12 +749,13 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
 #pragma unroll
     for (int c = 0; c < tile_rows / KS; ++c) {
       const int k0 = kt * tile_rows + c * KS;  // first key of this chunk of the tile
-      if (k0 > row0 + 15) continue;
+      if (k0 > row0 + 15 || k0 + KS - 1 < wmin) continue;
       const T* kt_s = ks[st] + c * KS * LD;
       const T* vt_s = vs[st] + c * KS * LD;
       // Keys after one of this warp's rows exist only near the diagonal (and keys ≥ T follow
-      // every row < T); rows ≥ T are never stored.
-      const bool diag = k0 + KS - 1 > row0;
+      // every row < T); rows ≥ T are never stored. Keys before one of its rows' documents only
+      // in chunks before the warp's last document start.
+      const bool diag = k0 + KS - 1 > row0 || k0 < wmax;
       float p[NT][4], dp[NT][4];
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
@@ -696,7 +775,8 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
           float pv = exp2f(fmaf(p[n][e], sl2, -L2[r]));
-          if (diag && k0 + n * 8 + tig * 2 + (e & 1) > row0 + g + 8 * r) pv = 0.0f;
+          const int col = k0 + n * 8 + tig * 2 + (e & 1);
+          if (diag && (col > row0 + g + 8 * r || col < dsr[r])) pv = 0.0f;
           p[n][e] = pv * (dp[n][e] - Dl[r]);  // dS
         }
       }
@@ -753,6 +833,16 @@ __device__ __forceinline__ void prefetch_stats(float* ls, float* dls, const floa
   }
 }
 
+/// Starts the copy of the document starts of query rows [row0, row0 + tile_rows) of one sequence
+/// into shared memory with cp.async, as prefetch_stats (zero past T).
+__device__ __forceinline__ void prefetch_docs(int* dst, const int* doc, int row0, int T_len) {
+  for (int r = threadIdx.x; r < tile_rows; r += blockDim.x) {
+    const bool ok = row0 + r < T_len;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst + r)),
+                 "l"(doc + (ok ? row0 + r : 0)), "r"(ok ? 4 : 0));
+  }
+}
+
 /// Queries of the shared 64-row tile that a dK/dV warp handles at once: a quarter tile keeps the
 /// transposed scores and their gradients in 16 registers next to the 96 of K, V, dK and dV, so two
 /// blocks fit a multiprocessor (measured at GPT-2 124M's shape: whole backward 0.57 ms, against
@@ -767,6 +857,7 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
   __shared__ alignas(16) T qs[ST][tile_rows * LD];
   __shared__ alignas(16) T gs[ST][tile_rows * LD];
   __shared__ alignas(16) float lse_s[2][tile_rows], dls[2][tile_rows];  // lse and Δ of the tile's queries
+  __shared__ int dss[2][tile_rows];  // document starts of the tile's queries (with documents)
   const int kb = blockIdx.y;  // the first key blocks see the most queries: launched first
   const int b = blockIdx.x / s.Hkv, kvh = blockIdx.x % s.Hkv, group = s.H / s.Hkv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tig = lane & 3;
@@ -778,6 +869,17 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
   const int qt0 = kb * bwd_rows / tile_rows;
   const int n_qt = (s.T + tile_rows - 1) / tile_rows - qt0;
   const int items = group * n_qt;
+  const int* doc = doc_row(s, b);
+  const int k_first = kb * bwd_rows, k_last = min(s.T, k_first + bwd_rows) - 1;
+  // The first item at or after `item` whose query tile one of the block's keys is seen from
+  // (uniform over the block: every thread calls it); with documents, the query tiles whose
+  // documents all start after the block's keys are never loaded.
+  auto next_item = [&](int item) {
+    while (item < items &&
+           !block_sees(doc, (qt0 + item % n_qt) * tile_rows, tile_rows, s.T, k_first, k_last))
+      ++item;
+    return item;
+  };
   auto prefetch = [&](int item, int stage) {
     const int h = kvh * group + item / n_qt, qt = qt0 + item % n_qt;
     prefetch_tile<T, D>(qs[stage], base + h * s.D, s.W, qt * tile_rows, s.T);
@@ -786,8 +888,10 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
     const float* lrow = lse + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
     const float* drow = delta + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
     prefetch_stats(lse_s[stage], dls[stage], lrow, drow, qt * tile_rows, s.T);
+    if (doc) prefetch_docs(dss[stage], doc, qt * tile_rows, s.T);
   };
   // The first tile's copy starts before this warp's keys and values are loaded into registers.
+  // (The first tile holds the block's first key as a query, which sees it: item 0 is visited.)
   prefetch(0, 0);
   cp_async_commit();
   std::uint32_t ka[KD][4], va[KD][4];
@@ -798,10 +902,12 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
   for (int n = 0; n < ND; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
-  for (int item = 0; item < items; ++item) {
-    const int st = ST == 2 ? (item & 1) : 0;
+  int stage = 0;
+  for (int item = 0; item < items;) {
+    const int st = ST == 2 ? stage : 0;
+    const int next = next_item(item + 1);
     if constexpr (ST == 2) {
-      if (item + 1 < items) prefetch(item + 1, st ^ 1);
+      if (next < items) prefetch(next, st ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {  // one stage: item's tile was started after the previous item's last read (below)
@@ -814,13 +920,22 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
       const int q0 = qt * tile_rows + sub * QS;  // first query of this sub-tile
       // A warp whose 16 keys all follow these queries sees none of them (causal): skip.
       if (q0 + QS - 1 < key0) continue;
+      const int* qds = dss[st] + sub * QS;  // the queries' document starts (with documents)
+      // With documents: skip when every query's document starts after the warp's keys; mask when
+      // one starts after one of them.
+      bool doc_mask = false;
+      if (doc) {
+        const int v = lane < QS ? qds[lane] : INT_MAX;
+        if (__reduce_min_sync(0xffffffffu, v) > key0 + 15) continue;
+        doc_mask = __reduce_max_sync(0xffffffffu, lane < QS ? v : 0) > key0;
+      }
       const T* q_s = qs[st] + sub * QS * LD;
       const T* g_s = gs[st] + sub * QS * LD;
       const float* ls = lse_s[st] + sub * QS;  // lse (natural log)
       const float* dl = dls[st] + sub * QS;
       // Queries before one of the keys exist only near the diagonal; queries ≥ T (zero-filled
       // rows whose lse and Δ read as 0) only in the last tile.
-      const bool masked = q0 < key0 + 15 || q0 + QS > s.T;
+      const bool masked = q0 < key0 + 15 || q0 + QS > s.T || doc_mask;
       // Transposed scores: rows are this warp's 16 keys, columns the sub-tile's queries.
       float p[NS][4], dp[NS][4];
 #pragma unroll
@@ -842,8 +957,8 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
           const int qc = n * 8 + tig * 2 + (e & 1);
           float pv = exp2f(fmaf(p[n][e], sl2, -(ls[qc] * log2e)));
           if (masked) {
-            const int q = q0 + qc;
-            if (q < key0 + g + 8 * (e >> 1) || q >= s.T) pv = 0.0f;
+            const int q = q0 + qc, key = key0 + g + 8 * (e >> 1);
+            if (q < key || q >= s.T || (doc && qds[qc] > key)) pv = 0.0f;
           }
           p[n][e] = pv;
           dp[n][e] = pv * (dp[n][e] - dl[qc]);  // dSᵀ
@@ -868,11 +983,13 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
     }
     __syncthreads();
     if constexpr (ST == 1) {
-      if (item + 1 < items) {
-        prefetch(item + 1, 0);
+      if (next < items) {
+        prefetch(next, 0);
         cp_async_commit();
       }
     }
+    item = next;
+    stage ^= 1;
   }
   T* dbase = dqkv + static_cast<std::int64_t>(b) * s.T * s.W;
 #pragma unroll
@@ -909,13 +1026,19 @@ attn_shape check_attention(const tensor& qkv, const attention_dims& d, const cha
   require(!d.dropout.on(), op,
           "dropout of the attention probabilities is not implemented in the CUDA attention "
           "kernels (model.attention_dropout must be 0 on CUDA; model.hidden_dropout works)");
-  require(!d.doc_start.defined(), op,
-          "per-document attention (instruction shards of packed rows, data.packing = true) is "
-          "not implemented in the CUDA attention kernels (train on the cpu backend, or prepare "
-          "padded rows with data.packing = false)");
   require_float(qkv, op, "qkv");
   attn_shape s{d.seq, d.heads, d.kv_heads, d.head_dim, (d.heads + 2 * d.kv_heads) * d.head_dim,
                1.0f / std::sqrt(static_cast<float>(d.head_dim))};
+  if (d.doc_start.defined()) {
+    // The starts themselves live on the device and are not checked here (the host would have to
+    // wait): 0 <= doc_start[b*T + t] <= t is the caller's (model/chunk.cpp checks it on the host).
+    require_type(d.doc_start, dtype::i32, op, "doc_start");
+    require(!d.doc_start.dev().is_cpu(), op,
+            "doc_start must be on the GPU (upload the document starts with the micro-batch)");
+    require_numel(d.doc_start, static_cast<std::int64_t>(d.batch) * d.seq, op,
+                  "doc_start ([B*T])");
+    s.doc = d.doc_start.data<int>();
+  }
   require_numel(qkv, static_cast<std::int64_t>(d.batch) * d.seq * s.W, op,
                 "qkv ([B*T, (H + 2*Hkv)*D])");
   return s;

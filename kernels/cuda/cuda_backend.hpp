@@ -103,6 +103,10 @@ class cuda_backend final : public backend {
                             const tensor& positions, tensor& out) override;
   void rope_forward_at(const tensor& x, const tensor& positions, int heads_total, int rot_heads,
                        int head_dim, const rope_spec& rope, tensor& y) override;
+  void embedding_backward_at(const tensor& dout, const tensor& tokens, const tensor& positions,
+                             tensor& dwte, tensor& dwpe) override;
+  void rope_backward_at(const tensor& dy, const tensor& positions, int heads_total, int rot_heads,
+                        int head_dim, const rope_spec& rope, tensor& dx) override;
   void kv_cache_write(const tensor& qkv, const tensor& slots, const tensor& positions,
                       const attention_dims& d, tensor& k_cache, tensor& v_cache) override;
   void attention_decode(const tensor& qkv, const tensor& slots, const tensor& positions,

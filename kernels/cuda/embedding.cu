@@ -7,7 +7,9 @@
 // sorted by token with a stable radix sort (CUB), so each token's rows form one segment in row
 // order, and one warp owns each segment: it adds the segment's rows in order and then adds the sum
 // into dwte once. Only rows of tokens present are touched: O(N·C), independent of the vocabulary.
-// The position gradient is a plain per-(t, c) sum over the batch in batch order.
+// The position gradient is a plain per-(t, c) sum over the batch in batch order; with explicit
+// positions (packed documents: embedding_backward_at) the rows are sorted by position and summed
+// per segment the same way as the token gradient.
 //
 // A token outside [0, V) (or a position outside wpe) makes the forward write NaN for its row (so the loss turns NaN and the
 // coordinator stops the job) and is skipped by the backward; the kernel cannot throw.
@@ -138,6 +140,34 @@ void cuda_backend::embedding_forward_at(const tensor& tokens, const tensor& wte,
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+/// table[keys[r]] += dout[r] over the N rows, each table row receiving its rows in row order (a
+/// stable sort of the rows by key, then one warp per segment); keys outside the table are skipped.
+void scatter_rows(context& ctx, const tensor& keys, const tensor& dout, tensor& table,
+                  std::int64_t N, int C) {
+  const int n = static_cast<int>(N);
+  scratch rows_in(ctx, sizeof(int) * N), rows_out(ctx, sizeof(int) * N),
+      keys_out(ctx, sizeof(int) * N);
+  iota_kernel<<<(n + 255) / 256, 256, 0, ctx.stream>>>(rows_in.as<int>(), N);
+  TROUPE_CUDA_CHECK_LAUNCH();
+  std::size_t temp_bytes = 0;
+  TROUPE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys.data<int>(),
+                                                    keys_out.as<int>(), rows_in.as<int>(),
+                                                    rows_out.as<int>(), n, 0, 32, ctx.stream));
+  scratch temp(ctx, temp_bytes);
+  TROUPE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, keys.data<int>(),
+                                                    keys_out.as<int>(), rows_in.as<int>(),
+                                                    rows_out.as<int>(), n, 0, 32, ctx.stream));
+  constexpr int warps = 8;
+  embedding_segments_kernel<<<(n + warps - 1) / warps, warps * 32, 0, ctx.stream>>>(
+      keys_out.as<int>(), rows_out.as<int>(), dout.raw(), code_of(dout.type()), table.raw(),
+      code_of(table.type()), static_cast<int>(table.dim(0)), N, C);
+  TROUPE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
 void cuda_backend::embedding_backward(const tensor& dout, const tensor& tokens, int seq,
                                       tensor& dwte, tensor& dwpe) {
   activate();
@@ -148,32 +178,29 @@ void cuda_backend::embedding_backward(const tensor& dout, const tensor& tokens, 
   if (N == 0) return;
   require(N <= std::numeric_limits<int>::max(), op, "more than 2^31 rows");
   const int C = static_cast<int>(dwte.dim(1));
-  const int n = static_cast<int>(N);
-
-  scratch rows_in(ctx, sizeof(int) * N), rows_out(ctx, sizeof(int) * N),
-      keys_out(ctx, sizeof(int) * N);
-  iota_kernel<<<(n + 255) / 256, 256, 0, ctx.stream>>>(rows_in.as<int>(), N);
-  TROUPE_CUDA_CHECK_LAUNCH();
-  std::size_t temp_bytes = 0;
-  TROUPE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, tokens.data<int>(),
-                                                    keys_out.as<int>(), rows_in.as<int>(),
-                                                    rows_out.as<int>(), n, 0, 32, ctx.stream));
-  scratch temp(ctx, temp_bytes);
-  TROUPE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes,
-                                                    tokens.data<int>(), keys_out.as<int>(),
-                                                    rows_in.as<int>(), rows_out.as<int>(), n, 0,
-                                                    32, ctx.stream));
-  constexpr int warps = 8;
-  embedding_segments_kernel<<<(n + warps - 1) / warps, warps * 32, 0, ctx.stream>>>(
-      keys_out.as<int>(), rows_out.as<int>(), dout.raw(), code_of(dout.type()), dwte.raw(),
-      code_of(dwte.type()), static_cast<int>(dwte.dim(0)), N, C);
-  TROUPE_CUDA_CHECK_LAUNCH();
+  scatter_rows(ctx, tokens, dout, dwte, N, C);
   if (dwpe.defined()) {
     const std::int64_t cells = static_cast<std::int64_t>(seq) * C;
     embedding_position_kernel<<<static_cast<unsigned>((cells + 255) / 256), 256, 0, ctx.stream>>>(
         dout.raw(), code_of(dout.type()), dwpe.raw(), code_of(dwpe.type()), seq, N / seq, C);
     TROUPE_CUDA_CHECK_LAUNCH();
   }
+}
+
+void cuda_backend::embedding_backward_at(const tensor& dout, const tensor& tokens,
+                                         const tensor& positions, tensor& dwte, tensor& dwpe) {
+  activate();
+  context& ctx = *ctx_;
+  const char* op = "cuda embedding_backward_at";
+  check_embedding(tokens, dwte, dwpe, 1, dout, op, "dout");
+  const std::int64_t N = tokens.numel();
+  require_type(positions, dtype::i32, op, "positions");
+  require_numel(positions, N, op, "positions");
+  if (N == 0) return;
+  require(N <= std::numeric_limits<int>::max(), op, "more than 2^31 rows");
+  const int C = static_cast<int>(dwte.dim(1));
+  scatter_rows(ctx, tokens, dout, dwte, N, C);
+  if (dwpe.defined()) scatter_rows(ctx, positions, dout, dwpe, N, C);
 }
 
 }  // namespace troupe::kernels::cuda

@@ -1,8 +1,8 @@
 // Rotary position embedding, rotate-half convention (Hugging Face LLaMA): in each of the first
 // rot_heads heads of a row, element i < D/2 pairs with i + D/2 and the pair turns by the angle
-// a = t·f_i of position t = row % T (generation: t = positions[row]; f_i = theta^(-2i/D), or its
-// llama3-scaled value: kernels/rope_freq.hpp); the other heads are copied. The backward applies the
-// transpose (inverse rotation) and accumulates.
+// a = t·f_i of position t = row % T (generation and packed documents: t = positions[row];
+// f_i = theta^(-2i/D), or its llama3-scaled value: kernels/rope_freq.hpp); the other heads are
+// copied. The backward applies the transpose (inverse rotation) and accumulates.
 //
 // The angle is computed exactly as the CPU reference does (kernels/cpu/rope.cpp): in double, with
 // cos/sin rounded once to float. In fp32 the product t·inv_freq alone is off by up to ~1e-4 rad at
@@ -26,7 +26,8 @@ __device__ __forceinline__ void rope_angle(std::int64_t t, int i, int head_dim,
   s = static_cast<float>(sd);
 }
 
-/// Row r at position positions[r] when positions is given (generation), else r % seq.
+/// Row r at position positions[r] when positions is given (generation, packed documents), else
+/// r % seq.
 __global__ void rope_forward_kernel(const void* x, void* y, int code, int seq, int heads_total,
                                     int rot_heads, int head_dim, rope_spec rope, std::int64_t rows,
                                     const int* positions) {
@@ -54,7 +55,8 @@ __global__ void rope_forward_kernel(const void* x, void* y, int code, int seq, i
 }
 
 __global__ void rope_backward_kernel(const void* dy, void* dx, int code, int seq, int heads_total,
-                                     int rot_heads, int head_dim, rope_spec rope, std::int64_t rows) {
+                                     int rot_heads, int head_dim, rope_spec rope, std::int64_t rows,
+                                     const int* positions) {
   const int half = head_dim / 2;
   const std::int64_t pairs_per_row = static_cast<std::int64_t>(heads_total) * half;
   const std::int64_t n = rows * pairs_per_row;
@@ -69,7 +71,7 @@ __global__ void rope_backward_kernel(const void* dy, void* dx, int code, int seq
     const float d1 = load_f(dx, code, base + i), d2 = load_f(dx, code, base + i + half);
     if (h < rot_heads) {
       float c, s;
-      rope_angle(row % seq, i, head_dim, rope, c, s);
+      rope_angle(positions ? positions[row] : row % seq, i, head_dim, rope, c, s);
       store_f(dx, code, base + i, d1 + (g1 * c + g2 * s));
       store_f(dx, code, base + i + half, d2 + (g2 * c - g1 * s));
     } else {
@@ -148,7 +150,24 @@ void cuda_backend::rope_backward(const tensor& dy, int seq, int heads_total, int
   if (n == 0) return;
   rope_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dy.raw(), dx.raw(), code_of(dy.type()),
                                                         seq, heads_total, rot_heads, head_dim,
-                                                        rope, rows);
+                                                        rope, rows, nullptr);
+  TROUPE_CUDA_CHECK_LAUNCH();
+}
+
+void cuda_backend::rope_backward_at(const tensor& dy, const tensor& positions, int heads_total,
+                                    int rot_heads, int head_dim, const rope_spec& rope,
+                                    tensor& dx) {
+  activate();
+  cudaStream_t s = ctx_->stream;
+  const char* op = "cuda rope_backward_at";
+  const std::int64_t rows = check_rope(dy, "dy", dx, "dx", 1, heads_total, rot_heads, head_dim, op);
+  require_type(positions, dtype::i32, op, "positions");
+  require_numel(positions, rows, op, "positions");
+  const std::int64_t n = rows * heads_total * (head_dim / 2);
+  if (n == 0) return;
+  rope_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dy.raw(), dx.raw(), code_of(dy.type()), 1,
+                                                        heads_total, rot_heads, head_dim, rope,
+                                                        rows, positions.data<int>());
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 

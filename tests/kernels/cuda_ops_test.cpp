@@ -2,6 +2,7 @@
 // determinism. All cases skip with a message where no GPU is visible (CI, the build machine).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -340,11 +341,18 @@ TEST_CASE("cuda rope with llama3 scaling matches the CPU twin") {
 namespace {
 
 /// `loose` widens the gradient tolerance for long sequences (P and dS are rounded to 16 bits before
-/// their matmuls, and a gradient sums T of them).
-void check_attention(backends& be, dtype t, const attention_dims& d, const std::string& what,
-                     double loose = 1.0) {
-  INFO(what << " dtype " << std::string(core::dtype_name(t)) << " B=" << d.batch << " T=" << d.seq
-            << " H=" << d.heads << " Hkv=" << d.kv_heads << " D=" << d.head_dim);
+/// their matmuls, and a gradient sums T of them). `docs` (host int32 [B*T], optional): packed
+/// documents, attention_dims::doc_start of the CPU twin, uploaded for the GPU.
+void check_attention(backends& be, dtype t, const attention_dims& dims, const std::string& what,
+                     double loose = 1.0, const tensor& docs = {}) {
+  INFO(what << " dtype " << std::string(core::dtype_name(t)) << " B=" << dims.batch << " T="
+            << dims.seq << " H=" << dims.heads << " Hkv=" << dims.kv_heads
+            << " D=" << dims.head_dim << (docs.defined() ? " packed documents" : ""));
+  attention_dims d = dims, dg = dims;  // the CPU's and the GPU's
+  if (docs.defined()) {
+    d.doc_start = docs;
+    dg.doc_start = be.gpu->from_host(docs);
+  }
   const double rtol = rtol_for(t);
   const std::int64_t N = static_cast<std::int64_t>(d.batch) * d.seq;
   const std::int64_t W = static_cast<std::int64_t>(d.heads + 2 * d.kv_heads) * d.head_dim;
@@ -355,7 +363,7 @@ void check_attention(backends& be, dtype t, const attention_dims& d, const std::
   tensor gqkv = upload(*be.gpu, qkv, t);
   tensor gout = poisoned(*be.gpu, {N, OW}, t);
   tensor glse = poisoned(*be.gpu, {d.batch, d.heads, d.seq}, dtype::f32);
-  be.gpu->attention_forward(gqkv, d, gout, glse);
+  be.gpu->attention_forward(gqkv, dg, gout, glse);
   check_close(download(*be.gpu, gout), out_ref, rtol, "attention out");
   check_close(download(*be.gpu, glse), lse_ref, t == dtype::f32 ? fp32_rtol : 1e-3, "attention lse");
 
@@ -369,7 +377,7 @@ void check_attention(backends& be, dtype t, const attention_dims& d, const std::
   tensor gdout = upload(*be.gpu, dout, t);
   tensor gdqkv = run_twice(
       *be.gpu, dqkv0, t,
-      [&](tensor& dqkv) { be.gpu->attention_backward(gdout, gqkv, gout, glse, d, dqkv); },
+      [&](tensor& dqkv) { be.gpu->attention_backward(gdout, gqkv, gout, glse, dg, dqkv); },
       "attention backward deterministic");
   check_close(gdqkv, dqkv_ref, rtol * loose, "attention dqkv");
 
@@ -379,11 +387,11 @@ void check_attention(backends& be, dtype t, const attention_dims& d, const std::
   // rms in a few elements of these shapes (measured on the H200): P and dS are rounded to bf16
   // before their matmuls, as in FlashAttention.
   tensor gz = upload(*be.gpu, tensor::zeros({N, W}), t);
-  be.gpu->attention_backward(gdout, gqkv, gout, glse, d, gz);
+  be.gpu->attention_backward(gdout, gqkv, gout, glse, dg, gz);
   const tensor added = download(*be.gpu, gz);
   tensor gw1 = poisoned(*be.gpu, {N, W}, t), gw2 = poisoned(*be.gpu, {N, W}, t);
-  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, d, gw1);
-  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, d, gw2);
+  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, dg, gw1);
+  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, dg, gw2);
   CHECK(same_bits(be.gpu->to_host(gw1), be.gpu->to_host(gw2)));
   const tensor written = download(*be.gpu, gw1);
   std::int64_t differ = 0;
@@ -394,7 +402,137 @@ void check_attention(backends& be, dtype t, const attention_dims& d, const std::
   CHECK(differ == 0);
 }
 
+/// Document starts of B rows of T tokens (host int32 [B*T]): documents of random lengths 1 ..
+/// max_len, back to back from token 0 of each row.
+tensor random_docs(int B, int T, int max_len, std::uint64_t seed) {
+  tensor docs = tensor::zeros({static_cast<std::int64_t>(B) * T}, dtype::i32);
+  core::rng_stream r(core::stream_key(seed, 13));
+  auto* p = docs.data<std::int32_t>();
+  for (int b = 0; b < B; ++b)
+    for (int start = 0; start < T;) {
+      const int len = 1 + static_cast<int>(r.below(static_cast<std::uint64_t>(max_len)));
+      for (int t = start; t < std::min(T, start + len); ++t) p[b * T + t] = start;
+      start += len;
+    }
+  return docs;
+}
+
 }  // namespace
+
+TEST_CASE("cuda attention over packed documents matches the CPU (row and tensor-core paths)") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // Query t sees keys doc_start(t) .. t only. Documents up to max_len tokens long: short ones put
+  // several boundaries in one tile, long ones make whole key tiles that a block skips (before the
+  // first start of its rows) and query tiles a dK/dV block skips. Every head size of both kernel
+  // families, grouped-query attention, T not a multiple of the tiles.
+  struct shape {
+    dtype t;
+    attention_dims d;
+    int max_len;
+    double loose;
+    const char* what;
+  };
+  const shape shapes[] = {
+      {dtype::f32, {2, 70, 4, 2, 64}, 20, 1.0, "fp32 row path D=64, GQA 2:1"},
+      {dtype::f32, {2, 150, 2, 1, 32}, 60, 1.0, "fp32 row path D=32, GQA 2:1"},
+      {dtype::f32, {1, 90, 3, 3, 128}, 40, 1.0, "fp32 row path D=128"},
+      {dtype::f32, {1, 33, 3, 3, 24}, 8, 1.0, "fp32 row path, odd D"},
+      {dtype::bf16, {2, 200, 4, 2, 32}, 70, 1.0, "bf16 tensor cores D=32, GQA 2:1"},
+      {dtype::bf16, {2, 130, 4, 2, 64}, 12, 1.0, "bf16 tensor cores D=64, short documents"},
+      {dtype::bf16, {2, 333, 4, 1, 64}, 150, 1.0, "bf16 tensor cores D=64, GQA 4:1, long documents"},
+      {dtype::bf16, {2, 17, 2, 2, 64}, 6, 1.0, "bf16 tensor cores, T < tile"},
+      {dtype::bf16, {1, 1000, 4, 2, 64}, 300, 2.0, "bf16 tensor cores, T = 1000, GQA 2:1"},
+      {dtype::bf16, {2, 260, 4, 2, 128}, 100, 2.0, "bf16 tensor cores D=128, GQA 2:1"},
+      {dtype::f16, {1, 150, 2, 1, 64}, 50, 1.0, "fp16 tensor cores D=64, GQA 2:1"},
+      {dtype::bf16, {2, 50, 2, 2, 40}, 15, 1.0, "bf16 row path D=40"},
+  };
+  std::uint64_t seed = 100;
+  for (const shape& c : shapes) {
+    const tensor docs = random_docs(c.d.batch, c.d.seq, c.max_len, ++seed);
+    check_attention(be, c.t, c.d, c.what, c.loose, docs);
+  }
+  // One document per row (every start 0) is plain causal attention: the same bits as without.
+  const attention_dims d{2, 130, 4, 2, 64};
+  const std::int64_t N = 2 * 130, W = (4 + 2 * 2) * 64, OW = 4 * 64;
+  for (dtype t : float_types) {
+    INFO("one document per row, dtype " << core::dtype_name(t));
+    tensor gqkv = upload(*be.gpu, random_host({N, W}, 60), t);
+    attention_dims dz = d;
+    dz.doc_start = be.gpu->from_host(tensor::zeros({N}, dtype::i32));
+    tensor o1 = poisoned(*be.gpu, {N, OW}, t), o2 = poisoned(*be.gpu, {N, OW}, t);
+    tensor l1 = poisoned(*be.gpu, {2, 4, 130}, dtype::f32);
+    tensor l2 = poisoned(*be.gpu, {2, 4, 130}, dtype::f32);
+    be.gpu->attention_forward(gqkv, d, o1, l1);
+    be.gpu->attention_forward(gqkv, dz, o2, l2);
+    CHECK(same_bits(be.gpu->to_host(o1), be.gpu->to_host(o2)));
+    CHECK(same_bits(be.gpu->to_host(l1), be.gpu->to_host(l2)));
+    tensor gdout = upload(*be.gpu, random_host({N, OW}, 61), t);
+    tensor g1 = upload(*be.gpu, tensor::zeros({N, W}), t);
+    tensor g2 = upload(*be.gpu, tensor::zeros({N, W}), t);
+    be.gpu->attention_backward(gdout, gqkv, o1, l1, d, g1);
+    be.gpu->attention_backward(gdout, gqkv, o1, l1, dz, g2);
+    CHECK(same_bits(be.gpu->to_host(g1), be.gpu->to_host(g2)));
+  }
+  // Document starts on the host are refused with the operand named.
+  attention_dims dh = d;
+  dh.doc_start = tensor::zeros({N}, dtype::i32);
+  tensor gqkv = upload(*be.gpu, random_host({N, W}, 62), dtype::f32);
+  tensor o = poisoned(*be.gpu, {N, OW}, dtype::f32);
+  tensor l = poisoned(*be.gpu, {2, 4, 130}, dtype::f32);
+  CHECK_THROWS_WITH(be.gpu->attention_forward(gqkv, dh, o, l),
+                    doctest::Contains("doc_start must be on the GPU"));
+}
+
+TEST_CASE("cuda embedding and rope backward at per-token positions match the CPU") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // Positions restarting at each packed document (position = t - doc_start(t)), as model/chunk.cpp
+  // gives them: many rows share a position, so dwpe sums rows of several documents.
+  const int B = 3, T = 90, V = 40, C = 48, heads_total = 5, rot = 3, D = 16;
+  const std::int64_t N = B * T, W = heads_total * D;
+  const tensor docs = random_docs(B, T, 25, 70);
+  tensor pos = tensor::zeros({N}, dtype::i32);
+  for (std::int64_t r = 0; r < N; ++r)
+    pos.data<std::int32_t>()[r] = static_cast<std::int32_t>(r % T - docs.data<std::int32_t>()[r]);
+  const tensor tok = random_tokens(N, V, 71);
+  const tensor gpos = be.gpu->from_host(pos), gtok = be.gpu->from_host(tok);
+  for (dtype t : float_types) {
+    INFO("dtype " << core::dtype_name(t));
+    const double rtol = rtol_for(t);
+    tensor dout = rounded(random_host({N, C}, 72), t);
+    tensor dwte0 = random_host({V, C}, 73), dwpe0 = random_host({T, C}, 74);
+    tensor dwte_ref = dwte0.clone(), dwpe_ref = dwpe0.clone();
+    be.cpu->embedding_backward_at(dout, tok, pos, dwte_ref, dwpe_ref);
+    tensor gdout = upload(*be.gpu, dout, t);
+    tensor gdwpe = run_twice(
+        *be.gpu, dwpe0, dtype::f32,
+        [&](tensor& dwpe) {
+          tensor scratch_dwte = upload(*be.gpu, dwte0, dtype::f32);
+          be.gpu->embedding_backward_at(gdout, gtok, gpos, scratch_dwte, dwpe);
+        },
+        "dwpe at positions deterministic");
+    check_close(gdwpe, dwpe_ref, rtol, "dwpe at positions");
+    tensor gdwte = upload(*be.gpu, dwte0, dtype::f32), gdwpe2 = upload(*be.gpu, dwpe0, dtype::f32);
+    be.gpu->embedding_backward_at(gdout, gtok, gpos, gdwte, gdwpe2);
+    check_close(download(*be.gpu, gdwte), dwte_ref, rtol, "dwte at positions");
+    // Positions r % T would put other rows into each position's gradient: the test can tell.
+    tensor dwpe_rows = dwpe0.clone(), dwte_rows = dwte0.clone();
+    be.cpu->embedding_backward(dout, tok, T, dwte_rows, dwpe_rows);
+    CHECK_FALSE(same_bits(dwpe_rows, dwpe_ref));
+
+    tensor dy = rounded(random_host({N, W}, 75), t), dx0 = rounded(random_host({N, W}, 76), t);
+    const rope_spec rope{10000.0f};
+    tensor dx_ref = dx0.clone();
+    be.cpu->rope_backward_at(dy, pos, heads_total, rot, D, rope, dx_ref);
+    tensor gdx = upload(*be.gpu, dx0, t);
+    be.gpu->rope_backward_at(upload(*be.gpu, dy, t), gpos, heads_total, rot, D, rope, gdx);
+    check_close(download(*be.gpu, gdx), dx_ref, rtol, "rope backward at positions");
+    tensor dx_rows = dx0.clone();
+    be.cpu->rope_backward(dy, T, heads_total, rot, D, rope, dx_rows);
+    CHECK_FALSE(same_bits(dx_rows, dx_ref));
+  }
+}
 
 TEST_CASE("cuda attention forward and backward match the CPU (row and tensor-core paths)") {
   if (!gpu_or_skip()) return;

@@ -2,7 +2,8 @@
 // example packed into a row after others gets the per-token losses and the gradients it gets alone
 // at the start of a padded row — attention sees only its own tokens, and its positions restart at
 // 0 (GPT-2's position table, LLaMA's rotary angles). On the CPU backend, for both families, whole
-// and split into chunks; and the loader reads the starts from version-2 shards.
+// and split into chunks; the same on the CUDA backend, against the CPU's (skipped without a GPU);
+// and the loader reads the starts from version-2 shards.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -149,6 +150,61 @@ TEST_CASE("a packed example's losses and gradients are those it has alone in a p
     bool differs = false;
     for (int t = 0; t < kLengths[1] - 1; ++t)
       differs = differs || shared.losses[kLengths[0] + t] != alone.losses[kT + t];
+    CHECK(differs);
+  }
+}
+
+TEST_CASE("cuda packed examples: the losses and gradients they have alone, and the CPU's") {
+  if (!kernels::cuda_available()) {
+    MESSAGE("skipped: no CUDA device in this build or on this machine");
+    return;
+  }
+  auto cpu = kernels::make_backend("cpu");
+  auto gpu = kernels::make_backend("cuda");
+  // Largest difference of b from a, relative to a's largest magnitude (at least 1e-3).
+  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    float scale = 1e-3f, worst = 0;
+    for (float v : a) scale = std::max(scale, std::fabs(v));
+    for (std::size_t k = 0; k < a.size(); ++k) worst = std::max(worst, std::fabs(b[k] - a[k]));
+    return worst / scale;
+  };
+  for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama}) {
+    INFO("arch ", arch == core::arch_kind::gpt2 ? "gpt2" : "llama");
+    core::model_config cfg = tiny_config(arch, 2);
+    cfg.seq_length = kT;
+    const examples ex = make_examples(cfg.vocab_size);
+    const result alone = run(cfg, *gpu, 1, padded(ex));
+    for (int parts : {1, 2}) {
+      INFO("chunks ", parts);
+      const result pack = run(cfg, *gpu, parts, packed(ex, true));
+      const result ref = run(cfg, *cpu, parts, packed(ex, true));
+      // fp32 on the GPU: the per-token losses of an example as alone, and as the CPU's, within
+      // 1e-5 (other row counts may take other GEMM kernels, so not bit for bit).
+      REQUIRE(pack.losses.size() == ref.losses.size());
+      CHECK(rel(ref.losses, pack.losses) <= 1e-5f);
+      int at = 0;
+      for (std::size_t i = 0; i < kLengths.size(); ++i) {
+        for (int t = 0; t < kLengths[i]; ++t) {
+          INFO("example ", i, " token ", t);
+          CHECK(pack.losses[at + t] == doctest::Approx(alone.losses[i * kT + t]).epsilon(1e-5));
+        }
+        at += kLengths[i];
+      }
+      REQUIRE(pack.grads.size() == ref.grads.size());
+      for (const auto& [name, g] : ref.grads) {
+        INFO(name);
+        CHECK(rel(g, pack.grads.at(name)) <= 1e-4f);
+        CHECK(rel(alone.grads.at(name), pack.grads.at(name)) <= 1e-4f);
+      }
+    }
+    // Without the document starts the later examples see the earlier ones: the losses change.
+    const result shared = run(cfg, *gpu, 1, packed(ex, false));
+    bool differs = false;
+    for (int t = 0; t < kLengths[1] - 1; ++t)
+      differs = differs ||
+                std::fabs(shared.losses[kLengths[0] + t] - alone.losses[kT + t]) >
+                    1e-3f * std::fabs(alone.losses[kT + t]);
     CHECK(differs);
   }
 }

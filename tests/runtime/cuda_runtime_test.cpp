@@ -4,11 +4,14 @@
 // rank, so pipeline_stage 2 and 4 must give the single-rank CUDA loop's losses and weights bit for
 // bit, and the same config twice the same bits. Also fp16 with dynamic loss scaling, skipped steps
 // included. optimizer.offload on and off give the same bits too (the shards' state in page-locked
-// host memory, updated by the CPU AdamW), with the shards' device memory smaller. Skips without a GPU (run on a GPU machine: test_runtime -tc='cuda*').
+// host memory, updated by the CPU AdamW), with the shards' device memory smaller. Packed instruction
+// rows (per-document attention on the GPU): pipeline_stage 2 gives the single-rank loop's bits and
+// the CPU backend's losses. Skips without a GPU (run on a GPU machine: test_runtime -tc='cuda*').
 #include <doctest/doctest.h>
 
-#include <cstring>
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -96,6 +99,31 @@ TEST_CASE("cuda actor runtime: pipeline_stage 2 and 4 on one GPU equal the singl
   for (int pp : {2, 4}) {
     INFO("pipeline_stage ", pp);
     check_identical(actors_run(gpu_config(tmp, "pp" + std::to_string(pp), pp)), oracle);
+  }
+}
+
+TEST_CASE("cuda actor runtime: packed instruction rows, pipeline_stage 2 equals the single-rank "
+          "loop, and the CPU's losses") {
+  if (!gpu_or_skip()) return;
+  scratch_dir tmp("cuda_rt_packed");
+  // Rows of several examples each (document starts through every stage, per-document attention
+  // and positions on the GPU); head_dim 64 in fp32 (the row kernels).
+  auto with_rows = [&](core::config c) {
+    model::testing::use_instruction_data(c, tmp, true);
+    c.train.eval_interval = 0;
+    return c;
+  };
+  auto oracle = oracle_run(with_rows(gpu_config(tmp, "single", 1)));
+  check_identical(actors_run(with_rows(gpu_config(tmp, "pp2", 2))), oracle);
+  // The CPU backend's single-rank loop, the per-document reference: within 1e-4 (as
+  // tests/model/cuda_trainer_graph_test.cpp: the per-op errors compound over the steps).
+  auto cpu = with_rows(gpu_config(tmp, "cpu", 1));
+  cpu.runtime.device = "cpu";
+  const auto ref = oracle_run(cpu);
+  REQUIRE(ref.losses.size() == oracle.losses.size());
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+    INFO("step ", i, ": cuda ", oracle.losses[i], " cpu ", ref.losses[i]);
+    CHECK(std::fabs(oracle.losses[i] - ref.losses[i]) <= 1e-4 * std::fabs(ref.losses[i]));
   }
 }
 
