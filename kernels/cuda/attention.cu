@@ -70,7 +70,7 @@ __device__ __forceinline__ int doc_at(const int* doc, int t) { return doc ? doc[
 
 /// The smallest document start of rows [r0, r0 + n) ∩ [0, T) of one sequence (0 without
 /// documents). Every thread of the block calls it (two barriers).
-__device__ int block_min_start(const int* doc, int r0, int n, int T_len) {
+__device__ __forceinline__ int block_min_start(const int* doc, int r0, int n, int T_len) {
   if (!doc) return 0;
   __shared__ int smin;
   if (threadIdx.x == 0) smin = INT_MAX;
@@ -87,7 +87,7 @@ __device__ int block_min_start(const int* doc, int r0, int n, int T_len) {
 /// Whether one of the queries [q0, q0 + n) ∩ [0, T) sees one of the keys [k_first, k_last]
 /// (n <= blockDim.x): a query before k_first sees none of them (causal), one whose document starts
 /// after k_last neither. Every thread of the block calls it (one barrier); true without documents.
-__device__ bool block_sees(const int* doc, int q0, int n, int T_len, int k_first, int k_last) {
+__device__ __forceinline__ bool block_sees(const int* doc, int q0, int n, int T_len, int k_first, int k_last) {
   if (!doc) return true;
   const int q = q0 + static_cast<int>(threadIdx.x);
   const bool p = static_cast<int>(threadIdx.x) < n && q < T_len && q >= k_first && doc[q] <= k_last;
@@ -690,7 +690,10 @@ constexpr int dq_keys = 32;
 template <int D>
 constexpr int bwd_blocks = D <= 64 ? 2 : 1;
 
-template <class T, int D, bool Acc>
+/// Docs: the kernel reads s.doc (packed documents). A template parameter, so that the kernels
+/// without documents keep their registers (the dK/dV kernel at D = 64 sits at its 128-register
+/// limit, where the document bookkeeping adds spills).
+template <class T, int D, bool Acc, bool Docs>
 __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_dq_mma(
     const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv, attn_shape s) {
   constexpr int LD = D + 8, KS = dq_keys, NT = KS / 8, KD = D / 16, ND = D / 8, ST = tile_stages<D>;
@@ -704,7 +707,7 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
   const T* kbase = base + (s.H + kvh) * s.D;
   const T* vbase = base + (s.H + s.Hkv + kvh) * s.D;
-  const int* doc = doc_row(s, b);
+  const int* doc = Docs ? doc_row(s, b) : nullptr;
   const int kt0 = block_min_start(doc, qb * bwd_rows, bwd_rows, s.T) / tile_rows;
   // The first K/V tile's copy starts before this warp's own rows are loaded into registers.
   prefetch_tile<T, D>(ks[0], kbase, s.W, kt0 * tile_rows, s.T);
@@ -717,18 +720,25 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
   const float* lrow = lse + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
   const float* drow = delta + (static_cast<std::int64_t>(b) * s.H + h) * s.T;
   float L2[2], Dl[2];
-  int dsr[2], wmin = INT_MAX, wmax = 0;  // document starts of this thread's rows; warp min, max
+  int dsr[2] = {0, 0}, wmin = 0, wmax = 0;  // document starts of this thread's rows; warp min, max
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + g + 8 * r;
     L2[r] = row < s.T ? lrow[row] * log2e : 0.0f;
     Dl[r] = row < s.T ? drow[row] : 0.0f;
-    dsr[r] = row < s.T ? doc_at(doc, row) : 0;
-    if (row < s.T) wmin = min(wmin, dsr[r]);
-    wmax = max(wmax, dsr[r]);
   }
-  wmin = __reduce_min_sync(0xffffffffu, wmin);
-  wmax = __reduce_max_sync(0xffffffffu, wmax);
+  if constexpr (Docs) {
+    wmin = INT_MAX;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + g + 8 * r;
+      dsr[r] = row < s.T ? doc[row] : 0;
+      if (row < s.T) wmin = min(wmin, dsr[r]);
+      wmax = max(wmax, dsr[r]);
+    }
+    wmin = __reduce_min_sync(0xffffffffu, wmin);
+    wmax = __reduce_max_sync(0xffffffffu, wmax);
+  }
   float dq[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
@@ -849,7 +859,7 @@ __device__ __forceinline__ void prefetch_docs(int* dst, const int* doc, int row0
 /// 0.72 ms with one block of whole tiles per multiprocessor; 52 bytes of spills remain).
 constexpr int dkdv_queries = 16;
 
-template <class T, int D, bool Acc>
+template <class T, int D, bool Acc, bool Docs>
 __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_dkdv_mma(
     const T* qkv, const T* dout, const float* lse, const float* delta, T* dqkv, attn_shape s) {
   constexpr int LD = D + 8, QS = dkdv_queries, NS = QS / 8, KD = D / 16, ND = D / 8,
@@ -869,7 +879,7 @@ __global__ void __launch_bounds__(bwd_warps * 32, bwd_blocks<D>) attn_backward_d
   const int qt0 = kb * bwd_rows / tile_rows;
   const int n_qt = (s.T + tile_rows - 1) / tile_rows - qt0;
   const int items = group * n_qt;
-  const int* doc = doc_row(s, b);
+  const int* doc = Docs ? doc_row(s, b) : nullptr;
   const int k_first = kb * bwd_rows, k_last = min(s.T, k_first + bwd_rows) - 1;
   // The first item at or after `item` whose query tile one of the block's keys is seen from
   // (uniform over the block: every thread calls it); with documents, the query tiles whose
@@ -1175,22 +1185,28 @@ void attention_backward_on(context& ctx, const tensor& dout, const tensor& qkv, 
         const int blocks = (d.seq + bwd_rows - 1) / bwd_rows;
         dispatch_mma_d(d.head_dim, [&](auto dd) {
           constexpr int D = decltype(dd)::value;
-          auto run = [&](auto acc) {
-            constexpr bool Acc = decltype(acc)::value;
+          auto run = [&](auto acc, auto docs) {
+            constexpr bool Acc = decltype(acc)::value, Docs = decltype(docs)::value;
             // Grid x: (batch, head); y: row blocks, launched heaviest first by the kernels.
-            attn_backward_dkdv_mma<T, D, Acc><<<dim3(d.batch * d.kv_heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
+            attn_backward_dkdv_mma<T, D, Acc, Docs><<<dim3(d.batch * d.kv_heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
                 qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
                 dqkv.data<T>(), s);
             TROUPE_CUDA_CHECK_LAUNCH();
-            attn_backward_dq_mma<T, D, Acc><<<dim3(d.batch * d.heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
+            attn_backward_dq_mma<T, D, Acc, Docs><<<dim3(d.batch * d.heads, blocks), bwd_warps * 32, 0, ctx.stream>>>(
                 qkv.data<T>(), dout.data<T>(), lse.data<float>(), delta.as<float>(),
                 dqkv.data<T>(), s);
             TROUPE_CUDA_CHECK_LAUNCH();
           };
+          auto with_docs = [&](auto acc) {
+            if (s.doc)
+              run(acc, std::true_type{});
+            else
+              run(acc, std::false_type{});
+          };
           if (accumulate)
-            run(std::true_type{});
+            with_docs(std::true_type{});
           else
-            run(std::false_type{});
+            with_docs(std::false_type{});
         });
         return;
       }

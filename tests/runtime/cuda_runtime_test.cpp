@@ -111,6 +111,7 @@ TEST_CASE("cuda actor runtime: packed instruction rows, pipeline_stage 2 equals 
   auto with_rows = [&](core::config c) {
     model::testing::use_instruction_data(c, tmp, true);
     c.train.eval_interval = 0;
+    c.train.steps = 4;
     return c;
   };
   auto oracle = oracle_run(with_rows(gpu_config(tmp, "single", 1)));
