@@ -40,6 +40,10 @@ std::string device::to_string() const {
 }
 
 std::int64_t numel_of(const shape_t& s) {
+  // Zero first: a shape read from a file or a peer may be [2^40, 2^40, 0], an empty tensor whose
+  // running product would overflow before reaching the 0 (the readers bound only the true count).
+  for (auto d : s)
+    if (d == 0) return 0;
   std::int64_t n = 1;
   for (auto d : s) n *= d;
   return n;

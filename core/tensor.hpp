@@ -50,7 +50,7 @@ struct storage {
 
 using shape_t = std::vector<std::int64_t>;
 
-/// Number of elements of a shape (1 for a scalar shape {}).
+/// Number of elements of a shape (1 for a scalar shape {}; 0 when any dimension is 0).
 std::int64_t numel_of(const shape_t& s);
 /// "[2, 3, 4]".
 std::string shape_string(const shape_t& s);
