@@ -104,12 +104,12 @@ std::uint64_t whole_unsigned(const nlohmann::json& j, const std::string& key) {
   return j.get<std::uint64_t>();
 }
 
-core::result<manifest> parse_manifest(const std::string& path) {
-  auto text = core::read_input(path, manifest_spec());
-  if (!text) return text.err();
+}  // namespace
+
+core::result<manifest> parse_manifest(std::string_view text, const std::string& path) {
   manifest m;
   try {
-    auto j = nlohmann::json::parse(text.value());
+    auto j = nlohmann::json::parse(text);
     if (j.value("format", "") != "troupe-checkpoint")
       return file_error(path, "not a troupe checkpoint manifest (format is not \"troupe-checkpoint\")");
     constexpr std::int64_t int_max = std::numeric_limits<int>::max();
@@ -159,6 +159,14 @@ core::result<manifest> parse_manifest(const std::string& path) {
     return e;
   }
   return m;
+}
+
+namespace {
+
+core::result<manifest> read_manifest(const std::string& path) {
+  auto text = core::read_input(path, manifest_spec());
+  if (!text) return text.err();
+  return parse_manifest(text.value(), path);
 }
 
 }  // namespace
@@ -274,7 +282,7 @@ core::result<reader> reader::open(const std::string& dir) {
   reader r;
   r.dir_ = dir;
   const std::string mpath = (fs::path(dir) / manifest_name).string();
-  auto m = parse_manifest(mpath);
+  auto m = read_manifest(mpath);
   if (!m) return m.err();
   r.manifest_ = std::move(m.value());
   const char* tamper_hint = "the checkpoint is corrupt or was modified; resume from another one";

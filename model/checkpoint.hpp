@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.hpp"
@@ -97,6 +98,10 @@ struct manifest {
   std::vector<file_record> files;
   std::map<std::string, tensor_record> tensors;
 };
+
+/// Parses the text of a manifest.json (`path` names it in errors): its format, version and every
+/// field's type and range. The files and tensors it lists are checked by reader::open.
+core::result<manifest> parse_manifest(std::string_view text, const std::string& path);
 
 /// The checkpoint directory `path` names: a checkpoint directory itself (it has manifest.json),
 /// a checkpoint root with a `latest` file, or a run directory whose checkpoints/ has one.

@@ -37,30 +37,98 @@ std::vector<endpoint> job_table::data_endpoints() const {
   return out;
 }
 
-namespace {
-
-struct frame_head {
-  std::uint16_t type = 0;
-  std::uint32_t length = 0;
-};
-
-// Why the 12 header bytes are not a rendezvous frame this side accepts ("" when they are).
-std::string parse_head(const std::array<char, rendezvous_frame::header_size>& hdr,
-                       std::uint32_t max_body, frame_head& out) {
-  wire_reader r(hdr.data(), hdr.size());
-  if (r.get<std::uint32_t>() != rendezvous_frame::magic)
-    return "bad magic (not a troupe rendezvous frame)";
+std::string rendezvous_frame::decode_head(const char* bytes, std::uint32_t max_body,
+                                          std::uint16_t& frame_type, std::uint32_t& body_length) {
+  wire_reader r(bytes, header_size);
+  if (r.get<std::uint32_t>() != magic) return "bad magic (not a troupe rendezvous frame)";
   auto v = r.get<std::uint16_t>();
-  if (v != rendezvous_frame::version)
-    return "protocol version " + std::to_string(v) + ", expected " +
-           std::to_string(rendezvous_frame::version);
-  out.type = r.get<std::uint16_t>();
-  out.length = r.get<std::uint32_t>();
-  if (out.length > max_body)
-    return "a frame of " + std::to_string(out.length) + " bytes, over the limit of " +
+  if (v != version)
+    return "protocol version " + std::to_string(v) + ", expected " + std::to_string(version);
+  frame_type = r.get<std::uint16_t>();
+  body_length = r.get<std::uint32_t>();
+  if (body_length > max_body)
+    return "a frame of " + std::to_string(body_length) + " bytes, over the limit of " +
            std::to_string(max_body);
   return {};
 }
+
+namespace {
+
+void put_row(wire_writer& w, const worker_entry& e) {
+  w.put(static_cast<std::int32_t>(e.node_rank));
+  w.put(static_cast<std::int32_t>(e.local_rank));
+  w.put_bytes(e.data.host);
+  w.put(e.data.port);
+  w.put_bytes(e.blob);
+}
+
+void get_row(wire_reader& r, worker_entry& e) {
+  e.node_rank = r.get<std::int32_t>();
+  e.local_rank = r.get<std::int32_t>();
+  e.data.host = r.get_bytes();
+  e.data.port = r.get<std::uint16_t>();
+  e.blob = r.get_bytes();
+}
+
+// The fewest bytes a row takes: two ranks, two empty strings' lengths and a port.
+constexpr std::size_t min_row_bytes = 4 + 4 + 4 + 2 + 4;
+
+}  // namespace
+
+std::vector<char> encode_registration(const registration& reg) {
+  wire_writer w;
+  w.put(reg.token);
+  put_row(w, reg.worker);
+  return std::move(w.bytes());
+}
+
+std::optional<registration> decode_registration(const char* data, std::size_t size) {
+  wire_reader r(data, size);
+  registration reg;
+  reg.token = r.get<std::uint64_t>();
+  get_row(r, reg.worker);
+  if (r.failed() || !r.at_end()) return std::nullopt;
+  return reg;
+}
+
+std::vector<char> encode_table(int rank, const job_table& table) {
+  wire_writer w;
+  w.put(static_cast<std::int32_t>(rank));
+  w.put(static_cast<std::int32_t>(table.workers.size()));
+  for (const auto& e : table.workers) put_row(w, e);
+  return std::move(w.bytes());
+}
+
+std::optional<std::pair<int, job_table>> decode_table(const char* data, std::size_t size) {
+  wire_reader r(data, size);
+  const int rank = r.get<std::int32_t>();
+  const int world = r.get<std::int32_t>();
+  // The row count is checked against the bytes there are before anything is allocated for it.
+  if (r.failed() || world < 1 || rank < 0 || rank >= world ||
+      static_cast<std::size_t>(world) > (size - 8) / min_row_bytes)
+    return std::nullopt;
+  job_table table;
+  table.workers.resize(world);
+  for (int w = 0; w < world; ++w) {
+    table.workers[w].rank = w;
+    get_row(r, table.workers[w]);
+  }
+  if (r.failed() || !r.at_end()) return std::nullopt;
+  return std::pair{rank, std::move(table)};
+}
+
+std::vector<char> encode_reason(std::string_view why) {
+  wire_writer w;
+  w.put_bytes(why);
+  return std::move(w.bytes());
+}
+
+std::string decode_reason(const char* data, std::size_t size) {
+  wire_reader r(data, size);
+  return r.get_bytes();
+}
+
+namespace {
 
 std::string describe(const worker_entry& w) {
   return "rank " + std::to_string(w.rank) + " (node " + std::to_string(w.node_rank) +
@@ -74,7 +142,7 @@ struct session {
   std::string name;  // ip:port as seen here
   std::string ip;
   std::array<char, rendezvous_frame::header_size> hdr{};
-  frame_head head;
+  std::uint16_t type = 0;
   std::vector<char> body;
   int rank = -1;
   bool ready = false;
@@ -157,9 +225,11 @@ struct rendezvous_server::impl {
                      [this, s](boost::system::error_code ec, std::size_t) {
                        if (closing || !sessions.count(s)) return;
                        if (ec) return ended(s, ec);
-                       std::string why = parse_head(s->hdr, opt.max_frame_bytes, s->head);
+                       std::uint32_t length = 0;
+                       std::string why = rendezvous_frame::decode_head(
+                           s->hdr.data(), opt.max_frame_bytes, s->type, length);
                        if (!why.empty()) return refuse(s, why);
-                       s->body.resize(s->head.length);
+                       s->body.resize(length);
                        asio::async_read(s->sock, asio::buffer(s->body),
                                         [this, s](boost::system::error_code ec, std::size_t) {
                                           if (closing || !sessions.count(s)) return;
@@ -170,7 +240,7 @@ struct rendezvous_server::impl {
   }
 
   void on_frame(const std::shared_ptr<session>& s) {
-    switch (s->head.type) {
+    switch (s->type) {
       case rendezvous_frame::register_worker:
         return on_register(s);
       case rendezvous_frame::ready:
@@ -183,22 +253,16 @@ struct rendezvous_server::impl {
           if (!slot || !slot->ready) return;
         return launch();
       default:
-        return refuse(s, "unexpected frame type " + std::to_string(s->head.type));
+        return refuse(s, "unexpected frame type " + std::to_string(s->type));
     }
   }
 
   void on_register(const std::shared_ptr<session>& s) {
     if (s->rank >= 0) return refuse(s, "rank " + std::to_string(s->rank) + " registered twice");
-    wire_reader r(s->body.data(), s->body.size());
-    auto tok = r.get<std::uint64_t>();
-    worker_entry w;
-    w.node_rank = r.get<std::int32_t>();
-    w.local_rank = r.get<std::int32_t>();
-    w.data.host = r.get_bytes();
-    w.data.port = r.get<std::uint16_t>();
-    w.blob = r.get_bytes();
-    if (r.failed() || !r.at_end()) return refuse(s, "a malformed registration");
-    if (tok != token) return reject(s, "wrong job token");
+    auto reg = decode_registration(s->body.data(), s->body.size());
+    if (!reg) return refuse(s, "a malformed registration");
+    if (reg->token != token) return reject(s, "wrong job token");
+    worker_entry& w = reg->worker;
     if (w.node_rank < 0 || w.node_rank >= nodes)
       return reject(s, "node rank " + std::to_string(w.node_rank) + " is outside 0.." +
                            std::to_string(nodes - 1) + " (" + std::to_string(opt.world_size) +
@@ -226,19 +290,10 @@ struct rendezvous_server::impl {
 
   void form() {
     ph = phase::forming;
-    for (int r = 0; r < opt.world_size; ++r) {
-      wire_writer w;
-      w.put(static_cast<std::int32_t>(r));
-      w.put(static_cast<std::int32_t>(opt.world_size));
-      for (const auto& e : entries) {
-        w.put(static_cast<std::int32_t>(e.node_rank));
-        w.put(static_cast<std::int32_t>(e.local_rank));
-        w.put_bytes(e.data.host);
-        w.put(e.data.port);
-        w.put_bytes(e.blob);
-      }
-      send(slots[r], rendezvous_frame::encode(rendezvous_frame::table, w.bytes()), false, false);
-    }
+    const job_table table{entries};
+    for (int r = 0; r < opt.world_size; ++r)
+      send(slots[r], rendezvous_frame::encode(rendezvous_frame::table, encode_table(r, table)),
+           false, false);
     deadline.expires_after(opt.timeout);
     deadline.async_wait([this](boost::system::error_code ec) {
       if (!ec && !closing) timed_out();
@@ -257,10 +312,8 @@ struct rendezvous_server::impl {
   void fail(const std::string& why, const std::string& hint) {
     ph = phase::done;
     deadline.cancel();
-    wire_writer w;
-    w.put_bytes(why);
     for (auto& s : slots)
-      if (s) send(s, rendezvous_frame::encode(rendezvous_frame::abort, w.bytes()), true, true);
+      if (s) send(s, rendezvous_frame::encode(rendezvous_frame::abort, encode_reason(why)), true, true);
     log(why);
     decided = core::error::make(why, hint);
     publish_when_sent();
@@ -335,9 +388,7 @@ struct rendezvous_server::impl {
   // Tells a worker why it cannot join, then closes; the others are not affected.
   void reject(const std::shared_ptr<session>& s, const std::string& why) {
     log("refused a worker from " + s->name + ": " + why);
-    wire_writer w;
-    w.put_bytes(why);
-    send(s, rendezvous_frame::encode(rendezvous_frame::reject, w.bytes()), true, false);
+    send(s, rendezvous_frame::encode(rendezvous_frame::reject, encode_reason(why)), true, false);
   }
 
   // Garbage or a protocol violation: close without an answer.
@@ -530,12 +581,13 @@ struct rendezvous_client::impl {
       asio::async_read(sock, asio::buffer(hdr),
                        [done](boost::system::error_code e, std::size_t) { done(e); });
     });
-    frame_head head;
+    std::uint16_t type = 0;
+    std::uint32_t length = 0;
     std::string why;
-    if (!ec) why = parse_head(hdr, opt.max_frame_bytes, head);
+    if (!ec) why = rendezvous_frame::decode_head(hdr.data(), opt.max_frame_bytes, type, length);
     std::vector<char> body;
     if (!ec && why.empty()) {
-      body.resize(head.length);
+      body.resize(length);
       ec = run(until, [&](auto done) {
         asio::async_read(sock, asio::buffer(body),
                          [done](boost::system::error_code e, std::size_t) { done(e); });
@@ -551,10 +603,9 @@ struct rendezvous_client::impl {
       return core::error::make("lost the rendezvous at " + master() + " while waiting for " +
                                awaited + " (" + ec.message() + "; this is " + me() + ")");
     if (!why.empty()) return core::error::make("the rendezvous at " + master() + " sent " + why);
-    if (head.type == rendezvous_frame::reject || head.type == rendezvous_frame::abort) {
-      wire_reader r(body.data(), body.size());
-      std::string reason = r.get_bytes();
-      rejected = head.type == rendezvous_frame::reject;
+    if (type == rendezvous_frame::reject || type == rendezvous_frame::abort) {
+      std::string reason = decode_reason(body.data(), body.size());
+      rejected = type == rendezvous_frame::reject;
       if (rejected)
         return core::error::make(
             "the rendezvous at " + master() + " refused this worker (" + me() + "): " + reason,
@@ -562,28 +613,14 @@ struct rendezvous_client::impl {
             "arguments");
       return core::error::make("the job could not form: " + reason);
     }
-    return std::pair{head.type, std::move(body)};
+    return std::pair{type, std::move(body)};
   }
 
   core::status parse_table(const std::vector<char>& body) {
-    wire_reader r(body.data(), body.size());
-    rank = r.get<std::int32_t>();
-    int world = r.get<std::int32_t>();
-    if (r.failed() || world < 1 || rank < 0 || rank >= world ||
-        static_cast<std::size_t>(world) > body.size())
-      return core::error::make("the rendezvous at " + master() + " sent a malformed table");
-    table.workers.resize(world);
-    for (int w = 0; w < world; ++w) {
-      auto& e = table.workers[w];
-      e.rank = w;
-      e.node_rank = r.get<std::int32_t>();
-      e.local_rank = r.get<std::int32_t>();
-      e.data.host = r.get_bytes();
-      e.data.port = r.get<std::uint16_t>();
-      e.blob = r.get_bytes();
-    }
-    if (r.failed() || !r.at_end())
-      return core::error::make("the rendezvous at " + master() + " sent a malformed table");
+    auto got = decode_table(body.data(), body.size());
+    if (!got) return core::error::make("the rendezvous at " + master() + " sent a malformed table");
+    rank = got->first;
+    table = std::move(got->second);
     return {};
   }
 };
@@ -595,18 +632,17 @@ core::result<std::unique_ptr<rendezvous_client>> rendezvous_client::join(
     rendezvous_client_options opt) {
   auto p = std::make_unique<impl>(std::move(opt));
   auto until = clock_type::now() + p->opt.timeout;
-  wire_writer w;
-  w.put(token_hash(p->opt.job_token));
-  w.put(static_cast<std::int32_t>(p->opt.node_rank));
-  w.put(static_cast<std::int32_t>(p->opt.local_rank));
-  w.put_bytes(p->opt.host);
-  w.put(p->opt.data_port);
-  w.put_bytes(p->opt.blob);
+  registration reg;
+  reg.token = token_hash(p->opt.job_token);
+  reg.worker.node_rank = p->opt.node_rank;
+  reg.worker.local_rank = p->opt.local_rank;
+  reg.worker.data = {p->opt.host, p->opt.data_port};
+  reg.worker.blob = p->opt.blob;
+  const std::vector<char> hello = encode_registration(reg);
   core::result<std::pair<std::uint16_t, std::vector<char>>> got = core::error::make("");
   while (true) {
     if (auto st = p->connect(until); !st) return st.err();
-    if (auto st = p->write(until, rendezvous_frame::encode(rendezvous_frame::register_worker,
-                                                           w.bytes()));
+    if (auto st = p->write(until, rendezvous_frame::encode(rendezvous_frame::register_worker, hello));
         !st)
       return st.err();
     p->rejected = false;

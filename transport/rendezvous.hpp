@@ -16,7 +16,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -39,6 +42,11 @@ struct rendezvous_frame {
   };
   /// Header and body of one frame.
   static std::vector<char> encode(type t, const std::vector<char>& body);
+  /// Why the `header_size` bytes at `bytes` are not the header of a frame whose body has at most
+  /// `max_body` bytes; "" when they are, with `frame_type` and `body_length` set. The type is not
+  /// checked: what a side accepts depends on where it is in the protocol.
+  static std::string decode_head(const char* bytes, std::uint32_t max_body,
+                                 std::uint16_t& frame_type, std::uint32_t& body_length);
 };
 
 /// One worker of the job, as the table lists it.
@@ -56,6 +64,30 @@ struct job_table {
   /// workers[r].data for every r: the address table a tcp_transport starts with.
   std::vector<endpoint> data_endpoints() const;
 };
+
+// The bodies of the frames, as pure functions of bytes so that the fuzz target
+// (fuzz/fuzz_rendezvous.cpp) reaches the parsers without sockets. A decoder accepts exactly what
+// its encoder writes: every field present, nothing after the last.
+
+/// A register_worker body: the job-token hash and who the worker is (`worker.rank` unused).
+struct registration {
+  std::uint64_t token = 0;
+  worker_entry worker;
+};
+std::vector<char> encode_registration(const registration& r);
+/// The registration in `size` bytes, or nullopt when they are not one.
+std::optional<registration> decode_registration(const char* data, std::size_t size);
+
+/// A table body as worker `rank` receives it: its rank, then every worker's row.
+std::vector<char> encode_table(int rank, const job_table& table);
+/// The receiving worker's rank and the table (rows numbered by position), or nullopt when the
+/// bytes are not a table with at least one row and the rank among them.
+std::optional<std::pair<int, job_table>> decode_table(const char* data, std::size_t size);
+
+/// A reject or abort body: why.
+std::vector<char> encode_reason(std::string_view why);
+/// The reason in `size` bytes; what a malformed body holds of it (possibly nothing).
+std::string decode_reason(const char* data, std::size_t size);
 
 struct rendezvous_server_options {
   /// master_addr:master_port.

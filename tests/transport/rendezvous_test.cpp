@@ -316,3 +316,57 @@ TEST_CASE("a job that does not split into whole nodes is refused before listenin
   REQUIRE_FALSE(s.ok());
   CHECK(s.err().message.find("6 workers with 4 per node") != std::string::npos);
 }
+
+TEST_CASE("the rendezvous bodies decode back to what was encoded and nothing else") {
+  transport::registration reg;
+  reg.token = transport::token_hash(token);
+  reg.worker.node_rank = 1;
+  reg.worker.local_rank = 2;
+  reg.worker.data = {"10.0.0.7", 29400};
+  reg.worker.blob = std::string("nccl\0id", 7);
+  std::vector<char> body = transport::encode_registration(reg);
+  auto back = transport::decode_registration(body.data(), body.size());
+  REQUIRE(back.has_value());
+  CHECK(back->token == reg.token);
+  CHECK(back->worker.node_rank == 1);
+  CHECK(back->worker.local_rank == 2);
+  CHECK(back->worker.data == reg.worker.data);
+  CHECK(back->worker.blob == reg.worker.blob);
+  body.push_back('x');
+  CHECK_FALSE(transport::decode_registration(body.data(), body.size()).has_value());
+  body.resize(body.size() - 2);
+  CHECK_FALSE(transport::decode_registration(body.data(), body.size()).has_value());
+
+  transport::job_table table;
+  table.workers = {reg.worker, reg.worker};
+  table.workers[1].data.host = "10.0.0.8";
+  std::vector<char> t = transport::encode_table(1, table);
+  auto got = transport::decode_table(t.data(), t.size());
+  REQUIRE(got.has_value());
+  CHECK(got->first == 1);
+  REQUIRE(got->second.workers.size() == 2);
+  CHECK(got->second.workers[0].rank == 0);
+  CHECK(got->second.workers[1].rank == 1);
+  CHECK(got->second.data_endpoints() == table.data_endpoints());
+  CHECK(transport::encode_table(got->first, got->second) == t);
+  t.pop_back();
+  CHECK_FALSE(transport::decode_table(t.data(), t.size()).has_value());
+
+  std::vector<char> why = transport::encode_reason("wrong job token");
+  CHECK(transport::decode_reason(why.data(), why.size()) == "wrong job token");
+}
+
+TEST_CASE("a table announcing more rows than its bytes can hold is refused") {
+  // Rank 0 of 6 workers in 8 + 100 bytes: at 18 bytes a row at least, 5 fit.
+  transport::wire_writer w;
+  w.put(std::int32_t{0});
+  w.put(std::int32_t{6});
+  w.bytes().resize(8 + 100, 0);
+  CHECK_FALSE(transport::decode_table(w.bytes().data(), w.bytes().size()).has_value());
+  // Two rows of the fewest bytes each (empty host and blob) still decode.
+  transport::job_table two;
+  two.workers.resize(2);
+  std::vector<char> t = transport::encode_table(0, two);
+  CHECK(t.size() == 8 + 2 * 18);
+  CHECK(transport::decode_table(t.data(), t.size()).has_value());
+}
