@@ -299,7 +299,9 @@ void check_gradients(core::arch_kind arch, const core::lora_config& lora = {},
   const double h = 1e-5;
   double worst = 0;
   std::string worst_name;
-  for (auto& [name, g] : grads) {
+  for (auto& entry : grads) {  // no structured binding: clang 14 cannot capture one
+    const auto& name = entry.first;
+    auto& g = entry.second;
     vec& values = p.at(name);
     // Sampled entries plus the largest-gradient one.
     std::vector<std::size_t> idx;

@@ -64,7 +64,9 @@ bool same_bits(const tensor& a, const tensor& b) {
 
 void check_same(const hf::param_map& a, const hf::param_map& b) {
   REQUIRE(a.size() == b.size());
-  for (const auto& [name, t] : a) {
+  for (const auto& entry : a) {  // no structured binding: clang 14 cannot capture one
+    const auto& name = entry.first;
+    const auto& t = entry.second;
     INFO("tensor " << name);
     REQUIRE(b.count(name));
     CHECK(same_bits(t, b.at(name)));
@@ -275,7 +277,9 @@ TEST_CASE("bf16 export stores BF16 and imports as the fp32 masters rounded to bf
   REQUIRE(f.ok());
   for (const auto& e : f->entries()) CHECK(e.dtype == "BF16");
   const hf::param_map back = import_params(d / "out", m);
-  for (const auto& [name, t] : params) {
+  for (const auto& entry : params) {  // no structured binding: clang 14 cannot capture one
+    const auto& name = entry.first;
+    const auto& t = entry.second;
     INFO(name);
     const float* a = t.data<float>();
     const float* b = back.at(name).data<float>();
@@ -314,7 +318,9 @@ TEST_CASE("a gpt2 directory without the transformer. prefix, in F16, with more p
     "n_positions": 16, "vocab_size": 50})");
   const hf::param_map back = import_params(d.path.string(), m);
   auto f16 = [](float x) { return troupe::core::f16_to_f32(troupe::core::f32_to_f16(x)); };
-  for (const auto& [name, t] : back) {
+  for (const auto& entry : back) {  // no structured binding: clang 14 cannot capture one
+    const auto& name = entry.first;
+    const auto& t = entry.second;
     INFO(name);
     const tensor& src = params.at(name);
     if (name == "wpe.weight") {

@@ -133,7 +133,9 @@ TEST_CASE("a packed example's losses and gradients are those it has alone in a p
       // Parameter gradients: the same sums over the same tokens, added up in another order
       // (rows of one example sit elsewhere in the batch): within fp32 rounding.
       REQUIRE(pack.grads.size() == alone.grads.size());
-      for (const auto& [name, g] : alone.grads) {
+      for (const auto& entry : alone.grads) {  // no structured binding: clang 14 cannot capture one
+        const auto& name = entry.first;
+        const auto& g = entry.second;
         const auto& p = pack.grads.at(name);
         REQUIRE(p.size() == g.size());
         float scale = 1e-3f, worst = 0;

@@ -283,7 +283,11 @@ TEST_CASE("a tensor-parallel layer run twice gives the same bits") {
     const layer_result b = split_run(c, params, x, dy, 4, sp);
     CHECK(same_bits(a.y, b.y));
     CHECK(same_bits(a.dx, b.dx));
-    for (const auto& [name, t] : a.grads) CHECK_MESSAGE(same_bits(t, b.grads.at(name)), name);
+    for (const auto& entry : a.grads) {  // no structured binding: clang 14 cannot capture one
+      const auto& name = entry.first;
+      const auto& t = entry.second;
+      CHECK_MESSAGE(same_bits(t, b.grads.at(name)), name);
+    }
   }
 }
 
@@ -295,7 +299,9 @@ TEST_CASE("sharding every parameter and gathering it back gives the same bits") 
     const named params = random_params(cfg, {0, 2, true, true}, 11);
     for (int tp : {1, 2, 4}) {
       const model::layer_split s = model::split_of(cfg, tp, tp - 1);
-      for (const auto& [name, full] : params) {
+      for (const auto& entry : params) {  // no structured binding: clang 14 cannot capture one
+        const auto& name = entry.first;
+        const auto& full = entry.second;
         std::vector<tensor> parts;
         for (int r = 0; r < tp; ++r) parts.push_back(model::shard_tensor(cfg, name, full, tp, r));
         CHECK_MESSAGE(same_bits(model::unshard_tensor(cfg, name, parts), full), name << " tp " << tp);

@@ -132,7 +132,10 @@ TEST_CASE("on one device the planned pipeline time is the whole model's work, wh
 }
 
 TEST_CASE("with optimizer.offload the planned device peaks still match a CPU run within 10 %") {
-  for (auto [pp, dp, zero] : {std::tuple{1, 1, 0}, std::tuple{2, 2, 1}, std::tuple{2, 2, 2}}) {
+  for (const auto& layout_case : {std::tuple{1, 1, 0}, std::tuple{2, 2, 1}, std::tuple{2, 2, 2}}) {
+    // Plain variables: clang 14's CAPTURE cannot name a structured binding.
+    const int pp = std::get<0>(layout_case), dp = std::get<1>(layout_case);
+    const int zero = std::get<2>(layout_case);
     CAPTURE(pp);
     CAPTURE(dp);
     CAPTURE(zero);

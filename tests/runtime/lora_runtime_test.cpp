@@ -49,7 +49,9 @@ TEST_CASE("lora: pipeline splits, schedules and recompute are bit-identical to t
     scratch_dir tmp("rt_lora_split");
     auto oracle = oracle_run(lora_config(tmp, 1, 1, arch));
     // Only adapters and the trainable norm are saved, and they moved.
-    for (const auto& [name, h] : oracle.hashes) {
+    for (const auto& entry : oracle.hashes) {  // no structured binding: clang 14 cannot capture one
+      const auto& name = entry.first;
+      const auto& h = entry.second;
       INFO("tensor ", name);
       const bool adapter = name.find(".lora_") != std::string::npos;
       const bool norm = name.rfind(arch == core::arch_kind::gpt2 ? "ln_f." : "model.norm.", 0) == 0;

@@ -94,7 +94,8 @@ TEST_CASE("a checkpoint written with offload resumes without it, and the other w
   auto cfg = pipeline_config(tmp, 2, 2);
   cfg.optimizer.zero_stage = 2;
   auto whole = actors_run(with_offload(cfg, false));
-  for (auto [first, second] : {std::pair{true, false}, std::pair{false, true}}) {
+  for (auto order : {std::pair{true, false}, std::pair{false, true}}) {
+    const bool first = order.first, second = order.second;  // clang 14: INFO cannot name a binding
     INFO("offload ", first, " then ", second);
     auto c = cfg;
     c.runtime.run_dir = tmp / (first ? "on_off" : "off_on");

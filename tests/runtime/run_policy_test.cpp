@@ -61,7 +61,9 @@ core::config two_stage_run(const scratch_dir& tmp, const std::string& name) {
 
 TEST_CASE("both loops print progress lines every train.log_interval steps, after evaluations and at the end") {
   scratch_dir tmp("policy_rt_log");
-  for (auto& [name, run] : loops()) {
+  for (auto& entry : loops()) {  // no structured binding: clang 14 cannot capture one
+    const auto& name = entry.first;
+    auto& run = entry.second;
     CAPTURE(name);
     auto cfg = two_stage_run(tmp, name);
     cfg.train.steps = 6;
@@ -86,7 +88,9 @@ TEST_CASE("both loops print progress lines every train.log_interval steps, after
 
 TEST_CASE("both loops stop when config.toml or metrics.jsonl cannot be written") {
   scratch_dir tmp("policy_rt_files");
-  for (auto& [name, run] : loops()) {
+  for (auto& entry : loops()) {  // no structured binding: clang 14 cannot capture one
+    const auto& name = entry.first;
+    auto& run = entry.second;
     CAPTURE(name);
     auto cfg = two_stage_run(tmp, name + "_config");
     fs::create_directories(cfg.runtime.run_dir + "/config.toml");
@@ -106,7 +110,9 @@ TEST_CASE("both loops stop when config.toml or metrics.jsonl cannot be written")
 
 TEST_CASE("both loops refuse to resume from a checkpoint of another model") {
   scratch_dir tmp("policy_rt_resume");
-  for (auto& [name, run] : loops()) {
+  for (auto& entry : loops()) {  // no structured binding: clang 14 cannot capture one
+    const auto& name = entry.first;
+    auto& run = entry.second;
     CAPTURE(name);
     auto cfg = two_stage_run(tmp, name);
     REQUIRE(run(cfg, nullptr, "", 2, {}).ok());
@@ -123,7 +129,9 @@ TEST_CASE("a token id outside the vocabulary in the validation shard stops both 
   scratch_dir tmp("policy_rt_val");
   const std::string bad = tmp / "val_bad.bin";
   REQUIRE(model::write_shard(bad, std::vector<std::uint16_t>(4000, 99)).ok());
-  for (auto& [name, run] : loops()) {
+  for (auto& entry : loops()) {  // no structured binding: clang 14 cannot capture one
+    const auto& name = entry.first;
+    auto& run = entry.second;
     CAPTURE(name);
     auto cfg = two_stage_run(tmp, name);
     cfg.data.val = bad;
@@ -140,7 +148,9 @@ TEST_CASE("a token id outside the vocabulary in the validation shard stops both 
 
 TEST_CASE("both loops run the step-end hooks after every step's metrics line, and a failing hook stops the run") {
   scratch_dir tmp("policy_rt_hooks");
-  for (auto& [name, run] : loops()) {
+  for (auto& entry : loops()) {  // no structured binding: clang 14 cannot capture one
+    const auto& name = entry.first;
+    auto& run = entry.second;
     CAPTURE(name);
     auto cfg = two_stage_run(tmp, name);
     cfg.train.steps = 3;
