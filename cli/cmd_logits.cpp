@@ -1,7 +1,8 @@
 // `troupe logits MODEL --tokens FILE --out FILE [--device cpu|cuda]`: the model's fp32 logits for
 // given token sequences, for comparing troupe with another implementation
 // (bench/gpu/hf_check.py compares them with transformers). MODEL is a Hugging Face model
-// directory or a troupe checkpoint; FILE holds one sequence per line (token ids separated by
+// directory or a troupe checkpoint (a LoRA checkpoint's frozen base remade as `troupe export`
+// remakes it, bench/gpu/peft_check.py); FILE holds one sequence per line (token ids separated by
 // spaces, every line the same length T <= the model's positions). The output is raw
 // little-endian float32 [sequences, T, vocab_size].
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "model/checkpoint.hpp"
 #include "model/chunk.hpp"
 #include "model/hf.hpp"
+#include "model/params.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -84,12 +86,39 @@ int run_logits(const logits_args& a) {
     return fail(core::error::at_file(a.tokens, std::to_string(T) + " tokens per sequence, above the "
                                                    "model's " + std::to_string(m.seq_length) +
                                                    " positions"));
+  const int positions = m.seq_length;
   m.seq_length = T;
-  auto w = model::hf::weights::open(a.model, m);
-  if (!w) return fail(w.err());
   std::unique_ptr<kernels::backend> be = kernels::make_backend(a.device);
   model::chunk net(m, model::chunk_spec{0, m.num_layers, true, true}, *be);
-  if (auto st = model::hf::load_chunk(*w.value(), *be, m, net); !st) return fail(st.err());
+  if (m.lora.partial()) {
+    // A LoRA (or partly frozen) checkpoint holds only what trains: read_checkpoint remakes the
+    // frozen base as the run did and adds the checkpoint's weights, adapters included.
+    auto ck = model::hf::read_checkpoint(a.model);
+    if (!ck) return fail(ck.err());
+    for (const auto* list : {&net.params(), &net.frozen_params()})
+      for (const model::param_info& p : *list) {
+        auto it = ck->second.find(p.tied ? model::embedding_name(m) : p.name);
+        if (it == ck->second.end())
+          return fail(core::error::at_file(a.model, "holds no tensor '" + p.name + "'",
+                                           "the checkpoint and its manifest do not belong together"));
+        core::tensor t = it->second;
+        // GPT-2's position table holds the checkpoint's positions; the first T rows serve here.
+        if (t.rank() == 2 && p.shape.size() == 2 && t.shape() != p.shape && t.dim(0) == positions &&
+            p.shape[0] == T && t.dim(1) == p.shape[1])
+          t = t.rows(0, T).clone();
+        if (t.shape() != p.shape)
+          return fail(core::error::at_file(a.model, "tensor '" + p.name + "' has shape " +
+                                                        core::shape_string(t.shape()) + ", the model needs " +
+                                                        core::shape_string(p.shape)));
+        core::tensor dst = net.param(p.name);
+        be->copy(t, dst);
+      }
+    net.params_updated();
+  } else {
+    auto w = model::hf::weights::open(a.model, m);
+    if (!w) return fail(w.err());
+    if (auto st = model::hf::load_chunk(*w.value(), *be, m, net); !st) return fail(st.err());
+  }
   core::tensor input = core::tensor::zeros({static_cast<std::int64_t>(ids.size())}, core::dtype::i32);
   std::copy(ids.begin(), ids.end(), input.data<std::int32_t>());
   core::tensor logits =
