@@ -194,7 +194,9 @@ TEST_CASE("cuda packed examples: the losses and gradients they have alone, and t
         at += kLengths[i];
       }
       REQUIRE(pack.grads.size() == ref.grads.size());
-      for (const auto& [name, g] : ref.grads) {
+      for (const auto& entry : ref.grads) {  // no structured binding: clang 14 cannot capture one
+        const auto& name = entry.first;
+        const auto& g = entry.second;
         INFO(name);
         CHECK(rel(g, pack.grads.at(name)) <= 1e-4f);
         CHECK(rel(alone.grads.at(name), pack.grads.at(name)) <= 1e-4f);
