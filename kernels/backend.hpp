@@ -106,6 +106,10 @@ class pending_value {
   virtual std::uint64_t get() = 0;
 };
 
+/// The logits' row width of the CUDA backend for `classes` classes (backend::logits_width): the
+/// next multiple of 64.
+inline std::int64_t cuda_logits_width(std::int64_t classes) { return (classes + 63) / 64 * 64; }
+
 class backend {
  public:
   virtual ~backend() = default;
@@ -129,11 +133,22 @@ class backend {
 
   // --- dense ------------------------------------------------------------------------------------
   /// y[N,OC] = x[N,IC] · w[OC,IC]ᵀ (+ b[OC] when b is defined). Overwrites y.
+  /// Padded rows (the LM head's logits, see logits_width): y may be [N, W] with W > OC and no b;
+  /// then columns OC..W of y are set to −∞, logits that cross_entropy gives zero probability and
+  /// zero gradient. Only a backend whose logits_width pads accepts them.
   virtual void linear_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y) = 0;
-  /// dx[N,IC] += dy[N,OC] · w[OC,IC].
+  /// dx[N,IC] += dy[N,OC] · w[OC,IC]. dy may have padded rows [N, W > OC]: columns past OC are
+  /// not read.
   virtual void linear_backward_input(const tensor& dy, const tensor& w, tensor& dx) = 0;
-  /// dw[OC,IC] += dyᵀ · x; db[OC] += Σ_rows dy (when db is defined).
+  /// dw[OC,IC] += dyᵀ · x; db[OC] += Σ_rows dy (when db is defined). dy may have padded rows
+  /// [N, W > OC] when db is not defined: columns past OC are not read.
   virtual void linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw, tensor& db) = 0;
+  /// The row width of the logits of `classes` classes (>= classes) that the LM head computes into
+  /// (model/chunk.cpp): the CUDA backend pads a width that is not a multiple of 64 (GPT-2's
+  /// 50,257) to the next one, since cuBLASLt's fast kernels need aligned sizes and strides (the
+  /// head's three GEMMs ran about 5x slower at 50,257 than at 50,304 on an H200). The padding is
+  /// invisible outside: its logits are −∞ (linear_forward), its gradient zero (cross_entropy).
+  virtual std::int64_t logits_width(std::int64_t classes) const { return classes; }
 
   // --- fused variants -------------------------------------------------------------------------
   // Each has a default composed of the ops above (kernels/fused_defaults.cpp), so a backend need

@@ -72,6 +72,9 @@ class meta_backend final : public backend {
   void linear_forward(const tensor&, const tensor&, const tensor&, tensor&) override {}
   void linear_backward_input(const tensor&, const tensor&, tensor&) override {}
   void linear_backward_weight(const tensor&, const tensor&, tensor&, tensor&) override {}
+  std::int64_t logits_width(std::int64_t classes) const override {
+    return opt_.cuda_fusions ? cuda_logits_width(classes) : classes;
+  }
   void linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
                                   tensor& dx) override;
   void embedding_forward(const tensor&, const tensor&, const tensor&, int, tensor&) override {}

@@ -64,7 +64,7 @@ core::dtype compute_dtype(core::precision_kind p) {
 struct head_acts {
   tensor x;                // final norm input (the last layer's output)
   tensor n, mean, rstd;    // final norm output and statistics
-  tensor dlogits;          // d loss / d logits × grad_scale, [N, V]: the largest buffer
+  tensor dlogits;          // d loss / d logits × grad_scale, [N, logits_width(V)]: the largest buffer
 };
 
 /// One micro-batch in flight.
@@ -298,7 +298,9 @@ class chunk_impl {
 
     head_acts h;
     h.x = x;
-    tensor logits = head_forward(w.head, h);
+    // With the loss, the logits' rows may be padded (backend::logits_width); returned logits are
+    // [n, V].
+    tensor logits = head_forward(w.head, h, losses != nullptr);
     if (!losses) return logits;
     *losses = ops_->alloc({n}, core::dtype::f32);
     be_.cross_entropy(logits, st.targets, *losses, st.grad_scale);
@@ -325,13 +327,15 @@ class chunk_impl {
     return keep::per_layer;
   }
 
-  /// Final norm and LM head of h.x: fills h.n and its statistics, returns the logits.
-  tensor head_forward(const head_tensors& w, head_acts& h) {
+  /// Final norm and LM head of h.x: fills h.n and its statistics, returns the logits: [n, V], or
+  /// with `padded` [n, be_.logits_width(V)] whose columns past V are −∞ (for the cross-entropy).
+  tensor head_forward(const head_tensors& w, head_acts& h, bool padded = false) {
     const std::int64_t n = h.x.dim(0);
     h.n = ops_->alloc({n, cfg_.hidden_size});
     ops_->norm_stats(n, h.mean, h.rstd);
     ops_->norm_forward(h.x, w.norm_w, w.norm_b, h.n, h.mean, h.rstd);
-    tensor logits = ops_->alloc({n, cfg_.vocab_size});
+    const std::int64_t width = padded ? be_.logits_width(cfg_.vocab_size) : cfg_.vocab_size;
+    tensor logits = ops_->alloc({n, width});
     be_.linear_forward(h.n, w.head_w, {}, logits);
     return logits;
   }

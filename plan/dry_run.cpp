@@ -25,7 +25,8 @@ using actors::tensor_kind;
 kernels::meta_backend::classifier classify(const core::model_config& m, std::int64_t rows) {
   return [vocab = m.vocab_size, hidden = m.hidden_size, rows](const core::shape_t& s,
                                                               core::dtype t) -> std::string {
-    if (s.size() == 2 && s[1] == vocab) return "logits";
+    if (s.size() == 2 && (s[1] == vocab || s[1] == kernels::cuda_logits_width(vocab)))
+      return "logits";
     if (t == core::dtype::f32 && s.size() == 1 && s[0] > rows && s[0] > hidden)
       return "communication";
     if (t == core::dtype::f32 && s.size() == 2 && s[0] == vocab && s[1] == hidden)

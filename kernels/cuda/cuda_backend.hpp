@@ -52,6 +52,7 @@ class cuda_backend final : public backend {
   void linear_forward(const tensor& x, const tensor& w, const tensor& b, tensor& y) override;
   void linear_backward_input(const tensor& dy, const tensor& w, tensor& dx) override;
   void linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw, tensor& db) override;
+  std::int64_t logits_width(std::int64_t classes) const override;
   void linear_forward_residual(const tensor& x, const tensor& w, const tensor& b, const tensor& r,
                                tensor& y) override;
   void linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b, tensor& pre,

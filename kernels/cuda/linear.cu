@@ -17,6 +17,13 @@
 // within the 1e-5 agreement with the CPU reference that fp32 promises), and so does any case
 // the heuristic has no fused algorithm for, and every case after set_gelu_epilogue(false).
 //
+// Padded rows (backend.hpp, logits_width): the LM head's logits are [N, W] with W the vocabulary
+// rounded up to a multiple of 64. cuBLASLt picks slow kernels (no TMA) when m or k is odd, even
+// with aligned leading dimensions (bench/gpu_gemm_bench --ld-align), so a padded forward or input
+// gradient runs two GEMMs: the vocabulary's first multiple of 64 rows, then the few rows left (17
+// of GPT-2's 50,257); the weight gradient, where the vocabulary is n, needs only the aligned
+// leading dimension. The forward sets the padding columns to −∞.
+//
 // A plan (descriptors + the heuristic's algorithm) is cached per shape, layout, dtype and pointer
 // alignment: a training step repeats a dozen shapes, and the heuristic costs microseconds. Without
 // atomics in any chosen algorithm (cuBLASLt uses none unless asked), results are run-to-run identical.
@@ -58,6 +65,16 @@ struct bias_terms {
     acc[0] += load_f(dy, code, r * cols + c);
   }
 };
+
+/// y[r, c] = −∞ for c in [from, width): the padding columns of padded rows.
+template <class T>
+__global__ void fill_padding_kernel(T* y, std::int64_t rows, int from, int width) {
+  const int pad = width - from;
+  const std::int64_t total = rows * pad;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[(i / pad) * width + from + i % pad] = from_f<T>(-INFINITY);
+}
 
 /// Partial column sums of a dense [rows, cols] matrix for the bias gradient: thread t owns columns
 /// [V·t, V·t + V) and adds the rows of chunk blockIdx.y in order, loading V elements (16 bytes) per
@@ -429,6 +446,14 @@ gemm_call dense_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
   return g;
 }
 
+/// Padded rows are padded to a multiple of this (backend.hpp, logits_width).
+constexpr std::int64_t padding_multiple = 64;
+
+/// The row width of y or dy for a weight of `oc` output rows: oc, or W > oc for padded rows.
+std::int64_t padded_width(const tensor& t, std::int64_t oc) {
+  return t.rank() == 2 && t.dim(1) > oc ? t.dim(1) : oc;
+}
+
 void check_matrix(const tensor& w, const char* op) {
   require_float(w, op, "w");
   require(w.rank() == 2, op, "w must be [out, in], got " + core::shape_string(w.shape()));
@@ -446,15 +471,51 @@ gemm_call forward_call(const char* op, const tensor& x, const tensor& w, const t
               core::shape_string(w.shape()));
   const std::int64_t N = rows_of(x);
   require_float(y, op, "y");
-  require_numel(y, N * OC, op, "y");
+  const std::int64_t W = padded_width(y, OC);
+  require_numel(y, N * W, op, "y");
   if (b.defined()) {
+    require(W == OC, op, "padded rows (y " + core::shape_string(y.shape()) + " for w " +
+                             core::shape_string(w.shape()) + ") take no bias");
     require_float(b, op, "b");
     require_numel(b, OC, op, "b");
   }
   rows = N;
   gemm_call g = dense_gemm(true, false, OC, N, IC, w, x, y, 0);
+  g.ldc = W;
   g.bias = b.defined() && b.type() == y.type() ? b.raw() : nullptr;
   return g;
+}
+
+/// The aligned part of a padded dimension: its largest multiple of 64 (file comment).
+std::int64_t aligned_part(std::int64_t d) { return d / padding_multiple * padding_multiple; }
+
+/// g over the rows [from, from + count) of the dimension `dim` ('m' or 'k') of a padded call:
+/// the operands offset to those rows (A's rows are w's: lda elements each when A is transposed;
+/// B is the padded matrix, its rows contiguous within a padded row; C's rows likewise).
+gemm_call rows_of_call(const gemm_call& g, char dim, std::int64_t from, std::int64_t count,
+                       float beta) {
+  gemm_call p = g;
+  auto at = [](const void* base, std::int64_t elems, dtype t) {
+    return static_cast<const char*>(base) + elems * static_cast<std::int64_t>(core::dtype_size(t));
+  };
+  if (dim == 'm') {  // forward: A = w transposed (w's row from is at from·lda), C columns
+    p.m = count;
+    p.a = at(g.a, from * g.lda, g.a_type);
+    p.c = const_cast<char*>(at(g.c, from, g.c_type));
+  } else {  // input gradient: A = w (its row from at column from of the col-major A), B = dy
+    p.k = count;
+    p.a = at(g.a, from * g.lda, g.a_type);
+    p.b = at(g.b, from, g.b_type);
+  }
+  p.beta = beta;
+  return p;
+}
+
+/// Runs g, splitting its padded dimension (m or k, of size `d`) into an aligned part and the rest.
+void padded_gemm(context& ctx, const gemm_call& g, char dim, std::int64_t d) {
+  const std::int64_t head = aligned_part(d);
+  if (head > 0) gemm(ctx, rows_of_call(g, dim, 0, head, g.beta));
+  if (head < d) gemm(ctx, rows_of_call(g, dim, head, d - head, head > 0 && dim == 'k' ? 1.0f : g.beta));
 }
 
 /// y += b for a bias the GEMM did not fuse (its dtype differs from y's).
@@ -471,13 +532,15 @@ gemm_call backward_input_call(const char* op, const tensor& dy, const tensor& w,
   check_matrix(w, op);
   const std::int64_t OC = w.dim(0), IC = w.dim(1);
   require_type(dy, w.type(), op, "dy (must match w)");
-  require(dy.dim(-1) == OC, op,
+  require(dy.dim(-1) >= OC, op,
           "dy " + core::shape_string(dy.shape()) + " does not match w " +
               core::shape_string(w.shape()));
   const std::int64_t N = rows_of(dy);
   require_float(dx, op, "dx");
   require_numel(dx, N * IC, op, "dx");
-  return dense_gemm(false, false, IC, N, OC, w, dy, dx, beta);
+  gemm_call g = dense_gemm(false, false, IC, N, OC, w, dy, dx, beta);
+  g.ldb = dy.dim(-1);
+  return g;
 }
 
 /// True when GELU may ride on the epilogue of a GEMM writing d with aux `aux` (file comment).
@@ -500,8 +563,23 @@ void cuda_backend::linear_forward(const tensor& x, const tensor& w, const tensor
   std::int64_t n = 0;
   gemm_call g = forward_call("cuda linear_forward", x, w, b, y, n);
   if (n == 0) return;
-  gemm(ctx, g);
-  add_unfused_bias(ctx, g, b, y);
+  if (g.ldc == g.m) {
+    gemm(ctx, g);
+    add_unfused_bias(ctx, g, b, y);
+    return;
+  }
+  padded_gemm(ctx, g, 'm', g.m);
+  dispatch_float(y.type(), "cuda linear_forward", [&](auto tag) {
+    using T = decltype(tag);
+    const std::int64_t total = n * (g.ldc - g.m);
+    fill_padding_kernel<T><<<grid_for(total, 256), 256, 0, ctx.stream>>>(
+        y.data<T>(), n, static_cast<int>(g.m), static_cast<int>(g.ldc));
+  });
+  TROUPE_CUDA_CHECK_LAUNCH();
+}
+
+std::int64_t cuda_backend::logits_width(std::int64_t classes) const {
+  return cuda_logits_width(classes);
 }
 
 void cuda_backend::linear_forward_residual(const tensor& x, const tensor& w, const tensor& b,
@@ -551,13 +629,17 @@ void cuda_backend::linear_backward_input(const tensor& dy, const tensor& w, tens
   activate();
   context& ctx = *ctx_;
   gemm_call g = backward_input_call("cuda linear_backward_input", dy, w, dx, 1);
-  gemm(ctx, g);
+  if (g.ldb == g.k)
+    gemm(ctx, g);
+  else if (g.n > 0)
+    padded_gemm(ctx, g, 'k', g.k);
 }
 
 void cuda_backend::linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) {
   activate();
   context& ctx = *ctx_;
   gemm_call g = backward_input_call("cuda linear_backward_input_write", dy, w, dx, 0);
+  require(g.ldb == g.k, "cuda linear_backward_input_write", "dy must not have padded rows");
   gemm(ctx, g);
 }
 
@@ -567,6 +649,7 @@ void cuda_backend::linear_backward_input_gelu(const tensor& dy, const tensor& w,
   context& ctx = *ctx_;
   const char* op = "cuda linear_backward_input_gelu";
   gemm_call g = backward_input_call(op, dy, w, dx, 0);
+  require(g.ldb == g.k, op, "dy must not have padded rows");
   require_type(pre, dx.type(), op, "pre (must match dx)");
   require_numel(pre, dx.numel(), op, "pre");
   require_distinct(dx, pre, op, "dx", "pre");
@@ -596,17 +679,21 @@ void cuda_backend::linear_backward_weight(const tensor& dy, const tensor& x, ten
   const std::int64_t OC = dw.dim(0), IC = dw.dim(1);
   require_float(dy, op, "dy");
   require_type(x, dy.type(), op, "x (must match dy)");
-  require(dy.dim(-1) == OC && x.dim(-1) == IC, op,
+  const std::int64_t W = padded_width(dy, OC);
+  require(dy.dim(-1) == W && x.dim(-1) == IC, op,
           "dy " + core::shape_string(dy.shape()) + " and x " + core::shape_string(x.shape()) +
               " do not match dw " + core::shape_string(dw.shape()));
   const std::int64_t N = rows_of(dy);
   require(rows_of(x) == N, op, "dy and x have different row counts");
   if (db.defined()) {
+    require(W == OC, op, "padded rows (dy " + core::shape_string(dy.shape()) + ") take no db");
     require_float(db, op, "db");
     require_numel(db, OC, op, "db");
   }
   if (N == 0) return;
-  gemm(ctx, dense_gemm(false, true, IC, OC, N, x, dy, dw, 1));
+  gemm_call g = dense_gemm(false, true, IC, OC, N, x, dy, dw, 1);
+  g.ldb = W;  // B = dy transposed: n = OC columns of padded rows
+  gemm(ctx, g);
   if (db.defined()) bias_gradient(ctx, dy, N, static_cast<int>(OC), db);
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "tests/kernels/cuda_test_util.hpp"
@@ -590,6 +591,83 @@ TEST_CASE("cuda cross-entropy matches the CPU, ignored rows included") {
       be.gpu->cross_entropy(glog2, gtgt, gloss2, 0.0f);
       check_close(download(*be.gpu, gloss2), loss_ref, t == dtype::f32 ? fp32_rtol : 1e-3, "losses without gradient");
       CHECK(same_bits(be.gpu->to_host(glog2), host_as(logits, t)));  // logits untouched
+    }
+  }
+}
+
+TEST_CASE("cuda LM head over padded logits rows (logits_width) matches the CPU's unpadded ops, the padding never read") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // Rows of V classes padded to W = logits_width(V): a tiny odd vocabulary (only the few-rows GEMM
+  // runs), one past a multiple of 64, and GPT-2's 50,257 (an aligned GEMM and a 17-row one).
+  const std::int64_t N = 40, IC = 64;
+  for (std::int64_t V : {std::int64_t{37}, std::int64_t{129}, std::int64_t{50257}}) {
+    const std::int64_t W = be.gpu->logits_width(V);
+    CHECK(W % 64 == 0);
+    CHECK(W >= V);
+    CHECK(W < V + 64);
+    CHECK(be.cpu->logits_width(V) == V);
+    // [N, V] into [N, W] with `pad` in the extra columns, and back.
+    auto widen = [&](const tensor& h, float pad) {
+      tensor out = tensor::zeros({N, W});
+      for (std::int64_t r = 0; r < N; ++r)
+        for (std::int64_t c = 0; c < W; ++c)
+          out.data<float>()[r * W + c] = c < V ? h.data<float>()[r * V + c] : pad;
+      return out;
+    };
+    auto narrow = [&](const tensor& h) {
+      tensor out = tensor::zeros({N, V});
+      for (std::int64_t r = 0; r < N; ++r)
+        std::memcpy(out.data<float>() + r * V, h.data<float>() + r * W, sizeof(float) * V);
+      return out;
+    };
+    auto padding_is = [&](const tensor& h, float want) {
+      std::int64_t bad = 0;
+      for (std::int64_t r = 0; r < N; ++r)
+        for (std::int64_t c = V; c < W; ++c) bad += h.data<float>()[r * W + c] == want ? 0 : 1;
+      return bad == 0;
+    };
+    for (dtype t : float_types) {
+      INFO("dtype " << std::string(core::dtype_name(t)) << " V=" << V << " W=" << W);
+      const double rtol = rtol_for(t);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      tensor x = rounded(random_host({N, IC}, 70), t), w = rounded(random_host({V, IC}, 71, 0.1f), t);
+      tensor gx = upload(*be.gpu, x, t), gw = upload(*be.gpu, w, t);
+      // Forward: the first V columns as the CPU's, the padding −∞.
+      tensor y_ref = tensor::zeros({N, V});
+      be.cpu->linear_forward(x, w, tensor{}, y_ref);
+      tensor gy = poisoned(*be.gpu, {N, W}, t);
+      be.gpu->linear_forward(gx, gw, tensor{}, gy);
+      const tensor y = download(*be.gpu, gy);
+      check_close(narrow(y), y_ref, rtol, "logits = x·wᵀ");
+      CHECK(padding_is(y, -std::numeric_limits<float>::infinity()));
+      // The cross-entropy over the padded rows: the losses and gradient of the unpadded rows, a
+      // zero gradient in the padding.
+      tensor tgt = random_tokens(N, V, 72);
+      tgt.data<std::int32_t>()[0] = static_cast<std::int32_t>(V - 1);
+      tensor y_cpu = rounded(y_ref, t), loss_ref = tensor::zeros({N});
+      be.cpu->cross_entropy(y_cpu, tgt, loss_ref, 0.5f);
+      tensor gl = upload(*be.gpu, widen(rounded(y_ref, t), -std::numeric_limits<float>::infinity()), t);
+      tensor gloss = poisoned(*be.gpu, {N}, dtype::f32);
+      be.gpu->cross_entropy(gl, be.gpu->from_host(tgt), gloss, 0.5f);
+      check_close(download(*be.gpu, gloss), loss_ref, t == dtype::f32 ? fp32_rtol : 1e-3, "losses");
+      const tensor dl = download(*be.gpu, gl);
+      check_close(narrow(dl), y_cpu, rtol, "dlogits");
+      CHECK(padding_is(dl, 0.0f));
+      // The backward reads the first V columns only: NaN in the padding changes nothing.
+      tensor dy = rounded(random_host({N, V}, 73), t);
+      tensor gdy = upload(*be.gpu, widen(dy, nan), t);
+      tensor dx0 = rounded(random_host({N, IC}, 74), t);
+      tensor dx_ref = dx0.clone();
+      be.cpu->linear_backward_input(dy, w, dx_ref);
+      tensor gdx = run_twice(*be.gpu, dx0, t, [&](tensor& dx) { be.gpu->linear_backward_input(gdy, gw, dx); },
+                             "dx deterministic");
+      check_close(gdx, dx_ref, rtol, "dx += dy·w");
+      tensor dw0 = random_host({V, IC}, 75), dw_ref = dw0.clone(), none;
+      be.cpu->linear_backward_weight(dy, x, dw_ref, none);
+      tensor gdw = upload(*be.gpu, dw0, dtype::f32), gnone;
+      be.gpu->linear_backward_weight(gdy, gx, gdw, gnone);
+      check_close(download(*be.gpu, gdw), dw_ref, rtol, "fp32 dw += dyᵀ·x");
     }
   }
 }

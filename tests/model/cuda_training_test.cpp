@@ -73,25 +73,32 @@ TEST_CASE("cuda fp32 training steps of a small GPT-2 agree with the CPU") {
   if (!gpu_or_skip()) return;
   auto cpu = make_backend("cpu");
   auto gpu = make_backend("cuda");
-  const std::int64_t rows = 4 * small_gpt2().seq_length;
-  const tensor tok = random_tokens(rows, small_gpt2().vocab_size, 90);
-  const tensor tgt = random_tokens(rows, small_gpt2().vocab_size, 91);
-  run a(*cpu, core::precision_kind::fp32), b(*gpu, core::precision_kind::fp32);
-  check_close(gpu->to_host(b.c.flat_params()), a.c.flat_params(), 0.0, "identical init");
+  // A vocabulary of a multiple of 64, and one the CUDA backend pads (backend::logits_width): the
+  // padded logits rows must not change the losses or the gradients.
+  for (int vocab : {320, 331}) {
+    INFO("vocab " << vocab);
+    core::model_config m = small_gpt2();
+    m.vocab_size = vocab;
+    const std::int64_t rows = 4 * m.seq_length;
+    const tensor tok = random_tokens(rows, m.vocab_size, 90);
+    const tensor tgt = random_tokens(rows, m.vocab_size, 91);
+    run a(*cpu, core::precision_kind::fp32, m), b(*gpu, core::precision_kind::fp32, m);
+    check_close(gpu->to_host(b.c.flat_params()), a.c.flat_params(), 0.0, "identical init");
 
-  const double la = a.grads(tok, tgt), lb = b.grads(tok, tgt);
-  CHECK(lb == doctest::Approx(la).epsilon(1e-5));
-  // Through two layers the per-op 1e-5 errors add up; 1e-4 still catches any wrong term. Checked
-  // per parameter, so a failure names the tensor (and so the op) that went wrong.
-  const tensor gg = gpu->to_host(b.c.flat_grads());
-  for (const auto& p : a.c.params())
-    check_close(gg.slice(p.offset, {p.numel}).clone(), a.c.flat_grads().slice(p.offset, {p.numel}).clone(),
-                1e-4, "gradient of " + p.name);
+    const double la = a.grads(tok, tgt), lb = b.grads(tok, tgt);
+    CHECK(lb == doctest::Approx(la).epsilon(1e-5));
+    // Through two layers the per-op 1e-5 errors add up; 1e-4 still catches any wrong term. Checked
+    // per parameter, so a failure names the tensor (and so the op) that went wrong.
+    const tensor gg = gpu->to_host(b.c.flat_grads());
+    for (const auto& p : a.c.params())
+      check_close(gg.slice(p.offset, {p.numel}).clone(), a.c.flat_grads().slice(p.offset, {p.numel}).clone(),
+                  1e-4, "gradient of " + p.name);
 
-  for (int s = 0; s < 4; ++s) {
-    const double ca = a.step(tok, tgt, s), cb = b.step(tok, tgt, s);
-    INFO("step " << s);
-    CHECK(cb == doctest::Approx(ca).epsilon(1e-4));
+    for (int s = 0; s < 4; ++s) {
+      const double ca = a.step(tok, tgt, s), cb = b.step(tok, tgt, s);
+      INFO("step " << s);
+      CHECK(cb == doctest::Approx(ca).epsilon(1e-4));
+    }
   }
 }
 
