@@ -152,7 +152,8 @@ def case(name, make_model, targets, args):
     troupe = os.path.join(args.bin, "troupe")
     write_shard(os.path.join(work, "train.bin"), 20000, vocab, 3)
     cfg = os.path.join(work, "finetune.toml")
-    run([troupe, "import", hf_dir, "--out", cfg, "--seq-length", "48", "--force"])
+    run([troupe, "import", hf_dir, "--out", cfg, "--force"])  # all 128 positions, so the merged
+    # export holds the base's whole position table (a shorter --seq-length exports fewer rows of it)
     run_dir = os.path.join(work, "run")
     sets = {"data.train": f"{work}/train.bin", "data.val": "", "data.tokenizer_dir": "",
             "runtime.run_dir": run_dir, "runtime.device": args.train_device, "train.steps": "12",
