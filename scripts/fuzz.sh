@@ -21,6 +21,7 @@ mkdir -p $build
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B $build -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
   -DTROUPE_CUDA=OFF -DTROUPE_FUZZ=ON -DTROUPE_SANITIZE=address,undefined "${launcher[@]}" \
   > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 targets=(config schedule instruct safetensors tokenizer_json shard checkpoint tcp_frame rendezvous tokenizer)
