@@ -24,6 +24,11 @@ core::result<schedule> make_interleaved_1f1b(int p, int m, const schedule_option
 /// flight on any rank, the peak of 1F1B.
 core::result<schedule> make_zb_h1(int p, int m, const schedule_options& options);
 
+/// Zero-bubble ZB-V: v = 2 chunks per rank in a V (placement::v), backward split into I and W,
+/// ordered by a greedy unit-time list scheduler. REQUIRES (checked): v = 2. At most 2p
+/// (chunk, micro-batch) activations of half a stage each on any rank, 1F1B's peak.
+core::result<schedule> make_zb_v(int p, int m, const schedule_options& options);
+
 /// Checks the arguments every generator shares; `v_allowed` false rejects v > 1.
 core::status check_generator_args(std::string_view name, int p, int m, const schedule_options& options,
                                   bool v_allowed);

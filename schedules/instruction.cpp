@@ -105,6 +105,8 @@ core::result<instruction> parse_instruction(std::string_view text) {
   return op;
 }
 
+std::string_view placement_name(placement pl) { return pl == placement::v ? "v" : "interleaved"; }
+
 int transfer_peer(const schedule& s, op_kind k, int c) {
   switch (k) {
     case op_kind::SEND_F:

@@ -156,7 +156,7 @@ schedule insert_transfers(const schedule& compute_only, const cost_model& costs)
     }
   }
 
-  schedule out{s.stages, s.microbatches, s.virtual_stages, std::vector<std::vector<instruction>>(p), s.name};
+  schedule out{s.stages, s.microbatches, s.virtual_stages, std::vector<std::vector<instruction>>(p), s.name, s.place};
   for (int r = 0; r < p; ++r) {
     std::sort(lists[r].begin(), lists[r].end());
     for (auto& x : lists[r]) out.ranks[r].push_back(x.op);
@@ -175,7 +175,8 @@ schedule insert_reduction(const schedule& s) {
   if (!has_reduce) {
     for (int r = 0; r < s.stages; ++r) {
       auto& list = out.ranks[r];
-      for (int c = r; c < s.chunks(); c += s.stages) {
+      for (int k = 0; k < s.virtual_stages; ++k) {
+        const int c = s.chunk_of(r, k);
         int last = -1;
         for (int k = 0; k < static_cast<int>(list.size()); ++k)
           if ((list[k].kind == op_kind::B || list[k].kind == op_kind::W) && list[k].chunk == c) last = k;

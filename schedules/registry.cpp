@@ -34,6 +34,7 @@ struct registry_state {
     entries["1f1b"] = {make_1f1b, origin};
     entries["interleaved_1f1b"] = {make_interleaved_1f1b, origin};
     entries["zb_h1"] = {make_zb_h1, origin};
+    entries["zb_v"] = {make_zb_v, origin};
   }
 };
 

@@ -3,8 +3,12 @@
 // list is run against costs (simulate.hpp). Generators produce compute-only lists (F, B, I, W);
 // lowering (lower.hpp) inserts the transfers, gradient reduction and the optimizer step.
 //
-// Chunks are GLOBAL virtual stages in [0, p*v): chunk c lives on rank c % p, so rank r holds
-// chunks r, r+p, r+2p, ... and the forward pass runs chunk 0 -> p*v-1 (Megatron's interleaving).
+// Chunks are GLOBAL virtual stages in [0, p*v); the forward pass runs chunk 0 -> p*v-1. Where a
+// chunk lives is the schedule's placement: `interleaved` puts chunk c on rank c % p (rank r holds
+// r, r+p, r+2p, ...: Megatron's interleaving); `v` folds every second round of p chunks back, so
+// chunk c of round k = c / p lives on rank c % p for even k and on p-1 - c % p for odd k. With
+// v = 2 that is the V of ZB-V: rank 0 holds the first and the last chunk, and chunk p-1 hands its
+// output to chunk p on the same rank. Either way a rank's k-th chunk is from round k (c / p).
 //
 // Text form, compatible with PyTorch's pipelining actions: "<chunk><KIND><micro-batch>", e.g.
 // "1F3" (chunk 1, forward, micro-batch 3), "0B7", "2I0", "2W0", "0REDUCE_GRAD", and for transfers
@@ -81,6 +85,20 @@ std::int64_t max_passes();
 /// above the limits, before anything that large is built.
 core::status check_size(const std::string& what, int p, int v, int m);
 
+/// Where chunks live (see the top of this file).
+enum class placement { interleaved, v };
+
+/// The rank of chunk `c` among `p` ranks under placement `pl`.
+constexpr int chunk_rank(placement pl, int p, int c) {
+  return pl == placement::v && (c / p) % 2 == 1 ? p - 1 - c % p : c % p;
+}
+/// The global id of rank `r`'s `k`-th chunk (in forward order) under placement `pl`.
+constexpr int chunk_at(placement pl, int p, int r, int k) {
+  return k * p + (pl == placement::v && k % 2 == 1 ? p - 1 - r : r);
+}
+/// "interleaved" or "v".
+std::string_view placement_name(placement pl);
+
 /// Per rank, the ordered instruction list of one training step.
 struct schedule {
   int stages = 1;          // p: pipeline ranks
@@ -88,11 +106,14 @@ struct schedule {
   int virtual_stages = 1;  // v: chunks per rank
   std::vector<std::vector<instruction>> ranks;
   std::string name;
+  placement place = placement::interleaved;  // where chunks live
 
   /// p * v, the number of global chunks.
   int chunks() const { return stages * virtual_stages; }
   /// The rank that holds chunk `c`.
-  int rank_of(int c) const { return c % stages; }
+  int rank_of(int c) const { return chunk_rank(place, stages, c); }
+  /// The global id of rank `r`'s `k`-th chunk, k in [0, v).
+  int chunk_of(int r, int k) const { return chunk_at(place, stages, r, k); }
 };
 
 /// True for F, B, I and W.

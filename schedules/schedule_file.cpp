@@ -62,6 +62,20 @@ core::result<schedule> parse_schedule_text(std::string_view text, const std::str
     if (std::all_of(line.begin(), line.end(), [](char ch) { return blank(ch) || ch == ','; })) continue;
     auto tokens = split(line);
     const int rank = static_cast<int>(s.ranks.size());
+    if (!csv && !tokens.empty() && tokens[0].text == "placement") {
+      const bool known = tokens.size() == 2 && (tokens[1].text == "v" || tokens[1].text == "interleaved");
+      if (!known)
+        return core::error::at_key(source, "", line_no, tokens[0].column,
+                                   "expected 'placement v' or 'placement interleaved'",
+                                   "write 'placement v' for chunks in a V (ZB-V), or leave the line out for "
+                                   "chunk c on rank c % p");
+      if (rank > 0)
+        return core::error::at_key(source, "", line_no, tokens[0].column,
+                                   "the placement line comes after rank lines",
+                                   "put 'placement " + std::string(tokens[1].text) + "' before 'rank 0:'");
+      s.place = tokens[1].text == "v" ? placement::v : placement::interleaved;
+      continue;
+    }
     std::size_t first = 0;
     if (!csv && !tokens.empty() && tokens[0].text == "rank") {
       if (tokens.size() < 2 || tokens[1].text.empty() || tokens[1].text.back() != ':')
@@ -146,6 +160,7 @@ core::result<schedule> load_schedule_file(const std::string& path) {
 std::string format_schedule_text(const schedule& s) {
   std::string out = "# schedule '" + s.name + "': p=" + std::to_string(s.stages) + " m=" +
                     std::to_string(s.microbatches) + " v=" + std::to_string(s.virtual_stages) + "\n";
+  if (s.place != placement::interleaved) out += "placement " + std::string(placement_name(s.place)) + "\n";
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
     out += "rank " + std::to_string(r) + ":";
     for (auto& op : s.ranks[r]) out.append(" ").append(to_string(op));

@@ -9,6 +9,9 @@
 // peer is filled in from the chunk layout. A file without any transfer is compute-only and is
 // lowered like a built-in; a file with transfers is taken as written.
 //
+// A line "placement v" before the rank lines puts chunks in a V (schedule.hpp: chunk c of an odd
+// round c / p on rank p-1 - c % p, as ZB-V has them); without it chunk c lives on rank c % p.
+//
 // CSV form (.csv), PyTorch's compute-only dump (`_dump_csv`): one row per rank, one action per
 // cell, empty cells are idle steps and are skipped.
 //

@@ -137,9 +137,9 @@ TEST_CASE("transfers written without peers get them from the chunk layout") {
 }
 
 TEST_CASE("the text form of every built-in, lowered or not, reads back unchanged") {
-  for (auto name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}) {
+  for (auto name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
     schedule_options o;
-    o.virtual_stages = std::string(name) == "interleaved_1f1b" ? 2 : 1;
+    o.virtual_stages = std::string(name) == "interleaved_1f1b" || std::string(name) == "zb_v" ? 2 : 1;
     const schedule s = make_schedule(name, 4, 8, o).value();
     for (const schedule& form : {s, lower(s)}) {
       auto back = parse_schedule_text(format_schedule_text(form), "round-trip", false);
@@ -148,6 +148,7 @@ TEST_CASE("the text form of every built-in, lowered or not, reads back unchanged
       CHECK(back->stages == form.stages);
       CHECK(back->microbatches == form.microbatches);
       CHECK(back->virtual_stages == form.virtual_stages);
+      CHECK(back->place == form.place);
     }
   }
 }

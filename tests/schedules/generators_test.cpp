@@ -128,8 +128,9 @@ TEST_CASE("the simulator reports peak activations per rank as peak_activations d
 }
 
 TEST_CASE("every built-in runs each chunk's backwards in micro-batch order") {
-  for (auto name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}) {
-    const auto s = made(name, 4, 8, std::string(name) == "interleaved_1f1b" ? 2 : 1);
+  for (auto name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
+    const bool two = std::string(name) == "interleaved_1f1b" || std::string(name) == "zb_v";
+    const auto s = made(name, 4, 8, two ? 2 : 1);
     for (auto& list : s.ranks) {
       std::map<std::pair<int, op_kind>, int> next;
       for (auto& op : list)

@@ -26,7 +26,7 @@ std::string error_of(const troupe::core::result<schedule>& s) {
 
 TEST_CASE("the four built-in schedules are registered") {
   const auto names = schedule_names();
-  for (auto name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}) CHECK(std::count(names.begin(), names.end(), name) == 1);
+  for (auto name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) CHECK(std::count(names.begin(), names.end(), name) == 1);
 }
 
 TEST_CASE("an unknown name is an error that lists the valid names") {
