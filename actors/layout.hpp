@@ -16,6 +16,7 @@
 
 #include "actors/wire.hpp"
 #include "kernels/backend.hpp"
+#include "schedules/schedule.hpp"
 
 namespace troupe::actors {
 
@@ -25,13 +26,17 @@ struct job_layout {
   int v = 1;            // virtual_pipeline
   int zero_stage = 0;
   int microbatches = 1; // per replica per step: micro_batch_num × gradient_accumulation_steps
+  schedules::placement place = schedules::placement::interleaved;  // the schedule's: where chunks live
 
   int chunks() const { return pp * v; }
   int workers() const { return dp * pp; }
   int worker(int d, int p) const { return d * pp + p; }
-  int rank_of_chunk(int c) const { return c % pp; }
-  /// Chunks held by pipeline rank p, in forward order.
+  int rank_of_chunk(int c) const { return schedules::chunk_rank(place, pp, c); }
+  /// Where chunk c sits among its pipeline rank's chunks (forward order); both placements keep
+  /// round c / pp as the rank's (c / pp)-th chunk.
   int local_index(int c) const { return c / pp; }
+  /// The global id of pipeline rank p's i-th chunk (forward order).
+  int chunk_of(int p, int i) const { return schedules::chunk_at(place, pp, p, i); }
   /// The elements [first, second) of a chunk buffer of `numel` elements that shard part k owns.
   std::pair<std::int64_t, std::int64_t> shard_range(std::int64_t numel, int k) const {
     if (zero_stage == 0) return {0, numel};

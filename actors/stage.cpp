@@ -73,7 +73,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
       [=](snap_atom, std::int64_t step, std::int32_t dests) {
         auto& st = self->state;
         for (std::size_t i = 0; i < st.b->engine->chunks().size(); ++i) {
-          int c = pp + static_cast<int>(i) * j->layout.pp;
+          int c = j->layout.chunk_of(pp, static_cast<int>(i));
           core::tensor copy = st.b->be->to_host(st.b->engine->chunks()[i].flat_params()).clone();
           transport::tag tg{step, static_cast<std::uint32_t>(tensor_kind::snap_params), c, -1, 0};
           const address me{role::stage, dp, pp};

@@ -232,7 +232,7 @@ bool stage_engine::execute(const schedules::instruction& op) {
       if (packed()) {
         auto doc_tag = tag_of(tensor_kind::documents, pp_, op.mb);
         if (!need(doc_tag)) return false;
-        const int last_here = pp_ + (layout_.v - 1) * layout_.pp;
+        const int last_here = layout_.chunk_of(pp_, layout_.v - 1);
         docs = op.chunk == last_here ? take(doc_tag) : stash_.at(doc_tag);
       }
       core::tensor input = on_device(take(in_tag));
@@ -424,14 +424,14 @@ bool stage_engine::finish_step() {
   finishing_ = true;
   auto t0 = clock::now();
   for (int i = 0; i < layout_.v; ++i) {
-    int c = pp_ + i * layout_.pp;
+    int c = layout_.chunk_of(pp_, i);
     if (reduce_state_[c] != reduce_progress::slices_sent && !reduce_grad(c)) {
       if (!blocked_since_) blocked_since_ = t0;
       return false;
     }
   }
   for (int i = 0; i < layout_.v; ++i) {
-    int c = pp_ + i * layout_.pp;
+    int c = layout_.chunk_of(pp_, i);
     for (int k = 0; k < layout_.dp; ++k) {
       if (!layout_.shard_updates(k, dp_)) continue;
       if (!has(tag_of(tensor_kind::param_slice, c, -1, k))) {
@@ -454,7 +454,7 @@ bool stage_engine::finish_step() {
   }
   waiting_for_.clear();
   for (int i = 0; i < layout_.v; ++i) {
-    int c = pp_ + i * layout_.pp;
+    int c = layout_.chunk_of(pp_, i);
     auto& ch = chunk_for(c);
     for (int k = 0; k < layout_.dp; ++k) {
       if (!layout_.shard_updates(k, dp_)) continue;

@@ -36,12 +36,12 @@ struct schedule_args {
 
 void add_common(CLI::App& sub, schedule_args& a, bool pictures) {
   sub.add_option("--schedule,-s", a.schedule,
-                 "a registered name (gpipe, 1f1b, interleaved_1f1b, zb_h1, or one a plugin added), a schedule "
+                 "a registered name (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v, or one a plugin added), a schedule "
                  "file (text or PyTorch .csv), or LIB.so:NAME")
       ->capture_default_str();
   sub.add_option("--stages,-p", a.stages, "pipeline ranks p (files: taken from the file when left out)");
   sub.add_option("--microbatches,-m", a.microbatches, "micro-batches per step m (files: from the file)");
-  sub.add_option("--virtual,-v", a.virtual_stages, "chunks per rank v for interleaved_1f1b (default 1)");
+  sub.add_option("--virtual,-v", a.virtual_stages, "chunks per rank v for interleaved_1f1b, 2 for zb_v (default 1)");
   sub.add_option("--costs", a.costs,
                  "costs as F,B,W,comm (I = B - W; default 1,2,1,0) or f=..,b=..,i=..,w=..,comm=..,reduce=..,step=..");
   sub.add_option("--plugin", a.plugins, "load a schedule plugin (shared library) first; may repeat");
@@ -92,7 +92,8 @@ core::result<loaded> load(const schedule_args& a) {
 
 std::string describe(const ts::schedule& s) {
   return s.name + "  p=" + std::to_string(s.stages) + " m=" + std::to_string(s.microbatches) +
-         " v=" + std::to_string(s.virtual_stages);
+         " v=" + std::to_string(s.virtual_stages) +
+         (s.place == ts::placement::interleaved ? "" : " placement " + std::string(ts::placement_name(s.place)));
 }
 
 // Simulates and writes the pictures asked for; returns false after printing an error.
@@ -164,6 +165,7 @@ int run_simulate(const schedule_args& a) {
     j["stages"] = s.stages;
     j["microbatches"] = s.microbatches;
     j["virtual_stages"] = s.virtual_stages;
+    j["placement"] = std::string(ts::placement_name(s.place));
     j["lowered"] = a.lowered;
     j["costs"] = {{"f", l->costs.f}, {"b", l->costs.b}, {"i", l->costs.i}, {"w", l->costs.w},
                   {"comm", l->costs.comm}, {"reduce", l->costs.reduce}, {"step", l->costs.step}};

@@ -47,9 +47,9 @@ struct worker_parts {
 }  // namespace
 
 core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, int steps) {
-  const actors::job_layout l = actors::layout_of(cfg);
-  auto sched = actors::build_schedule(cfg, l.microbatches);
+  auto sched = actors::build_schedule(cfg, actors::layout_of(cfg).microbatches);
   if (!sched.ok()) return sched.err();
+  const actors::job_layout l = actors::layout_of(cfg, sched.value());
   const std::int64_t rows =
       static_cast<std::int64_t>(cfg.parallel.micro_batch_size) * cfg.model.seq_length;
   kernels::meta_backend::options mo;
@@ -78,7 +78,7 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
       {
         kernels::meta_backend::scope s(*wp.stage_be, "parameters and gradients");
         for (int i = 0; i < l.v; ++i) {
-          model::chunk c(cfg.model, specs[p + i * l.pp], *wp.stage_be, cfg.precision.compute);
+          model::chunk c(cfg.model, specs[l.chunk_of(p, i)], *wp.stage_be, cfg.precision.compute);
           c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
           if (d == 0) {
             out.params[p] += wp.stage_be->rounded(c.flat_params().bytes());
@@ -102,7 +102,7 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
       std::vector<actors::shard_chunk> sc;
       auto& chunks = wp.stage->chunks();
       for (int i = 0; i < l.v; ++i)
-        sc.push_back(actors::shard_chunk{p + i * l.pp, chunks[i].params(), chunks[i].flat_params()});
+        sc.push_back(actors::shard_chunk{l.chunk_of(p, i), chunks[i].params(), chunks[i].flat_params()});
       kernels::meta_backend::scope s(*wp.shard_be, "optimizer state");
       if (cfg.optimizer.offload) wp.host_be = std::make_unique<kernels::meta_backend>(mo);
       wp.shard = std::make_unique<actors::shard_engine>(cfg, l, p, k, *wp.shard_be, std::move(sc),
@@ -115,7 +115,7 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
     kernels::meta_backend probe(mo);
     probe.set_device(claimed);
     for (int i = 0; i < l.v; ++i) {
-      const model::chunk_spec& spec = specs[p + i * l.pp];
+      const model::chunk_spec& spec = specs[l.chunk_of(p, i)];
       model::chunk c(cfg.model, spec, probe, cfg.precision.compute);
       c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
       core::tensor in = spec.has_embedding

@@ -93,9 +93,9 @@ core::result<std::uint64_t> parse_bytes(const std::string& text) {
 
 core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o) {
   const bool cuda = on_cuda(cfg);
-  const actors::job_layout l = actors::layout_of(cfg);
-  auto sched = actors::build_schedule(cfg, l.microbatches);
+  auto sched = actors::build_schedule(cfg, actors::layout_of(cfg).microbatches);
   if (!sched.ok()) return sched.err();
+  const actors::job_layout l = actors::layout_of(cfg, sched.value());
   const std::vector<int> in_flight = schedules::peak_activations(sched.value());
   core::config dry_cfg = cfg;
   if (o.dry_run_microbatches > 0 && o.dry_run_microbatches < l.microbatches) {

@@ -29,13 +29,12 @@ bool is_snapshot(std::uint32_t kind) {
 core::result<replay_report> replay_one_rank(const recorded_run& run, const replay_options& opt,
                                             int last_step) {
   const core::config& cfg = run.cfg;  // the engines keep references: `run` outlives them
-  const job_layout l = layout_of(cfg);
+  auto sched = build_schedule(cfg, layout_of(cfg).microbatches);
+  if (!sched) return sched.err();
+  const job_layout l = layout_of(cfg, sched.value());
   const int me = opt.rank, d = me / l.pp, p = me % l.pp;
   const int first = run.segments.front().first_step;
   const std::string mdir = messages_dir(run.dir);
-
-  auto sched = build_schedule(cfg, l.microbatches);
-  if (!sched) return sched.err();
 
   // What the neighbours sent: checked against the hashes their own logs hold before use.
   auto stored = read_tensors(mdir, me);

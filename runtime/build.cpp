@@ -19,6 +19,12 @@ job_layout layout_of(const core::config& cfg) {
   return layout;
 }
 
+job_layout layout_of(const core::config& cfg, const schedules::schedule& s) {
+  job_layout layout = layout_of(cfg);
+  layout.place = s.place;
+  return layout;
+}
+
 core::result<schedules::schedule> build_schedule(const core::config& cfg, int microbatches) {
   schedules::schedule_options o;
   o.virtual_stages = cfg.parallel.virtual_pipeline;
@@ -49,7 +55,7 @@ core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& c
   }
   std::vector<model::chunk> chunks;
   for (int i = 0; i < l.v; ++i) {
-    model::chunk c(cfg.model, specs[pp + i * l.pp], be, cfg.precision.compute);
+    model::chunk c(cfg.model, specs[l.chunk_of(pp, i)], be, cfg.precision.compute);
     c.init(cfg.train.seed);
     c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
     if (ck) {
@@ -74,7 +80,7 @@ core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
   std::vector<shard_chunk> sc;
   for (int i = 0; i < l.v; ++i) {
     auto& c = owner[i];
-    sc.push_back(shard_chunk{pp + i * l.pp, c.params(), c.flat_params()});
+    sc.push_back(shard_chunk{l.chunk_of(pp, i), c.params(), c.flat_params()});
   }
   auto e = std::make_unique<shard_engine>(cfg, l, pp, part, be, std::move(sc), host);
   if (!ck) return e;

@@ -17,8 +17,11 @@
 
 namespace troupe::actors {
 
-/// The data_parallel × pipeline_stage layout `cfg` describes.
+/// The data_parallel × pipeline_stage layout `cfg` describes, chunks placed as the default
+/// (interleaved) placement has them; enough to size the schedule (microbatches).
 job_layout layout_of(const core::config& cfg);
+/// The layout with chunks where schedule `s` (cfg's, from build_schedule) places them.
+job_layout layout_of(const core::config& cfg, const schedules::schedule& s);
 
 /// cfg's schedule for `microbatches` per replica, lowered and validated; errors name the
 /// schedule.name / schedule.file key.

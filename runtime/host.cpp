@@ -55,9 +55,9 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
   hosted_job h;
   std::sort(workers.begin(), workers.end());
   h.workers = std::move(workers);
-  const job_layout layout = layout_of(cfg);
-  auto sched = build_schedule(cfg, layout.microbatches);
+  auto sched = build_schedule(cfg, layout_of(cfg).microbatches);
   if (!sched.ok()) return sched.err();
+  const job_layout layout = layout_of(cfg, sched.value());
 
   // The run policy (model/run_policy.hpp) resolves the resume point and the steps, creates the
   // run directory, and writes config.toml on the process hosting worker 0.

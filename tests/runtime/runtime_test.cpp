@@ -57,6 +57,42 @@ TEST_CASE("gpipe, 1f1b, interleaved_1f1b and zb_h1 are bit-identical") {
   }
 }
 
+TEST_CASE("zb_v (two chunks per rank in a V) is bit-identical to 1f1b at pp 2 and 4, gpt2 and llama") {
+  for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama}) {
+    scratch_dir tmp(arch == core::arch_kind::gpt2 ? "rt_zbv_gpt2" : "rt_zbv_llama");
+    for (int pp : {2, 4}) {
+      const std::string family = arch == core::arch_kind::gpt2 ? "gpt2" : "llama";
+      INFO(family, " pipeline_stage ", pp);
+      auto base = pipeline_config(tmp, pp);
+      base.model.arch = arch;
+      if (arch == core::arch_kind::llama) {
+        base.model.num_kv_heads = 2;
+        base.model.ffn_hidden_size = 48;
+        base.model.tie_embeddings = false;
+      }
+      base.model.num_layers = 2 * pp;  // one layer per chunk under zb_v
+      base.schedule.name = "1f1b";
+      auto ref = actors_run(base);
+      auto cfg = base;
+      cfg.schedule.name = "zb_v";
+      cfg.parallel.virtual_pipeline = 2;
+      check_identical(actors_run(cfg), ref);
+    }
+  }
+}
+
+TEST_CASE("zb_v with recompute full and ZeRO 1 over two replicas is bit-identical to 1f1b") {
+  scratch_dir tmp("rt_zbv_zero");
+  auto base = pipeline_config(tmp, 2, 2);
+  base.recompute.mode = core::recompute_mode::full;
+  base.optimizer.zero_stage = 1;
+  auto ref = actors_run(base);
+  auto cfg = base;
+  cfg.schedule.name = "zb_v";
+  cfg.parallel.virtual_pipeline = 2;
+  check_identical(actors_run(cfg), ref);
+}
+
 TEST_CASE("recompute none, full and selective are bit-identical") {
   scratch_dir tmp("rt_recompute");
   auto base = pipeline_config(tmp, 2);
