@@ -12,29 +12,20 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 secs=${1:-20}
 build=build-fuzz
-if ! command -v clang++ >/dev/null; then
-  echo "fuzz: clang++ not found (scripts/setup.sh installs clang and libclang-rt-14-dev)" >&2
-  exit 2
-fi
-mkdir -p $build
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B $build -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
-  -DTROUPE_CUDA=OFF -DTROUPE_FUZZ=ON -DTROUPE_SANITIZE=address,undefined "${launcher[@]}" \
-  > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+source scripts/clang_build.sh
+clang_configure fuzz $build -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
+  -DTROUPE_FUZZ=ON -DTROUPE_SANITIZE=address,undefined
 targets=(config schedule instruct safetensors tokenizer_json shard checkpoint tcp_frame rendezvous tokenizer)
 suites=(core schedules kernels transport actors report)
 # Whole suites only: the chosen cases of test_plan, test_replay, test_runtime and test_model that
 # also ran here made the test command pass 45 minutes on a 2-core machine (docs/testing.md).
-declare -A only=()
 cmake --build $build -j"$(nproc)" --target "${targets[@]/#/fuzz_}" "${suites[@]/#/test_}"
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 for s in "${suites[@]}"; do
   log=$build/test_$s.log
-  if ! (cd $build && "tests/test_$s" ${only[$s]:+"${only[$s]}"}) > "$log" 2>&1; then
+  if ! (cd $build && "tests/test_$s") > "$log" 2>&1; then
     tail -60 "$log"
     echo "fuzz: test_$s failed under AddressSanitizer/UBSan (log: $log)" >&2
     exit 1

@@ -9,16 +9,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=build-tsan
-if ! command -v clang++ >/dev/null; then
-  echo "sanitize: clang++ not found (scripts/setup.sh installs clang and libclang-rt-14-dev)" >&2
-  exit 2
-fi
-mkdir -p $build
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B $build -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DTROUPE_CUDA=OFF -DTROUPE_SANITIZE=thread "${launcher[@]}" \
-  > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+source scripts/clang_build.sh
+clang_configure sanitize $build -DTROUPE_SANITIZE=thread
 cmake --build $build -j"$(nproc)" --target test_transport test_actors test_runtime
 
 # suite and doctest filter ("" for every case)
