@@ -96,8 +96,8 @@ echo "== 5. LoRA fine-tuning from the export"
 run "$troupe" train "$config" "${ft_sets[@]}" --init "$work/base_hf" \
   --set "runtime.run_dir=$work/lora" > "$work/lora.out" 2>&1 ||
   { tail -n 20 "$work/lora.out" >&2; die "LoRA fine-tuning failed"; }
-grep -E "trainable|^done" "$work/lora.out" | head -n 3
-first="$(losses "$work/lora" | head -n 1 | cut -d' ' -f2)"
+grep -m 3 -E "trainable|^done" "$work/lora.out" || true
+first="$(losses "$work/lora" | awk 'NR == 1 { print $2 }')"  # head would cut sed's pipe
 last="$(losses "$work/lora" | tail -n 1 | cut -d' ' -f2)"
 echo "loss: $first at the first step, $last at the last"
 python3 -c "import sys; sys.exit(0 if float('$last') < float('$first') else 1)" ||
