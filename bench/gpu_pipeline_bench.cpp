@@ -11,8 +11,12 @@
 // and a stage waits where a peer has not yet queued what it needs), see docs/PERFORMANCE.md.
 //
 // Usage: gpu_pipeline_bench [--config FILE] [--pp P] [--micro M] [--micro-batch B] [--steps S]
-//                           [--warmup W] [--schedule NAME] [--precision bf16|fp32|fp16]
-//                           [--device cuda|cpu] [--no-single] [--keep DIR] [--out FILE.json]
+//                           [--warmup W] [--schedule NAME] [--virtual V] [--stage-layers LIST]
+//                           [--precision bf16|fp32|fp16] [--device cuda|cpu] [--no-single]
+//                           [--keep DIR] [--out FILE.json]
+// --virtual is parallel.virtual_pipeline (default 2 for zb_v, else 1); --stage-layers is
+// parallel.stage_layers of the pipelined run, e.g. [2,1,2,1,2,1,2,1] gives every rank of zb_v at
+// pp 4 three of GPT-2 124M's 12 layers (its ranks hold chunks r and 7-r).
 // (--device cpu --precision fp32 --config configs/tiny.toml checks the program on a CPU.)
 // Random tokens (vocab 50257), vocabulary padded to 50304 like bench/torch_gpt2.py.
 #include <unistd.h>
@@ -44,6 +48,9 @@ struct options {
   int pp = 4, micro = 8, micro_batch = 16, steps = 12, warmup = 4;
   std::string schedule = "1f1b", precision = "bf16", device = "cuda", out = "gpu_pipeline_bench.json";
   std::string keep;  // a directory to copy each run's metrics.jsonl and trace.json to
+  int virtual_stages = 0;    // 0: 2 for zb_v, else 1
+  std::string stage_layers;  // parallel.stage_layers of the pipelined run ("" = even)
+  int v() const { return virtual_stages > 0 ? virtual_stages : schedule == "zb_v" ? 2 : 1; }
   bool single = true;
 };
 
@@ -62,7 +69,7 @@ void write_tokens(const std::string& path, std::size_t n, int vocab) {
 }
 
 core::config make_config(const options& o, const std::string& dir, int pp) {
-  const std::vector<std::string> sets = {
+  std::vector<std::string> sets = {
       "parallel.pipeline_stage=" + std::to_string(pp),
       "parallel.data_parallel=1",
       "parallel.micro_batch_num=" + std::to_string(o.micro),
@@ -72,7 +79,8 @@ core::config make_config(const options& o, const std::string& dir, int pp) {
       "train.warmup_steps=0",
       "train.eval_interval=0",
       "model.vocab_size=50304",
-      "schedule.name=\"" + o.schedule + "\"",
+      // One stage of one chunk cannot run a schedule that needs two (zb_v): 1f1b there.
+      "schedule.name=\"" + (pp == o.pp || o.v() == 1 ? o.schedule : std::string("1f1b")) + "\"",
       "recompute.mode=\"none\"",
       "precision.compute=\"" + o.precision + "\"",
       "optimizer.zero_stage=0",
@@ -83,6 +91,11 @@ core::config make_config(const options& o, const std::string& dir, int pp) {
       "runtime.run_dir=\"" + dir + "/run_pp" + std::to_string(pp) + "\"",
       "checkpoint.dir=\"" + dir + "/ckpt_pp" + std::to_string(pp) + "\"",
   };
+  // The one-stage comparison keeps one chunk: the same work without a pipeline.
+  if (pp == o.pp) {
+    sets.push_back("parallel.virtual_pipeline=" + std::to_string(o.v()));
+    if (!o.stage_layers.empty()) sets.push_back("parallel.stage_layers=" + o.stage_layers);
+  }
   auto c = core::load_config(o.config, sets);
   if (!c.ok()) throw std::runtime_error(c.err().to_string());
   return c.value();
@@ -133,6 +146,7 @@ double simulated_bubble(const options& o) {
   schedules::schedule_options so;
   so.costs.f = 1;
   so.costs.b = 2;
+  so.virtual_stages = o.v();
   auto s = schedules::make_schedule(o.schedule, o.pp, o.micro, so);
   if (!s.ok()) throw std::runtime_error(s.err().to_string());
   auto sim = schedules::simulate(schedules::lower(s.value(), so.costs), so.costs);
@@ -157,6 +171,8 @@ int main(int argc, char** argv) {
     else if (a == "--steps") o.steps = std::stoi(next());
     else if (a == "--warmup") o.warmup = std::stoi(next());
     else if (a == "--schedule") o.schedule = next();
+    else if (a == "--virtual") o.virtual_stages = std::stoi(next());
+    else if (a == "--stage-layers") o.stage_layers = next();
     else if (a == "--precision") o.precision = next();
     else if (a == "--device") o.device = next();
     else if (a == "--keep") o.keep = next();
@@ -164,8 +180,8 @@ int main(int argc, char** argv) {
     else if (a == "--out") o.out = next();
     else {
       std::fprintf(stderr, "usage: gpu_pipeline_bench [--config FILE] [--pp P] [--micro M] "
-                           "[--micro-batch B] [--steps S] [--warmup W] [--schedule NAME] "
-                           "[--precision bf16|fp32|fp16] [--device cuda|cpu] [--no-single] "
+                           "[--micro-batch B] [--steps S] [--warmup W] [--schedule NAME] [--virtual V] "
+                           "[--stage-layers LIST] [--precision bf16|fp32|fp16] [--device cuda|cpu] [--no-single] "
                            "[--keep DIR] [--out FILE.json]\n");
       return 2;
     }

@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
   // 2. measured vs simulated bubble
   std::printf("\n%-18s %10s %10s %10s %10s %10s %10s\n", "schedule", "F ms", "B ms", "I ms", "W ms",
               "measured", "simulated");
-  for (std::string name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}) {
+  for (std::string name : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"}) {
     core::config c = base_config(dir);
     c.model.num_layers = 8;
     c.model.hidden_size = 128;
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     c.parallel.pipeline_stage = pp;
     c.parallel.micro_batch_num = micro;
     c.parallel.micro_batch_size = 4;
-    c.parallel.virtual_pipeline = name == "interleaved_1f1b" ? 2 : 1;
+    c.parallel.virtual_pipeline = name == "interleaved_1f1b" || name == "zb_v" ? 2 : 1;
     c.schedule.name = name;
     c.train.steps = steps;
     c.runtime.threads = pp;
