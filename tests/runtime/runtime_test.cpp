@@ -7,10 +7,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "model/checkpoint.hpp"
 #include "model/instruction_shards.hpp"
 #include "runtime/preflight.hpp"
+#include "schedules/registry.hpp"
+#include "schedules/schedule_file.hpp"
 #include "tests/model/trainer_fixture.hpp"
 #include "tests/runtime/runtime_fixture.hpp"
 
@@ -89,6 +92,24 @@ TEST_CASE("zb_v with recompute full and ZeRO 1 over two replicas is bit-identica
   auto ref = actors_run(base);
   auto cfg = base;
   cfg.schedule.name = "zb_v";
+  cfg.parallel.virtual_pipeline = 2;
+  check_identical(actors_run(cfg), ref);
+}
+
+TEST_CASE("a schedule file with 'placement v' runs its chunks in a V, bit-identical to 1f1b") {
+  scratch_dir tmp("rt_zbv_file");
+  auto base = pipeline_config(tmp, 2);
+  auto ref = actors_run(base);
+  schedules::schedule_options o;
+  o.virtual_stages = 2;
+  auto made = schedules::make_schedule("zb_v", 2, base.parallel.micro_batch_num, o);
+  REQUIRE(made.ok());
+  const std::string text = schedules::format_schedule_text(*made);
+  REQUIRE(text.find("placement v") != std::string::npos);
+  const std::string file = tmp / "zb_v.txt";
+  std::ofstream(file) << text;
+  auto cfg = base;
+  cfg.schedule.file = file;
   cfg.parallel.virtual_pipeline = 2;
   check_identical(actors_run(cfg), ref);
 }
