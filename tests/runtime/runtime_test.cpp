@@ -84,7 +84,7 @@ TEST_CASE("zb_v (two chunks per rank in a V) is bit-identical to 1f1b at pp 2 an
   }
 }
 
-TEST_CASE("zb_v with recompute full and ZeRO 1 over two replicas is bit-identical to 1f1b") {
+TEST_CASE("zb_v with recompute full and ZeRO 1 over two replicas is bit-identical to 1f1b, and resumes") {
   scratch_dir tmp("rt_zbv_zero");
   auto base = pipeline_config(tmp, 2, 2);
   base.recompute.mode = core::recompute_mode::full;
@@ -94,6 +94,8 @@ TEST_CASE("zb_v with recompute full and ZeRO 1 over two replicas is bit-identica
   cfg.schedule.name = "zb_v";
   cfg.parallel.virtual_pipeline = 2;
   check_identical(actors_run(cfg), ref);
+  // Its checkpoint (both ends written from rank 0) resumes to the same end.
+  check_identical(resumed_run(cfg, tmp / "resumed", 2), ref);
 }
 
 TEST_CASE("a schedule file with 'placement v' runs its chunks in a V, bit-identical to 1f1b") {
