@@ -2,7 +2,7 @@
 // backend with its own stream, and tensors pass between them with events, not host waits. In fp32
 // the kernels are deterministic and a pipeline runs the same kernels in the same order as one
 // rank, so pipeline_stage 2 and 4 must give the single-rank CUDA loop's losses and weights bit for
-// bit, and the same config twice the same bits. Also fp16 with dynamic loss scaling, skipped steps
+// bit (zb_v, chunks in a V, too), and the same config twice the same bits. Also fp16 with dynamic loss scaling, skipped steps
 // included. optimizer.offload on and off give the same bits too (the shards' state in page-locked
 // host memory, updated by the CPU AdamW), with the shards' device memory smaller. Packed instruction
 // rows (per-document attention on the GPU): pipeline_stage 2 gives the single-rank loop's bits and
@@ -99,6 +99,22 @@ TEST_CASE("cuda actor runtime: pipeline_stage 2 and 4 on one GPU equal the singl
   for (int pp : {2, 4}) {
     INFO("pipeline_stage ", pp);
     check_identical(actors_run(gpu_config(tmp, "pp" + std::to_string(pp), pp)), oracle);
+  }
+}
+
+TEST_CASE("cuda actor runtime: zb_v (two chunks per rank in a V) at pipeline_stage 2 and 4 equals the "
+          "single-rank loop") {
+  if (!gpu_or_skip()) return;
+  for (int pp : {2, 4}) {
+    INFO("pipeline_stage ", pp);
+    scratch_dir tmp("cuda_rt_zbv_" + std::to_string(pp));
+    auto single = gpu_config(tmp, "single", 1);
+    single.model.num_layers = 2 * pp;  // one layer per chunk
+    auto cfg = gpu_config(tmp, "zb_v", pp);
+    cfg.model.num_layers = 2 * pp;
+    cfg.schedule.name = "zb_v";
+    cfg.parallel.virtual_pipeline = 2;
+    check_identical(actors_run(cfg), oracle_run(single));
   }
 }
 

@@ -234,11 +234,11 @@ TEST_CASE("packed instruction rows: document starts reach every stage; splits, v
     INFO("pipeline_stage ", pp);
     check_identical(actors_run(with_rows(pipeline_config(tmp, pp))), oracle);
   }
-  for (std::string name : {"interleaved_1f1b", "zb_h1"}) {
+  for (std::string name : {"interleaved_1f1b", "zb_h1", "zb_v"}) {
     INFO("schedule ", name);
     auto cfg = with_rows(pipeline_config(tmp, 2));
     cfg.schedule.name = name;
-    if (name == "interleaved_1f1b") cfg.parallel.virtual_pipeline = 2;
+    if (name == "interleaved_1f1b" || name == "zb_v") cfg.parallel.virtual_pipeline = 2;
     cfg.recompute.mode = core::recompute_mode::full;
     check_identical(actors_run(cfg), oracle);
   }
