@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "cli/command.hpp"
+#include "core/chunk_placement.hpp"
 #include "core/config.hpp"
 #include "core/machine.hpp"
 #include "model/params.hpp"
+#include "runtime/build.hpp"
 #include "runtime/preflight.hpp"
 
 namespace troupe::cli {
@@ -27,6 +29,30 @@ struct check_options {
   bool json = false;
   bool no_file_check = false;
 };
+
+// Where the chunks sit, which sets the layers per pipeline rank: "interleaved" (chunk c on rank
+// c % p), "v" (zb_v's V: c on rank c for c < p, 2p-1-c after), or, for a schedule file under
+// --no-file-check, "unknown": the file's `placement` line is not read, and the ranks' layers are
+// shown as if interleaved.
+struct placement_info {
+  bool v = false;
+  std::string name = "interleaved";
+};
+
+placement_info chunk_placement(const check_options& o, const core::config& c) {
+  placement_info pl;
+  pl.v = core::chunks_in_v(c);
+  if (!o.no_file_check) {
+    // The schedule as the runtime builds it (a name, a plugin's generator or a file) says.
+    auto s = actors::build_schedule(c, actors::layout_of(c).microbatches);
+    if (s.ok()) pl.v = s.value().place == schedules::placement::v;
+  } else if (!c.schedule.file.empty()) {
+    pl.name = "unknown";
+    return pl;
+  }
+  pl.name = pl.v ? "v" : "interleaved";
+  return pl;
+}
 
 std::string with_commas(std::int64_t n) {
   std::string digits = std::to_string(n < 0 ? -n : n), out;
@@ -73,7 +99,8 @@ std::int64_t trainable_parameters(const core::config& c) {
   return n;
 }
 
-void print_text(const check_options& o, const core::config& c, const core::derived_values& d) {
+void print_text(const check_options& o, const core::config& c, const core::derived_values& d,
+                const placement_info& pl) {
   std::printf("%s: valid%s\n", o.path.c_str(),
               o.no_file_check ? " (data files not checked)" : "");
   std::string table;
@@ -112,8 +139,15 @@ void print_text(const check_options& o, const core::config& c, const core::deriv
     std::string chunks, stages;
     for (int n : split) chunks += (chunks.empty() ? "" : ", ") + std::to_string(n);
     for (int n : d.stage_layers) stages += (stages.empty() ? "" : ", ") + std::to_string(n);
+    const std::string where =
+        p.virtual_pipeline == 1 ? ""
+        : pl.name == "v"        ? "; chunks in a V: rank r holds chunks r, 2 x pipeline_stage - 1 - r, ..."
+        : pl.name == "unknown"  ? "; taken as interleaved: schedule.file's placement is not read "
+                                  "under --no-file-check"
+                                : "; interleaved: rank r holds chunks r, r + pipeline_stage, ...";
     row("layers_per_stage", std::to_string(d.layers_per_stage),
-        fmt::format("the largest of [{}] per pipeline rank (uneven: chunks [{}])", stages, chunks));
+        fmt::format("the largest of [{}] per pipeline rank (uneven: chunks [{}]{})", stages, chunks,
+                    where));
   }
   row("parameters", with_commas(d.parameters),
       short_count(d.parameters) +
@@ -126,7 +160,8 @@ void print_text(const check_options& o, const core::config& c, const core::deriv
   }
 }
 
-void print_json(const check_options& o, const core::config& c, const core::derived_values& d) {
+void print_json(const check_options& o, const core::config& c, const core::derived_values& d,
+                const placement_info& pl) {
   json cfg = json::object();
   for (const auto& e : core::config_entries(c)) {
     const auto dot = e.key.find('.');
@@ -144,6 +179,7 @@ void print_json(const check_options& o, const core::config& c, const core::deriv
         {"layers_per_stage", d.layers_per_stage},
         {"stage_layers", d.stage_layers},
         {"chunk_layers", core::chunk_layers(c)},
+        {"chunk_placement", pl.name},
         {"parameters", d.parameters},
         {"trainable_parameters", trainable_parameters(c)}}}};
   std::printf("%s\n", out.dump(2).c_str());
@@ -162,7 +198,10 @@ int run_check(const check_options& o) {
     print_error(st.err().to_string());
     return 1;
   }
-  const core::derived_values d = core::derive(*c);
+  const placement_info pl = chunk_placement(o, *c);
+  core::derived_values d = core::derive(*c);
+  d.stage_layers = core::rank_layers(*c, pl.v);
+  d.layers_per_stage = *std::max_element(d.stage_layers.begin(), d.stage_layers.end());
   // Where the workers run is decided at launch: a config too large for this machine as one
   // process is still valid, and `troupe launch` may spread it over nodes.
   const int workers = d.workers;
@@ -172,9 +211,9 @@ int run_check(const check_options& o) {
     std::fprintf(stderr, "troupe: warning: `troupe train` on this machine would refuse: %s\n",
                  m.err().to_string().c_str());
   if (o.json)
-    print_json(o, *c, d);
+    print_json(o, *c, d, pl);
   else
-    print_text(o, *c, d);
+    print_text(o, *c, d, pl);
   return 0;
 }
 

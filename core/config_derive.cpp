@@ -2,6 +2,7 @@
 // both architectures (weights as model/ lays them out, tied embeddings counted once).
 #include <algorithm>
 
+#include "core/chunk_placement.hpp"
 #include "core/config.hpp"
 
 namespace troupe::core {
@@ -28,6 +29,21 @@ std::int64_t parameter_count(const model_config& m) {
   return V * C + L * layer + C + head;                // embed_tokens, layers, norm
 }
 
+bool chunks_in_v(const config& c) { return c.schedule.file.empty() && c.schedule.name == "zb_v"; }
+
+std::vector<int> rank_layers(const config& c, bool v_placement) {
+  const int P = c.parallel.pipeline_stage;
+  const std::vector<int> chunks = chunk_layers(c);
+  std::vector<int> out(static_cast<std::size_t>(P), 0);
+  // Chunk i of round k = i / P: on rank i % P, or under the V on P-1 - i % P in odd rounds (the
+  // rule of schedules::chunk_rank, which core cannot include).
+  for (int i = 0; i < static_cast<int>(chunks.size()); ++i) {
+    const int rank = v_placement && (i / P) % 2 == 1 ? P - 1 - i % P : i % P;
+    out[static_cast<std::size_t>(rank)] += chunks[static_cast<std::size_t>(i)];
+  }
+  return out;
+}
+
 derived_values derive(const config& c) {
   const parallel_config& p = c.parallel;
   derived_values d;
@@ -35,10 +51,8 @@ derived_values derive(const config& c) {
                    c.train.gradient_accumulation_steps * p.data_parallel;
   d.tokens_per_step = d.global_batch * c.model.seq_length;
   d.workers = p.data_parallel * p.model_parallel * p.pipeline_stage;
-  const std::vector<int> chunks = chunk_layers(c);
-  d.stage_layers.assign(static_cast<std::size_t>(p.pipeline_stage), 0);
-  for (std::size_t i = 0; i < chunks.size(); ++i)
-    d.stage_layers[i % d.stage_layers.size()] += chunks[i];
+  // Per pipeline rank: where the config's schedule places the chunks, as far as core can tell.
+  d.stage_layers = rank_layers(c, chunks_in_v(c));
   for (int n : d.stage_layers) d.layers_per_stage = std::max(d.layers_per_stage, n);
   d.parameters = parameter_count(c.model);
   return d;

@@ -196,6 +196,45 @@ TEST_CASE("config check shows an uneven split and refuses a bad one naming the k
   CHECK(contains(recompute.err, "--set recompute.layers=9"));
 }
 
+TEST_CASE("config check sums each pipeline rank's chunks where the schedule places them (zb_v's V)") {
+  work_dir dir("zbv");
+  // 8 chunks on 4 ranks. Interleaved: rank r holds chunks r and r + 4; the V: r and 7 - r.
+  const std::string split = "'" + tiny + "' --set model.num_layers=12 --set parallel.pipeline_stage=4 "
+                            "--set parallel.micro_batch_num=8 --set parallel.virtual_pipeline=2 "
+                            "--set parallel.stage_layers=[1,1,2,2,1,1,2,2] ";
+  const run_result v = config_check(dir, split + "--set schedule.name=zb_v --no-file-check");
+  CHECK_MESSAGE(v.code == 0, v.err);
+  CHECK(contains(v.out, "layers_per_stage  = 3"));
+  CHECK(contains(v.out, "the largest of [3, 3, 3, 3] per pipeline rank (uneven: chunks [1, 1, 2, 2, 1, 1, 2, 2]; "
+                        "chunks in a V"));
+  const run_result inter = config_check(dir, split + "--set schedule.name=interleaved_1f1b --no-file-check");
+  CHECK_MESSAGE(inter.code == 0, inter.err);
+  CHECK(contains(inter.out, "the largest of [2, 2, 4, 4] per pipeline rank"));
+  const run_result j = config_check(dir, split + "--set schedule.name=zb_v --no-file-check --json");
+  REQUIRE(j.code == 0);
+  const auto json = nlohmann::json::parse(j.out);
+  CHECK(json["derived"]["stage_layers"] == nlohmann::json::array({3, 3, 3, 3}));
+  CHECK(json["derived"]["chunk_placement"] == "v");
+
+  // A schedule file's `placement v` line is read when files are checked, and only then.
+  const run_result w = run_troupe(dir.path, "schedule show -s zb_v -p 4 -m 8 -v 2 --write zbv.txt");
+  REQUIRE_MESSAGE(w.code == 0, w.err);
+  fs::create_directories(dir.path / "data/tokens");
+  fs::create_directories(dir.path / "data/gpt2");
+  for (const char* f : {"data/gpt2/encoder.json", "data/gpt2/vocab.bpe"}) dir.write(f, "x");
+  const std::vector<std::uint16_t> tokens(20000, 7);
+  REQUIRE(troupe::model::write_shard((dir.path / "data/tokens/train.bin").string(), tokens).ok());
+  REQUIRE(troupe::model::write_shard((dir.path / "data/tokens/val.bin").string(), tokens).ok());
+  const run_result file = config_check(dir, split + "--set schedule.file=zbv.txt");
+  CHECK_MESSAGE(file.code == 0, file.err);
+  CHECK(contains(file.out, "the largest of [3, 3, 3, 3] per pipeline rank"));
+  const run_result unread = config_check(dir, split + "--set schedule.file=zbv.txt --no-file-check --json");
+  REQUIRE(unread.code == 0);
+  const auto uj = nlohmann::json::parse(unread.out);
+  CHECK(uj["derived"]["chunk_placement"] == "unknown");
+  CHECK(uj["derived"]["stage_layers"] == nlohmann::json::array({2, 2, 4, 4}));
+}
+
 TEST_CASE("tensor-parallel layouts: config check validates them, train refuses them by key") {
   work_dir dir("tp");
   const run_result split = config_check(

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "core/chunk_placement.hpp"
 #include "core/config.hpp"
 
 using namespace troupe;
@@ -117,6 +118,32 @@ TEST_CASE("global batch multiplies in gradient accumulation and data parallelism
   CHECK(d.tokens_per_step == 3 * 5 * 7 * 11 * 13);
   CHECK(d.workers == 7 * 2 * 2);
   CHECK(d.layers_per_stage == 2);
+}
+
+TEST_CASE("per-rank layers follow the chunk placement: interleaved, or the V of zb_v") {
+  // 8 chunks on 4 ranks. Interleaved: rank r holds chunks r and r + 4. V: rank r holds r and 7 - r.
+  const std::string text =
+      "[model]\nnum_layers = 12\n[parallel]\npipeline_stage = 4\nvirtual_pipeline = 2\n"
+      "micro_batch_num = 8\nstage_layers = [1, 1, 2, 2, 1, 1, 2, 2]\n";
+  const core::config inter = parse_ok(text, {"schedule.name=interleaved_1f1b"});
+  CHECK_FALSE(core::chunks_in_v(inter));
+  CHECK(core::derive(inter).stage_layers == std::vector<int>{2, 2, 4, 4});  // 1+1, 1+1, 2+2, 2+2
+  CHECK(core::derive(inter).layers_per_stage == 4);
+  const core::config v = parse_ok(text, {"schedule.name=zb_v"});
+  CHECK(core::chunks_in_v(v));
+  CHECK(core::derive(v).stage_layers == std::vector<int>{3, 3, 3, 3});  // 1+2, 1+2, 2+1, 2+1
+  CHECK(core::derive(v).layers_per_stage == 3);
+  // A caller that built the schedule passes its placement (a schedule file's `placement v`).
+  CHECK(core::rank_layers(inter, true) == std::vector<int>{3, 3, 3, 3});
+  CHECK(core::rank_layers(v, false) == std::vector<int>{2, 2, 4, 4});
+  // A schedule file wins over the name: its placement is not known from the config.
+  CHECK_FALSE(core::chunks_in_v(parse_ok(text, {"schedule.name=zb_v", "schedule.file=s.txt"})));
+  // Odd rounds fold back for any v (v = 4, p = 2: ranks 0 1 | 1 0 | 0 1 | 1 0).
+  const core::config v4 = parse_ok(
+      "[model]\nnum_layers = 36\n[parallel]\npipeline_stage = 2\nvirtual_pipeline = 4\n"
+      "micro_batch_num = 4\nstage_layers = [1, 2, 3, 4, 5, 6, 7, 8]\n");
+  CHECK(core::rank_layers(v4, true) == std::vector<int>{1 + 4 + 5 + 8, 2 + 3 + 6 + 7});
+  CHECK(core::rank_layers(v4, false) == std::vector<int>{1 + 3 + 5 + 7, 2 + 4 + 6 + 8});
 }
 
 TEST_CASE("GPT-2 124M has 124,439,808 parameters with tied embeddings") {
