@@ -2,6 +2,12 @@
 // devices, micro-batch size (and so count, at the config's global batch), schedule, virtual
 // stages, recompute mode, ZeRO stage and (where it does not fit without) optimizer offload; each candidate is planned (dry run + simulator) and the
 // fastest that fit are kept.
+//
+// zb_v runs two chunks per rank in a V (rank r holds chunks r and 2p-1-r): it is tried wherever
+// every rank can hold L / p layers split over its two chunks (L divisible by p, at least 2 layers
+// per rank). Its split gives rank r its L / p layers as ceil((L/p) / 2) in chunk r (on the way
+// down) and floor((L/p) / 2) in chunk 2p-1-r (on the way back), so the last chunk, which also
+// runs the head, is the smaller one; L divisible by 2p is the even split.
 #include <algorithm>
 #include <map>
 #include <sstream>
@@ -9,6 +15,7 @@
 #include "model/chunk.hpp"
 #include "model/params.hpp"
 #include "plan/plan.hpp"
+#include "schedules/schedule.hpp"
 
 namespace troupe::plan {
 
@@ -19,13 +26,16 @@ namespace {
 std::uint64_t static_bound(const core::config& c) {
   const int pp = c.parallel.pipeline_stage, v = c.parallel.virtual_pipeline;
   const auto specs = model::partition(c);
+  // The search builds named schedules only: zb_v's chunks sit in a V, the others' interleaved.
+  const auto place = c.schedule.name == "zb_v" ? schedules::placement::v : schedules::placement::interleaved;
   std::uint64_t worst = 0;
   const std::uint64_t low = c.precision.compute == core::precision_kind::fp32 ? 0 : 2;
   for (int p = 0; p < pp; ++p) {
     std::uint64_t n = 0, frozen = 0;  // trainable and frozen ([lora]) elements
     for (int i = 0; i < v; ++i) {
-      n += model::flat_numel(model::define_params(c.model, specs[p + i * pp]));
-      frozen += model::flat_numel(model::define_frozen_params(c.model, specs[p + i * pp]));
+      const auto& spec = specs[static_cast<std::size_t>(schedules::chunk_at(place, pp, p, i))];
+      n += model::flat_numel(model::define_params(c.model, spec));
+      frozen += model::flat_numel(model::define_frozen_params(c.model, spec));
     }
     const std::uint64_t shard = c.optimizer.zero_stage == 0 ? n : n / c.parallel.data_parallel;
     // under offload only the shard's summed-gradient slice stays on the device
@@ -33,6 +43,18 @@ std::uint64_t static_bound(const core::config& c) {
                                 shard * (c.optimizer.offload ? 4 : 16));
   }
   return worst;
+}
+
+/// zb_v's chunk layers for `layers` on `pp` ranks (see the top of this file); empty = even.
+std::vector<int> v_split(int layers, int pp) {
+  if (layers % (2 * pp) == 0) return {};
+  const int share = layers / pp;
+  std::vector<int> out(static_cast<std::size_t>(2 * pp));
+  for (int r = 0; r < pp; ++r) {
+    out[static_cast<std::size_t>(r)] = share - share / 2;
+    out[static_cast<std::size_t>(2 * pp - 1 - r)] = share / 2;
+  }
+  return out;
 }
 
 }  // namespace
@@ -62,15 +84,22 @@ core::result<search_result> search(const core::config& base, const search_option
     if (pp > 1) {
       scheds.push_back({"zb_h1", 1});
       scheds.push_back({"interleaved_1f1b", 2});
+      scheds.push_back({"zb_v", 2});
     }
     for (int mbs : o.micro_batch_sizes) {
       if (per_replica % mbs != 0) continue;
       const int m = static_cast<int>(per_replica / mbs);
       for (const auto& s : scheds) {
-        if (base.model.num_layers % (pp * s.v) != 0) {
-          const int n = 3 * (dp > 1 ? 3 : 1);  // the recompute × ZeRO candidates skipped
-          why["virtual stages do not divide the layers"] += n;
-          r.considered += n;
+        const bool zb_v = s.name == "zb_v";
+        const int skipped = 3 * (dp > 1 ? 3 : 1);  // the recompute × ZeRO candidates
+        if (zb_v && base.model.num_layers < 2 * pp) {
+          why["zb_v: fewer than 2 layers per rank (each of a rank's two chunks needs one)"] += skipped;
+          r.considered += skipped;
+          continue;
+        }
+        if (!zb_v && base.model.num_layers % (pp * s.v) != 0) {
+          why["virtual stages do not divide the layers"] += skipped;
+          r.considered += skipped;
           continue;
         }
         for (auto rc : {core::recompute_mode::none, core::recompute_mode::selective,
@@ -88,8 +117,12 @@ core::result<search_result> search(const core::config& base, const search_option
             c.schedule.file.clear();
             c.recompute.mode = rc;
             // The config's uneven split names its own chunk count; other layouts split evenly.
-            if (pp != base.parallel.pipeline_stage || s.v != base.parallel.virtual_pipeline) {
-              c.parallel.stage_layers.clear();
+            // zb_v keeps the config's split only when the config is zb_v's at this pp (the same
+            // list under the other placement gives the ranks other sums): else v_split's.
+            const bool own = pp == base.parallel.pipeline_stage && s.v == base.parallel.virtual_pipeline &&
+                             (!zb_v || base.schedule.name == "zb_v");
+            if (!own) {
+              c.parallel.stage_layers = zb_v ? v_split(base.model.num_layers, pp) : std::vector<int>{};
               c.parallel.first_stage_layers = c.parallel.last_stage_layers = 0;
             }
             c.optimizer.zero_stage = z;
@@ -113,7 +146,7 @@ core::result<search_result> search(const core::config& base, const search_option
               }
               auto p = make_plan(c, po);
               if (!p.ok()) {
-                why["schedule does not apply (" + s.name + ")"] += 1;
+                why["schedule does not apply (" + s.name + ": " + p.err().message + ")"] += 1;
                 break;
               }
               if (!p.value().fits) {

@@ -1,0 +1,160 @@
+// `troupe plan --search` and the zero-bubble V: the search tries zb_v where every rank can hold
+// its share of the layers in two chunks, splits them so each rank gets L / p (chunk r on the way
+// down, chunk 2p-1-r on the way back), plans it with the V's placement (memory terms per rank,
+// the simulator's timing), says why it dropped zb_v where it did, and a zb_v plan's peaks match
+// a CPU run.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/chunk.hpp"
+#include "model/params.hpp"
+#include "plan/plan.hpp"
+#include "runtime/runtime.hpp"
+#include "tests/model/trainer_fixture.hpp"
+
+namespace {
+
+using namespace troupe;
+using model::testing::scratch_dir;
+using model::testing::tiny_run;
+
+core::config tiny(const scratch_dir& tmp, int layers) {
+  core::config c = tiny_run(tmp, core::arch_kind::gpt2);
+  c.model.num_layers = layers;
+  c.parallel.micro_batch_num = 8;
+  c.train.steps = 2;
+  c.train.eval_interval = 0;
+  c.data.val.clear();
+  c.runtime.record = false;
+  return c;
+}
+
+std::uint64_t term(const plan::rank_plan& r, const std::string& name) {
+  for (const auto& t : r.terms)
+    if (t.name == name) return t.bytes;
+  return 0;
+}
+
+/// fp32 bytes of the chunks `ids` of `split` (the model's own parameter definitions).
+std::uint64_t fp32_bytes(const core::config& c, const std::vector<int>& split, std::vector<int> ids) {
+  const auto specs = model::partition(c.model, split);
+  std::uint64_t n = 0;
+  for (int i : ids) n += model::flat_numel(model::define_params(c.model, specs[static_cast<std::size_t>(i)]));
+  return 4 * n;
+}
+
+const plan::job_plan* find(const plan::search_result& r, const std::string& schedule) {
+  for (const auto& p : r.best)
+    if (p.schedule == schedule) return &p;
+  return nullptr;
+}
+
+int rejected(const plan::search_result& r, const std::string& why) {
+  for (const auto& [k, n] : r.rejected)
+    if (k == why) return n;
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("plan --search tries zb_v with each rank's share split over its two chunks, placed in a V") {
+  scratch_dir tmp("plan_search_zbv");
+  // 6 layers on 2 ranks: 3 each. interleaved_1f1b needs 4 equal chunks (6 % 4 != 0); zb_v gives
+  // rank r 2 layers in chunk r (down) and 1 in chunk 3 - r (back, the head's chunk 3 the smaller
+  // on rank 0): [2, 2, 1, 1].
+  const core::config base = tiny(tmp, 6);
+  plan::search_options o;
+  o.gpus = 2;
+  o.top = 1000;  // every layout that fits
+  o.micro_batch_sizes = {2};
+  auto r = plan::search(base, o);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
+  const plan::job_plan* v = find(r.value(), "zb_v");
+  REQUIRE_MESSAGE(v != nullptr, plan::render_search(r.value(), o));
+  CHECK(v->pp == 2);
+  CHECK(v->v == 2);
+  CHECK(v->chunk_layers == std::vector<int>{2, 2, 1, 1});
+  CHECK(v->name.find("layers [2, 2, 1, 1], zb_v") != std::string::npos);
+  // The memory terms follow the V: rank 0 holds chunks 0 and 3 (embedding, 3 layers, ln_f),
+  // rank 1 chunks 1 and 2 (3 layers).
+  REQUIRE(v->ranks.size() == 2);
+  const std::vector<int> split{2, 2, 1, 1};
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const std::uint64_t want = fp32_bytes(base, split, rank == 0 ? std::vector<int>{0, 3} : std::vector<int>{1, 2});
+    const std::uint64_t got = term(v->ranks[static_cast<std::size_t>(rank)], "fp32 parameters");
+    CHECK(got >= want);
+    CHECK(got < want + 4096);  // the backend's rounding of two chunks
+  }
+  // The 1F1B family at the same pp is planned beside it; interleaved_1f1b is dropped, and says why.
+  CHECK(find(r.value(), "1f1b") != nullptr);
+  CHECK(rejected(r.value(), "virtual stages do not divide the layers") > 0);
+  // The V's schedule has no warm-up bubble of zb_h1's size: the simulator says so through the plan.
+  const plan::job_plan* h1 = find(r.value(), "zb_h1");
+  REQUIRE(h1 != nullptr);
+  CHECK(v->bubble < h1->bubble);
+  const std::string text = plan::render_search(r.value(), o);
+  CHECK(text.find("zb_v") != std::string::npos);
+
+  // 4 layers on 4 ranks: one layer each cannot fill two chunks; the rejected list says so (at
+  // pp 2, 2 layers a rank, zb_v runs its even split).
+  o.gpus = 4;
+  auto few = plan::search(tiny(tmp, 4), o);
+  REQUIRE(few.ok());
+  for (const auto& p : few.value().best) CHECK_FALSE((p.schedule == "zb_v" && p.pp == 4));
+  REQUIRE(find(few.value(), "zb_v") != nullptr);
+  CHECK(find(few.value(), "zb_v")->pp == 2);
+  CHECK(find(few.value(), "zb_v")->chunk_layers == std::vector<int>{1, 1, 1, 1});
+  CHECK(rejected(few.value(), "zb_v: fewer than 2 layers per rank (each of a rank's two chunks needs one)") > 0);
+  CHECK(plan::render_search(few.value(), o).find("zb_v: fewer than 2 layers per rank") != std::string::npos);
+}
+
+TEST_CASE("a zb_v plan's peaks per stage match a CPU run within 10 %, uneven chunks in a V") {
+  scratch_dir tmp("plan_zbv_run");
+  core::config c = tiny(tmp, 6);
+  c.parallel.pipeline_stage = 2;
+  c.parallel.virtual_pipeline = 2;
+  c.parallel.micro_batch_num = 4;
+  c.schedule.name = "zb_v";
+  // In the V rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2: 3 layers each (interleaved
+  // would give rank 0 chunks 0 and 2, 2 layers, and rank 1 4: a layer's parameters apart).
+  c.parallel.stage_layers = {1, 2, 1, 2};
+  auto p = plan::make_plan(c, {});
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.err().to_string()));
+  REQUIRE(p->ranks.size() == 2);
+  const std::vector<int> split{1, 2, 1, 2};
+  CHECK(term(p->ranks[0], "fp32 parameters") >= fp32_bytes(c, split, {0, 3}));
+  CHECK(term(p->ranks[0], "fp32 parameters") < fp32_bytes(c, split, {0, 3}) + 4096);
+  CHECK(term(p->ranks[1], "fp32 parameters") >= fp32_bytes(c, split, {1, 2}));
+  CHECK(term(p->ranks[1], "fp32 parameters") < fp32_bytes(c, split, {1, 2}) + 4096);
+
+  actors::run_options opt;
+  opt.log = nullptr;
+  auto run = actors::run_actor_job(c, opt);
+  REQUIRE_MESSAGE(run.ok(), (run.ok() ? "" : run.err().to_string()));
+  std::ifstream f(c.runtime.run_dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(f, line))
+    if (!line.empty()) last = line;
+  REQUIRE(!last.empty());
+  const auto j = nlohmann::json::parse(last);
+  int seen = 0;
+  for (const auto& s : j.at("stages")) {
+    const int pp = s.at("pp").get<int>();
+    const auto& r = p->ranks.at(static_cast<std::size_t>(pp));
+    const auto stage = s.at("peak_device_bytes").get<double>();
+    const auto shard = s.at("optimizer_peak_device_bytes").get<double>();
+    INFO("pp ", pp, ": planned ", r.stage_peak, " measured ", stage, "; shard planned ",
+         r.shard_peak, " measured ", shard);
+    REQUIRE(stage > 0);
+    CHECK(std::fabs(static_cast<double>(r.stage_peak) - stage) / stage <= 0.10);
+    CHECK(std::fabs(static_cast<double>(r.shard_peak) - shard) / shard <= 0.10);
+    ++seen;
+  }
+  CHECK(seen == 2);
+}
