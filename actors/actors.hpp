@@ -10,6 +10,7 @@
 #include "actors/job.hpp"
 #include "actors/shard_engine.hpp"
 #include "actors/stage_engine.hpp"
+#include "actors/tp_group.hpp"
 #include "model/loader.hpp"
 #include "model/trainer.hpp"
 
@@ -18,6 +19,7 @@ namespace troupe::actors {
 /// A stage's engine and the backend its chunks live on.
 struct stage_bundle {
   std::unique_ptr<kernels::backend> be;
+  std::unique_ptr<tp_group> group;  // tensor parallel: the collectives the chunks call; else null
   std::unique_ptr<stage_engine> engine;
 };
 

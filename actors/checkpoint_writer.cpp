@@ -3,7 +3,9 @@
 // per-stage safetensors shards — parameters by Hugging Face name, AdamW moments by
 // "<name>.exp_avg" / "<name>.exp_avg_sq", and the loss scaler's state when dynamic loss scaling is
 // on (it comes with the coordinator's announcement) — and writes them with model::checkpoint::save
-// (temporary directory, fsync, rename), then tells the coordinator.
+// (temporary directory, fsync, rename), then tells the coordinator. Under tensor parallel every
+// rank sends its slices (the rank in the tag's micro-batch field, -1 - tp) and the writer joins
+// them into the whole tensors (model::unshard_param): a checkpoint does not depend on the layout.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include "model/checkpoint.hpp"
 #include "model/lora.hpp"
 #include "model/params.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -20,9 +23,10 @@ namespace {
 struct pending {
   bool announced = false;                                    // the coordinator's ckpt message came
   std::vector<double> scaler;                                // loss-scaler state (empty: off)
-  std::map<int, core::tensor> params;                        // chunk -> flat params
-  std::map<std::pair<int, int>, core::tensor> exp_avg;       // (chunk, part) -> slice
-  std::map<std::pair<int, int>, core::tensor> exp_avg_sq;
+  using key = std::tuple<int, int, int>;
+  std::map<std::pair<int, int>, core::tensor> params;        // (chunk, tp) -> flat params
+  std::map<key, core::tensor> exp_avg;                       // (chunk, part, tp) -> slice
+  std::map<key, core::tensor> exp_avg_sq;
 };
 
 struct writer_state {
@@ -37,18 +41,20 @@ int moment_parts(const job_layout& l) { return l.zero_stage == 0 ? 1 : l.dp; }
 bool complete(const job& j, const pending& p) {
   int chunks = j.layout.chunks();
   int parts = moment_parts(j.layout);
-  return p.announced && static_cast<int>(p.params.size()) == chunks &&
-         static_cast<int>(p.exp_avg.size()) == chunks * parts &&
-         static_cast<int>(p.exp_avg_sq.size()) == chunks * parts;
+  const int tp = j.layout.tp;
+  return p.announced && static_cast<int>(p.params.size()) == chunks * tp &&
+         static_cast<int>(p.exp_avg.size()) == chunks * parts * tp &&
+         static_cast<int>(p.exp_avg_sq.size()) == chunks * parts * tp;
 }
 
-/// Joins the shards' slices of one chunk's moment buffer into a flat buffer of `numel`.
-core::tensor join(const job& j, const std::map<std::pair<int, int>, core::tensor>& parts, int chunk,
-                  std::int64_t numel) {
+/// Joins the shards' slices of one chunk's moment buffer (of tensor-parallel rank t) into a flat
+/// buffer of `numel`.
+core::tensor join(const job& j, const std::map<pending::key, core::tensor>& parts, int chunk,
+                  int t, std::int64_t numel) {
   core::tensor flat = core::tensor::zeros({numel});
   for (int k = 0; k < moment_parts(j.layout); ++k) {
     auto [lo, hi] = j.layout.shard_range(numel, k);
-    const core::tensor& s = parts.at({chunk, k});
+    const core::tensor& s = parts.at({chunk, k, t});
     TROUPE_CHECK(s.numel() == hi - lo, "moment slice " + std::to_string(k) + " of chunk " +
                                            std::to_string(chunk) + " has the wrong size");
     if (hi > lo) std::memcpy(flat.data<float>() + lo, s.data<float>(), s.bytes());
@@ -65,25 +71,36 @@ core::result<std::string> write(const job& j, const std::string& root, std::int6
   req.seed = j.cfg.train.seed;
   req.config_toml = core::to_toml(j.cfg);
   auto specs = model::partition(j.cfg);
+  const int tp = j.layout.tp;
   for (int c = 0; c < j.layout.chunks(); ++c) {
     auto defs = model::define_params(j.cfg.model, specs[c]);
-    std::int64_t numel = model::flat_numel(defs);
-    core::tensor flat = p.params.at(c);
-    TROUPE_CHECK(flat.numel() == numel, "parameter snapshot of chunk " + std::to_string(c) +
-                                            " has " + std::to_string(flat.numel()) +
-                                            " elements, expected " + std::to_string(numel));
-    core::tensor m = join(j, p.exp_avg, c, numel), v = join(j, p.exp_avg_sq, c, numel);
+    std::vector<core::tensor> flat, m, v;  // per tensor-parallel rank
+    for (int t = 0; t < tp; ++t) {
+      const std::int64_t numel =
+          model::flat_numel(tp == 1 ? defs : model::shard_defs(j.cfg.model, defs, tp, t));
+      flat.push_back(p.params.at({c, t}));
+      TROUPE_CHECK(flat.back().numel() == numel,
+                   "parameter snapshot of chunk " + std::to_string(c) + " has " +
+                       std::to_string(flat.back().numel()) + " elements, expected " +
+                       std::to_string(numel));
+      m.push_back(join(j, p.exp_avg, c, t, numel));
+      v.push_back(join(j, p.exp_avg_sq, c, t, numel));
+    }
+    auto whole = [&](const std::vector<core::tensor>& of, std::size_t i) {
+      return model::unshard_param(j.cfg.model, defs, i, tp,
+                                  [&](int t) -> const core::tensor& { return of[t]; });
+    };
     char file[64];
     std::snprintf(file, sizeof file, "model-chunk%03d.safetensors", c);
     model::checkpoint::shard_spec ms{file, "model", {}};
     std::snprintf(file, sizeof file, "optimizer-chunk%03d.safetensors", c);
     model::checkpoint::shard_spec os{file, "optimizer", {}};
-    for (const auto& d : defs) {
-      const auto& info = d.info;
+    for (std::size_t i = 0; i < defs.size(); ++i) {
+      const auto& info = defs[i].info;
       if (info.tied) continue;  // the head copy of a tied embedding is not stored
-      ms.tensors.push_back({info.name, flat.slice(info.offset, info.shape)});
-      os.tensors.push_back({info.name + ".exp_avg", m.slice(info.offset, info.shape)});
-      os.tensors.push_back({info.name + ".exp_avg_sq", v.slice(info.offset, info.shape)});
+      ms.tensors.push_back({info.name, whole(flat, i)});
+      os.tensors.push_back({info.name + ".exp_avg", whole(m, i)});
+      os.tensors.push_back({info.name + ".exp_avg_sq", whole(v, i)});
     }
     req.shards.push_back(std::move(ms));
     req.shards.push_back(std::move(os));
@@ -141,9 +158,9 @@ caf::behavior writer_actor(caf::stateful_actor<writer_state>* self, std::shared_
         auto& p = self->state.steps[m.step];
         core::tensor t = receive(*j, 0, m);
         switch (static_cast<tensor_kind>(m.kind)) {
-          case tensor_kind::snap_params: p.params[m.chunk] = std::move(t); break;
-          case tensor_kind::snap_exp_avg: p.exp_avg[{m.chunk, m.part}] = std::move(t); break;
-          case tensor_kind::snap_exp_avg_sq: p.exp_avg_sq[{m.chunk, m.part}] = std::move(t); break;
+          case tensor_kind::snap_params: p.params[{m.chunk, -1 - m.mb}] = std::move(t); break;
+          case tensor_kind::snap_exp_avg: p.exp_avg[{m.chunk, m.part, -1 - m.mb}] = std::move(t); break;
+          case tensor_kind::snap_exp_avg_sq: p.exp_avg_sq[{m.chunk, m.part, -1 - m.mb}] = std::move(t); break;
           default: throw core::failure("checkpoint writer got an unexpected tensor " + m.tag().to_string());
         }
         write_when_complete(self, *j, root, m.step);

@@ -57,7 +57,8 @@ void send_command(self_t* self, const job& j, coordinator_command& c) {
                  },
                  [&](snapshot_cmd& s) {
                    for (int p = 0; p < j.layout.pp; ++p)
-                     self->send(j.stages.at({0, p}), snap_atom::value, s.step, s.dests);
+                     for (int t = 0; t < j.layout.tp; ++t)
+                       self->send(j.stages.at({0, p, t}), snap_atom::value, s.step, s.dests);
                  },
                  [&](forget_cmd& f) {
                    for (auto& [k, a] : j.shards) self->send(a, rerun_atom::value, f.step);
@@ -73,7 +74,8 @@ void send_command(self_t* self, const job& j, coordinator_command& c) {
                    const int parts = j.layout.zero_stage == 0 ? 1 : j.layout.dp;
                    for (int p = 0; p < j.layout.pp; ++p)
                      for (int k = 0; k < parts; ++k)
-                       self->send(j.shards.at({p, k}), snap_atom::value, c.step, to_writer);
+                       for (int t = 0; t < j.layout.tp; ++t)
+                         self->send(j.shards.at({p, k, t}), snap_atom::value, c.step, to_writer);
                  },
              },
              c);
@@ -119,8 +121,12 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
   return {
       [=](start_atom) {
         auto& st = self->state;
-        for (auto& [k, a] : j->stages) st.who[a.address()] = address{role::stage, k.first, k.second};
-        for (auto& [k, a] : j->shards) st.who[a.address()] = address{role::shard, k.first, k.second};
+        for (auto& [k, a] : j->stages)
+          st.who[a.address()] =
+              address{role::stage, std::get<0>(k), std::get<1>(k), std::get<2>(k)};
+        for (auto& [k, a] : j->shards)
+          st.who[a.address()] =
+              address{role::shard, std::get<0>(k), std::get<1>(k), std::get<2>(k)};
         for (auto& [k, a] : j->loaders) st.who[a.address()] = address{role::loader, k, 0};
         st.who[j->writer.address()] = address{role::writer, 0, 0};
         for (auto& a : everyone(*j)) self->monitor(a);
@@ -145,7 +151,7 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
         flush(self, *j);
       },
       [=](tensor_ready& m) {
-        self->state.eng->on_snapshot(m.chunk, receive(*j, 0, m));
+        self->state.eng->on_snapshot(m.chunk, -1 - m.mb, receive(*j, 0, m));
         flush(self, *j);
       },
       [=](rerun_atom, std::int64_t step, std::int32_t pp, std::int32_t part) {
@@ -176,7 +182,7 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
           return;
         }
         for (auto& [k, a] : j->stages) {
-          const address at{role::stage, k.first, k.second};
+          const address at{role::stage, std::get<0>(k), std::get<1>(k), std::get<2>(k)};
           self->request(a, std::chrono::seconds(2), status_atom::value)
               .then([self](std::string& line) { self->state.eng->hang_line(std::move(line)); },
                     [self, at, rank = j->worker_of(at)](caf::error&) {

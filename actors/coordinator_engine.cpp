@@ -9,6 +9,7 @@
 #include "kernels/select.hpp"
 #include "model/hf.hpp"
 #include "model/params.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace troupe::actors {
 
@@ -110,7 +111,7 @@ void coordinator_engine::begin_step(std::int64_t step) {
 }
 
 int coordinator_engine::expected_norm_parts() const {
-  return layout_.chunks() * (layout_.zero_stage == 0 ? 1 : layout_.dp);
+  return layout_.chunks() * (layout_.zero_stage == 0 ? 1 : layout_.dp) * layout_.tp;
 }
 
 void coordinator_engine::on_loss(loss_report r) {
@@ -288,7 +289,7 @@ void coordinator_engine::on_forgotten(std::int64_t step, int pp, int part) {
   (void)part;
   if (phase_ != coordinator_phase::reexecuting || step != step_) return;
   progressed();
-  if (++forgotten_ < layout_.pp * layout_.dp) return;
+  if (++forgotten_ < layout_.pp * layout_.dp * layout_.tp) return;
   phase_ = coordinator_phase::gathering;
   out_.push_back(reexecute_cmd{step_, scaler_.scale});
 }
@@ -312,7 +313,7 @@ void coordinator_engine::on_stage_report(stage_report r) {
 void coordinator_engine::maybe_finish_step() {
   if (phase_ != coordinator_phase::updating ||
       static_cast<int>(reports_.size()) < layout_.workers() ||
-      shard_reports_ < layout_.pp * layout_.dp)
+      shard_reports_ < layout_.pp * layout_.dp * layout_.tp)
     return;
   model::step_outcome o;
   o.seconds = std::chrono::duration<double>(clock::now() - t_step_).count();
@@ -363,12 +364,12 @@ void coordinator_engine::maybe_finish_step() {
   record_step(o);
 }
 
-void coordinator_engine::on_snapshot(int chunk, core::tensor params) {
+void coordinator_engine::on_snapshot(int chunk, int tp, core::tensor params) {
   if (phase_ == coordinator_phase::stopped) return;
   progressed();
-  snapshot_[chunk] = std::move(params);
+  snapshot_[{chunk, tp}] = std::move(params);
   if (phase_ != coordinator_phase::evaluating ||
-      static_cast<int>(snapshot_.size()) < layout_.chunks())
+      static_cast<int>(snapshot_.size()) < layout_.chunks() * layout_.tp)
     return;
   evaluate();
 }
@@ -379,10 +380,12 @@ void coordinator_engine::evaluate() {
   try {
     auto specs = model::partition(cfg_);
     for (int c = 0; c < layout_.chunks(); ++c) {
-      const core::tensor& flat = snapshot_.at(c);
-      for (const auto& d : model::define_params(cfg_.model, specs[c])) {
-        core::tensor dst = eval_model_->param(d.info.name);
-        be_->copy(flat.slice(d.info.offset, d.info.shape), dst);
+      const auto defs = model::define_params(cfg_.model, specs[c]);
+      for (std::size_t i = 0; i < defs.size(); ++i) {
+        core::tensor dst = eval_model_->param(defs[i].info.name);
+        be_->copy(model::unshard_param(cfg_.model, defs, i, layout_.tp,
+                                       [&](int t) -> const core::tensor& { return snapshot_.at({c, t}); }),
+                  dst);
       }
     }
     snapshot_.clear();

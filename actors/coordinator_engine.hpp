@@ -116,7 +116,9 @@ class coordinator_engine {
   void on_stage_report(stage_report r);
   void on_shard_report(const shard_report& r);
   /// Chunk `chunk`'s parameters for the evaluation that is due.
-  void on_snapshot(int chunk, core::tensor params);
+  void on_snapshot(int chunk, core::tensor params) { on_snapshot(chunk, 0, std::move(params)); }
+  /// Tensor-parallel rank `tp`'s slices of the chunk's parameters.
+  void on_snapshot(int chunk, int tp, core::tensor params);
   void on_checkpoint(const checkpoint_written& w);
   /// Shard (pp, part) forgot step `step` (step forensics); once all have, the step runs again.
   void on_forgotten(std::int64_t step, int pp, int part);
@@ -212,7 +214,7 @@ class coordinator_engine {
   std::unique_ptr<kernels::backend> be_;
   std::unique_ptr<model::chunk> eval_model_;
   std::optional<core::error> setup_error_;  // the evaluation model could not be made (model.init)
-  std::map<int, core::tensor> snapshot_;
+  std::map<std::pair<int, int>, core::tensor> snapshot_;  // (chunk, tensor-parallel rank)
 
   // supervision
   std::map<int, std::pair<worker_heartbeat, clock::time_point>> beats_;  // launched jobs

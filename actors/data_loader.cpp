@@ -26,12 +26,15 @@ void feed(caf::stateful_actor<loader_state>* self, const job& j, int dp, std::in
     const sample_key key{o.seed, step,
                          static_cast<std::int64_t>(dp * j.layout.microbatches + mb) * o.micro_batch_size,
                          o.micro_batch_size};
-    route(self, j, me, address{role::stage, dp, 0},
-          transport::tag{step, static_cast<std::uint32_t>(tensor_kind::tokens), 0, mb, 0},
-          std::move(b.tokens), send_note{nullptr, &key});
-    route(self, j, me, address{role::stage, dp, j.layout.rank_of_chunk(last_chunk)},
-          transport::tag{step, static_cast<std::uint32_t>(tensor_kind::targets), last_chunk, mb, 0},
-          std::move(b.targets), send_note{nullptr, &key});
+    // Every tensor-parallel rank of the first and last stage reads all the tokens / targets.
+    for (int t = 0; t < j.layout.tp; ++t) {
+      route(self, j, me, address{role::stage, dp, 0, t},
+            transport::tag{step, static_cast<std::uint32_t>(tensor_kind::tokens), 0, mb, 0},
+            b.tokens, send_note{nullptr, &key});
+      route(self, j, me, address{role::stage, dp, j.layout.rank_of_chunk(last_chunk), t},
+            transport::tag{step, static_cast<std::uint32_t>(tensor_kind::targets), last_chunk, mb, 0},
+            b.targets, send_note{nullptr, &key});
+    }
     // Packed rows: every stage needs where each example begins (attention and positions).
     if (b.doc_starts.defined())
       for (int p = 0; p < j.layout.pp; ++p)

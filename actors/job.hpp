@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "actors/layout.hpp"
@@ -45,8 +46,8 @@ struct job {
   std::FILE* log = stdout;
 
   // directory, filled before the coordinator starts the first step
-  std::map<std::pair<int, int>, caf::actor> stages;   // (dp, pp)
-  std::map<std::pair<int, int>, caf::actor> shards;   // (pp, part)
+  std::map<std::tuple<int, int, int>, caf::actor> stages;   // (dp, pp, tp)
+  std::map<std::tuple<int, int, int>, caf::actor> shards;   // (pp, part, tp)
   std::map<int, caf::actor> loaders;                  // dp
   caf::actor coordinator;
   caf::actor writer;
@@ -68,8 +69,8 @@ struct job {
 
   caf::actor actor_of(const address& a) const {
     switch (a.who) {
-      case role::stage: return stages.at({a.a, a.b});
-      case role::shard: return shards.at({a.a, a.b});
+      case role::stage: return stages.at({a.a, a.b, a.c});
+      case role::shard: return shards.at({a.a, a.b, a.c});
       case role::loader: return loaders.at(a.a);
       case role::coordinator: return coordinator;
       case role::writer: return writer;

@@ -30,10 +30,10 @@ void apply_when_reduced(shard_self* self, const job& j, int pp, int part) {
   if (j.sink) j.sink->clipped(clip_record{st.worker, pp, part, d.step, d.scale, d.lr, d.adam_step, d.skip, d.loss_scale});
   eng.apply(d.step, d.scale, d.lr, d.adam_step, d.skip);
   for (auto& o : eng.take_outgoing())
-    route(self, j, address{role::shard, pp, part}, o.to, o.tag, std::move(o.t),
+    route(self, j, address{role::shard, pp, part, eng.tp()}, o.to, o.tag, std::move(o.t),
           send_note{st.b->be.get()});
-  self->send(j.coordinator,
-             shard_report{d.step, pp, part, eng.state_bytes(), eng.peak_device_bytes()});
+  self->send(j.coordinator, shard_report{d.step, pp, j.layout.part_id(part, eng.tp()),
+                                         eng.state_bytes(), eng.peak_device_bytes()});
 }
 
 /// Forgets the step step forensics executes again, once it is reduced, and tells the coordinator.
@@ -48,24 +48,26 @@ void forget_when_reduced(shard_self* self, const job& j, int pp, int part) {
   // the coordinator has heard from every shard: the log's marker precedes them all.
   if (j.sink) j.sink->reexecuted(st.worker, step);
   self->send(j.coordinator, rerun_atom::value, step, static_cast<std::int32_t>(pp),
-             static_cast<std::int32_t>(part));
+             static_cast<std::int32_t>(j.layout.part_id(part, eng.tp())));
 }
 
 caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
                           int part, std::shared_ptr<shard_bundle> b) {
   self->state.b = std::move(b);
-  self->state.worker = j->layout.worker(part, pp);
-  report_exceptions(self, j, address{role::shard, pp, part},
+  const int t = self->state.b->engine->tp();
+  self->state.worker = j->layout.worker(part, pp, t);
+  report_exceptions(self, j, address{role::shard, pp, part, t},
                     [self] { return std::pair{self->state.step, std::string()}; });
   return {
       [=](tensor_ready& m) {
         auto& eng = *self->state.b->engine;
-        int replica = m.src / j->layout.pp;
+        int replica = j->layout.dp_of(m.src);
         eng.deliver(replica, m.tag(), receive(*j, self->state.worker, m, self->state.b->be.get()));
         self->state.step = m.step;
         if (eng.reduce(m.step)) {
           for (auto& [chunk, blocks] : eng.take_norm_parts())
-            self->send(j->coordinator, norm_part{m.step, chunk, part, std::move(blocks),
+            self->send(j->coordinator, norm_part{m.step, chunk, j->layout.part_id(part, t),
+                                                 std::move(blocks),
                                                  eng.nonfinite(), eng.grad_hash(chunk)});
         }
         apply_when_reduced(self, *j, pp, part);
@@ -86,12 +88,13 @@ caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
         auto copy = [&be](const core::tensor& t) { return t.dev().is_cpu() ? t.clone() : be.to_host(t); };
         for (std::size_t i = 0; i < eng.chunks().size(); ++i) {
           int c = eng.chunks()[i].chunk;
-          const address me{role::shard, pp, part};
+          // The tensor-parallel rank travels in the tag's micro-batch field (-1 - tp).
+          const address me{role::shard, pp, part, t};
           route(self, *j, me, address{role::writer, 0, 0},
-                transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg), c, -1, part},
+                transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg), c, -1 - t, part},
                 copy(eng.moments()[i].exp_avg));
           route(self, *j, me, address{role::writer, 0, 0},
-                transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg_sq), c, -1, part},
+                transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg_sq), c, -1 - t, part},
                 copy(eng.moments()[i].exp_avg_sq));
         }
         if (j->sink) j->sink->flush(self->state.worker);

@@ -190,18 +190,7 @@ std::string kind_name(std::uint32_t kind) {
   return "kind " + std::to_string(kind);
 }
 
-std::string address_name(const address& a) {
-  switch (a.who) {
-    case role::stage:
-      return "stage(dp=" + std::to_string(a.a) + ", pp=" + std::to_string(a.b) + ")";
-    case role::shard:
-      return "optimizer_shard(pp=" + std::to_string(a.a) + ", part=" + std::to_string(a.b) + ")";
-    case role::loader: return "data_loader(dp=" + std::to_string(a.a) + ")";
-    case role::coordinator: return "coordinator";
-    case role::writer: return "checkpoint_writer";
-  }
-  return "?";
-}
+std::string address_name(const address& a) { return actor_name(a); }
 
 std::string producer_of(const address& from, const address& to, const transport::tag& tg) {
   switch (static_cast<tensor_kind>(tg.kind)) {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -143,7 +144,10 @@ bool shard_engine::reduce(std::int64_t step) {
     for (std::size_t i = 0; i < chunks_.size(); ++i) {
       std::vector<model::param_slot> mine;
       for (std::size_t s = 0; s < slots_.size(); ++s)
-        if (slot_chunk_[s] == i) mine.push_back(slots_[s]);
+        if (slot_chunk_[s] == i && (layout_.tp == 1 || model::counts_in_norm(cfg_.model,
+                                                                           slots_[s].info.name,
+                                                                           layout_.tp, tp_)))
+          mine.push_back(slots_[s]);
       const core::exact_sum s = model::gradient_sumsq(be_, mine);
       norm_parts_.emplace_back(chunks_[i].chunk,
                                std::vector<std::int64_t>(s.words, s.words + core::exact_sum_words));
@@ -215,8 +219,8 @@ std::string shard_engine::locate_nonfinite(std::size_t i, const std::vector<core
       }
     return std::string(std::isnan(host.data<float>()[at]) ? "NaN" : "an infinity") +
            " in the gradient of " + name + " (element " + std::to_string(within) + " of it; chunk " +
-           std::to_string(chunks_[i].chunk) + ") from " + actor_name(address{role::stage, d, pp_}) +
-           " (rank " + std::to_string(layout_.worker(d, pp_)) + ")";
+           std::to_string(chunks_[i].chunk) + ") from " + actor_name(address{role::stage, d, pp_, tp_}) +
+           " (rank " + std::to_string(layout_.worker(d, pp_, tp_)) + ")";
   }
   // Every replica's own slice is finite and their sum is not: it overflowed while they were added.
   return "the sum of the replicas' gradients of chunk " + std::to_string(chunks_[i].chunk) +
@@ -276,7 +280,7 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
   for (std::size_t i = 0; i < chunks_.size(); ++i) {
     for (int d = 0; d < layout_.dp; ++d) {
       if (!layout_.shard_updates(part_, d)) continue;
-      address to{role::stage, d, pp_};
+      address to{role::stage, d, pp_, tp_};
       // The master slice itself, not a copy: it is written again by the next update, which
       // needs this replica's next gradient slice, which that stage sends after it copied these
       // parameters (its stream ordered after this hand-over by wait_ready).

@@ -89,6 +89,11 @@ class shard_engine {
   bool offloaded() const { return host_ != nullptr; }
   int part() const { return part_; }
   int pp() const { return pp_; }
+  /// The tensor-parallel rank whose slices this shard updates (0 without tensor parallel): it
+  /// serves the stages of that rank, and counts in the gradient norm only what that rank holds
+  /// first (model::counts_in_norm).
+  void set_tp(int t) { tp_ = t; }
+  int tp() const { return tp_; }
   /// Slots (master, reduced grad, moments) of every owned parameter slice, for checkpoints; under
   /// offload master and moments are host tensors and the gradient is the device's reduced slice.
   std::vector<model::param_slot>& slots() { return slots_; }
@@ -116,6 +121,7 @@ class shard_engine {
   const core::config& cfg_;
   job_layout layout_;
   int pp_, part_;
+  int tp_ = 0;
   kernels::backend& be_;
   kernels::backend* host_ = nullptr;              // non-null under offload
   std::vector<shard_chunk> chunks_;

@@ -17,7 +17,7 @@ struct stage_state {
 void pump(caf::stateful_actor<stage_state>* self, const job& j) {
   auto& st = self->state;
   auto& eng = *st.b->engine;
-  const address me{role::stage, eng.dp(), eng.pp()};
+  const address me{role::stage, eng.dp(), eng.pp(), eng.tp()};
   // run() yields after every instruction that sends, so a tensor leaves as soon as it exists and
   // the next stage works while this one goes on: a pipeline only overlaps if sends are not held.
   for (;;) {
@@ -28,8 +28,10 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
     for (auto& o : out)
       route(self, j, me, o.to, o.tag, std::move(o.t), send_note{st.b->be.get(), nullptr, &memo});
     if (eng.losses_ready()) {
-      self->send(j.coordinator,
-                 loss_report{eng.step(), eng.dp(), eng.losses(), eng.sequence_losses()});
+      // Every rank of a tensor-parallel group has the same losses: the first reports them.
+      if (eng.tp() == 0)
+        self->send(j.coordinator,
+                   loss_report{eng.step(), eng.dp(), eng.losses(), eng.sequence_losses()});
       eng.losses_reported();
     }
     if (done) {
@@ -48,8 +50,9 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
 caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_ptr<job> j, int dp,
                           int pp, std::shared_ptr<stage_bundle> b) {
   self->state.b = std::move(b);
-  self->state.worker = j->layout.worker(dp, pp);
-  report_exceptions(self, j, address{role::stage, dp, pp}, [self] {
+  const int t = self->state.b->engine->tp();
+  self->state.worker = j->layout.worker(dp, pp, t);
+  report_exceptions(self, j, address{role::stage, dp, pp, t}, [self] {
     auto& eng = *self->state.b->engine;
     return std::pair{eng.step(), eng.current_instruction()};
   });
@@ -75,8 +78,9 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
         for (std::size_t i = 0; i < st.b->engine->chunks().size(); ++i) {
           int c = j->layout.chunk_of(pp, static_cast<int>(i));
           core::tensor copy = st.b->be->to_host(st.b->engine->chunks()[i].flat_params()).clone();
-          transport::tag tg{step, static_cast<std::uint32_t>(tensor_kind::snap_params), c, -1, 0};
-          const address me{role::stage, dp, pp};
+          // The tensor-parallel rank travels in the tag's micro-batch field (-1 - tp).
+          transport::tag tg{step, static_cast<std::uint32_t>(tensor_kind::snap_params), c, -1 - t, 0};
+          const address me{role::stage, dp, pp, t};
           if (dests & to_writer) route(self, *j, me, address{role::writer, 0, 0}, tg, copy);
           tg.part = 1;  // the writer and the coordinator share worker 0: keep their tags apart
           if (dests & to_coordinator) route(self, *j, me, address{role::coordinator, 0, 0}, tg, copy);
@@ -85,7 +89,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
       },
       [=](status_atom) {
         auto& eng = *self->state.b->engine;
-        std::string s = actor_name(address{role::stage, dp, pp}) + " (rank " +
+        std::string s = actor_name(address{role::stage, dp, pp, t}) + " (rank " +
                         std::to_string(self->state.worker) + ") step " + std::to_string(eng.step());
         if (!self->state.running) return s + ": idle";
         s += " at " + eng.current_instruction();
@@ -99,6 +103,10 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
 
 caf::actor spawn_stage(caf::actor_system& sys, std::shared_ptr<job> j, int dp, int pp,
                        std::shared_ptr<stage_bundle> b) {
+  // A tensor-parallel stage blocks inside its group's collectives (actors/tp_group.hpp): it gets
+  // a thread of its own, so its peers' stages always have one to reach the same collective.
+  if (b->engine->tp_group_size() > 1)
+    return sys.spawn<caf::detached>(stage_actor, std::move(j), dp, pp, std::move(b));
   return sys.spawn(stage_actor, std::move(j), dp, pp, std::move(b));
 }
 

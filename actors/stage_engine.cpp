@@ -8,6 +8,7 @@
 #include <limits>
 #include <thread>
 
+#include "actors/tp_group.hpp"
 #include "core/error.hpp"
 #include "model/forensics.hpp"
 #include "model/optimizer.hpp"
@@ -64,6 +65,7 @@ core::tensor hand_over(kernels::backend& be, core::tensor t, bool reused) {
 
 void stage_engine::begin_step(std::int64_t step, float loss_scale, bool again) {
   step_ = step;
+  if (group_) group_->set_step(step);
   const bool has_head = pp_ == layout_.rank_of_chunk(layout_.chunks() - 1);
   const std::int64_t trained =
       data_ && has_head
@@ -161,7 +163,7 @@ std::uint64_t stage_engine::peak_activation_bytes() const {
 void stage_engine::maybe_inject_fault(const schedules::instruction& op) const {
   const std::string& spec = cfg_.runtime.fault_inject;
   if (spec.empty()) return;
-  std::string want = std::to_string(layout_.worker(dp_, pp_)) + ":" + std::to_string(step_) + ":" +
+  std::string want = std::to_string(layout_.worker(dp_, pp_, tp_)) + ":" + std::to_string(step_) + ":" +
                      schedules::to_string(op);
   if (spec == want) throw core::failure("injected fault (runtime.fault_inject = \"" + spec + "\")");
 }
@@ -172,7 +174,7 @@ void stage_engine::kill_self(const schedules::instruction& op) const {
   std::fprintf(stderr,
                "troupe worker rank %d: %s: sending SIGKILL to this worker (pid %d) at step %lld, "
                "before %s (attempt %d; test only)\n",
-               layout_.worker(dp_, pp_), fault_->label().c_str(), static_cast<int>(::getpid()),
+               layout_.worker(dp_, pp_, tp_), fault_->label().c_str(), static_cast<int>(::getpid()),
                static_cast<long long>(step_), schedules::to_string(op).c_str(), fault_->attempt);
   std::fflush(stderr);
   ::kill(::getpid(), SIGKILL);
@@ -281,14 +283,14 @@ bool stage_engine::execute(const schedules::instruction& op) {
       return true;
     case op_kind::SEND_F: {
       auto tg = tag_of(tensor_kind::activation, op.chunk + 1, op.mb);
-      emit(address{role::stage, dp_, op.peer}, tg, take(tg));
+      emit(address{role::stage, dp_, op.peer, tp_}, tg, take(tg));
       return true;
     }
     case op_kind::RECV_F:
       return need(tag_of(tensor_kind::activation, op.chunk, op.mb));
     case op_kind::SEND_B: {
       auto tg = tag_of(tensor_kind::gradient, op.chunk - 1, op.mb);
-      emit(address{role::stage, dp_, op.peer}, tg, take(tg));
+      emit(address{role::stage, dp_, op.peer, tp_}, tg, take(tg));
       return true;
     }
     case op_kind::RECV_B:
@@ -360,7 +362,7 @@ void stage_engine::send_slices(int c) {
   core::tensor g = chunk_for(c).flat_grads();
   for (int k = 0; k < layout_.dp; ++k) {
     auto [lo, hi] = layout_.shard_range(g.numel(), k);
-    emit(address{role::shard, pp_, k}, tag_of(tensor_kind::grad_slice, c, -1, k),
+    emit(address{role::shard, pp_, k, tp_}, tag_of(tensor_kind::grad_slice, c, -1, k),
          g.slice(lo, {hi - lo}));
   }
   reduce_state_[c] = reduce_progress::slices_sent;
@@ -404,7 +406,7 @@ bool stage_engine::reduce_grad(int c) {
     // A copy: this rank adds the partner's gradient into `mine` while the partner reads this one.
     // On a GPU the copy stays on the device (a host round trip of the embedding's gradient costs
     // tens of milliseconds per step).
-    emit(address{role::stage, dp_, layout_.rank_of_chunk(partner)},
+    emit(address{role::stage, dp_, layout_.rank_of_chunk(partner), tp_},
          tag_of(tensor_kind::tied_grad, c, -1),
          be_.dev().is_cpu() ? copy_on(be_, mine) : hand_over(be_, mine, true));
     state = reduce_progress::tied_sent;

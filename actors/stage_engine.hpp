@@ -29,6 +29,8 @@
 
 namespace troupe::actors {
 
+class tp_group;
+
 /// A tensor for another actor.
 struct outgoing {
   address to;
@@ -69,6 +71,12 @@ class stage_engine {
   /// Packed instruction rows: each forward waits for its micro-batch's document starts
   /// (tensor_kind::documents, from the loader).
   bool packed() const { return data_ && data_->masked() && data_->rows_layout().packing; }
+  /// Tensor parallel: this stage is rank `t` of its group, whose collectives `group` carries (the
+  /// chunks were built with it; it outlives the engine). Stages exchange tensors with the same
+  /// rank of their neighbours, and shards of the same rank. Null group: no tensor parallel.
+  void set_tp(int t, tp_group* group) { tp_ = t, group_ = group; }
+  int tp() const { return tp_; }
+  int tp_group_size() const { return layout_.tp; }
   /// Arms a test-only fault of this stage's worker (TROUPE_FAULT nan, slow, kill or poison,
   /// core/fault.hpp).
   void inject(const core::fault_spec& f) { fault_ = f; }
@@ -128,6 +136,8 @@ class stage_engine {
   const core::config& cfg_;
   job_layout layout_;
   int dp_, pp_;
+  int tp_ = 0;
+  tp_group* group_ = nullptr;
   std::vector<schedules::instruction> program_;
   kernels::backend& be_;
   std::vector<model::chunk> chunks_;

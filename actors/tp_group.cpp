@@ -9,9 +9,16 @@ namespace troupe::actors {
 
 tp_group::tp_group(transport::transport& t, std::vector<int> ranks, kernels::backend& be,
                    bool sequence_parallel, int kv_replicas, std::chrono::milliseconds timeout)
-    : t_(t), ranks_(std::move(ranks)), be_(be), sp_(sequence_parallel), timeout_(timeout) {
-  const auto it = std::find(ranks_.begin(), ranks_.end(), t_.rank());
-  TROUPE_CHECK(it != ranks_.end(), "rank " + std::to_string(t_.rank()) +
+    : tp_group([&t]() -> transport::transport& { return t; }, t.rank(), std::move(ranks), be,
+               sequence_parallel, kv_replicas, timeout) {}
+
+tp_group::tp_group(std::function<transport::transport&()> endpoint, int me,
+                   std::vector<int> ranks, kernels::backend& be, bool sequence_parallel,
+                   int kv_replicas, std::chrono::milliseconds timeout)
+    : t_(std::move(endpoint)), ranks_(std::move(ranks)), be_(be), sp_(sequence_parallel),
+      timeout_(timeout) {
+  const auto it = std::find(ranks_.begin(), ranks_.end(), me);
+  TROUPE_CHECK(it != ranks_.end(), "rank " + std::to_string(me) +
                                        " is not in its tensor-parallel group");
   me_ = static_cast<int>(it - ranks_.begin());
   TROUPE_CHECK(kv_replicas >= 1 && size() % kv_replicas == 0,
@@ -51,7 +58,7 @@ tensor tp_group::device(const tensor& h, const core::shape_t& shape) {
 
 tensor tp_group::gather_rows(const tensor& x) {
   if (!sp_ || size() == 1) return x;
-  const tensor g = transport::all_gather(t_, ranks_, host(x), next_tag(), timeout_);
+  const tensor g = transport::all_gather(t_(), ranks_, host(x), next_tag(), timeout_);
   return device(g, {x.dim(0) * size(), x.dim(1)});
 }
 
@@ -60,18 +67,18 @@ tensor tp_group::reduce_rows(const tensor& x) {
   if (!sp_) return all_reduce(x);
   TROUPE_CHECK(x.dim(0) % size() == 0, std::to_string(x.dim(0)) + " rows do not split over " +
                                            std::to_string(size()) + " sequence-parallel ranks");
-  const tensor r = transport::reduce_scatter(t_, ranks_, host(x), next_tag(), timeout_);
+  const tensor r = transport::reduce_scatter(t_(), ranks_, host(x), next_tag(), timeout_);
   return device(r, {x.dim(0) / size(), x.dim(1)});
 }
 
 tensor tp_group::all_reduce(const tensor& x) {
   if (size() == 1) return x;
-  return device(transport::all_reduce(t_, ranks_, host(x), next_tag(), timeout_), x.shape());
+  return device(transport::all_reduce(t_(), ranks_, host(x), next_tag(), timeout_), x.shape());
 }
 
 tensor tp_group::all_gather(const tensor& x) {
   if (size() == 1) return x.reshape({x.numel()});
-  const tensor g = transport::all_gather(t_, ranks_, host(x), next_tag(), timeout_);
+  const tensor g = transport::all_gather(t_(), ranks_, host(x), next_tag(), timeout_);
   return device(g, {g.numel()});
 }
 
@@ -79,7 +86,7 @@ tensor tp_group::all_reduce_kv(const tensor& x) {
   // Every rank takes a tag, so the counters of the group stay in step.
   const transport::tag tg = next_tag();
   if (kv_group_.size() == 1) return x;
-  return device(transport::all_reduce(t_, kv_group_, host(x), tg, timeout_), x.shape());
+  return device(transport::all_reduce(t_(), kv_group_, host(x), tg, timeout_), x.shape());
 }
 
 }  // namespace troupe::actors

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -22,15 +23,7 @@ namespace troupe::actors {
 using core::tensor;
 
 /// Which op of a layer (or of the embedding / head) a collective belongs to.
-enum class tp_phase : std::uint32_t {
-  forward = 1,
-  backward_input = 2,
-  backward_weight = 3,
-  recompute = 4,
-  embedding_forward = 5,
-  embedding_backward = 6,
-  loss = 7,
-};
+using tp_phase = model::comm_op;
 
 /// Kinds of the group's tags start here (above actors/wire.hpp's tensor_kind values).
 inline constexpr std::uint32_t tp_kind_base = 0x10000;
@@ -42,9 +35,19 @@ class tp_group final : public model::layer_comm {
   /// hold the same key/value head (model::kv_replicas), consecutive in the group.
   tp_group(transport::transport& t, std::vector<int> ranks, kernels::backend& be,
            bool sequence_parallel, int kv_replicas, std::chrono::milliseconds timeout);
+  /// The same for global rank `me`, whose endpoint `endpoint` returns at the first collective
+  /// (a job's endpoints exist only once its stages are built).
+  tp_group(std::function<transport::transport&()> endpoint, int me, std::vector<int> ranks,
+           kernels::backend& be, bool sequence_parallel, int kv_replicas,
+           std::chrono::milliseconds timeout);
 
   /// Names the op whose collectives come next.
   void begin(std::int64_t step, int layer, int micro_batch, tp_phase phase);
+  /// The step begin_op's tags carry (a stage sets it when its step begins).
+  void set_step(std::int64_t step) { step_ = step; }
+  void begin_op(int layer, int micro_batch, model::comm_op op) override {
+    begin(step_, layer, micro_batch, op);
+  }
 
   int rank() const override { return me_; }
   int size() const override { return static_cast<int>(ranks_.size()); }
@@ -60,13 +63,14 @@ class tp_group final : public model::layer_comm {
   tensor host(const tensor& x);
   tensor device(const tensor& h, const core::shape_t& shape);
 
-  transport::transport& t_;
+  std::function<transport::transport&()> t_;
   std::vector<int> ranks_;
   std::vector<int> kv_group_;  // the ranks holding this rank's key/value head
   kernels::backend& be_;
   bool sp_;
   std::chrono::milliseconds timeout_;
   int me_ = 0;
+  std::int64_t step_ = 0;
   transport::tag base_{};
   std::uint32_t count_ = 0;
 };

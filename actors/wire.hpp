@@ -36,16 +36,19 @@ struct address {
   role who = role::stage;
   std::int32_t a = 0;  // stage: dp; shard: pp; loader: dp
   std::int32_t b = 0;  // stage: pp; shard: part; loader: pp
+  std::int32_t c = 0;  // stage, shard: the tensor-parallel rank
   bool operator==(const address&) const = default;
 };
 
 /// The name failure reports and logs use for the actor at `a`: "stage(dp=0, pp=1)",
-/// "optimizer_shard(pp=1, part=0)", "data_loader(dp=1)", "checkpoint_writer", "coordinator".
+/// "optimizer_shard(pp=1, part=0)", "data_loader(dp=1)", "checkpoint_writer", "coordinator";
+/// with a tensor-parallel rank above 0 "stage(dp=0, pp=1, tp=1)".
 inline std::string actor_name(const address& a) {
   const std::string x = std::to_string(a.a), y = std::to_string(a.b);
+  const std::string t = a.c ? ", tp=" + std::to_string(a.c) : "";
   switch (a.who) {
-    case role::stage: return "stage(dp=" + x + ", pp=" + y + ")";
-    case role::shard: return "optimizer_shard(pp=" + x + ", part=" + y + ")";
+    case role::stage: return "stage(dp=" + x + ", pp=" + y + t + ")";
+    case role::shard: return "optimizer_shard(pp=" + x + ", part=" + y + t + ")";
     case role::loader: return "data_loader(dp=" + x + ")";
     case role::coordinator: return "coordinator";
     case role::writer: return "checkpoint_writer";

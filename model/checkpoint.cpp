@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/files.hpp"
+#include "model/tensor_parallel.hpp"
 #include "model/params.hpp"
 
 namespace troupe::model::checkpoint {
@@ -415,10 +416,15 @@ shard_spec optimizer_shard(kernels::backend& be, chunk& c, optimizer_state& stat
 
 namespace {
 
+/// Tensor `name` of ck into dst; a tensor-parallel chunk's (tp) slice of it, parameter `param`.
 core::status load_into(const reader& ck, kernels::backend& be, const std::string& name,
-                       const core::shape_t& shape, tensor dst) {
+                       const core::shape_t& shape, tensor dst, const core::model_config& cfg,
+                       const std::string& param, const chunk_tp& tp) {
   auto t = ck.load(name);
   if (!t) return t.err();
+  if (tp.size > 1 && t->type() == core::dtype::f32 &&
+      shard_shape(cfg, param, t->shape(), tp.size, tp.rank) == shape)
+    t = shard_tensor(cfg, param, t.value(), tp.size, tp.rank);
   if (t->type() != core::dtype::f32 || t->shape() != shape) {
     error err = file_error(ck.dir(),
                            "checkpoint has " + std::string(core::dtype_name(t->type())) + " " +
@@ -438,12 +444,15 @@ core::status restore(const reader& ck, kernels::backend& be, const core::model_c
                      chunk& c, optimizer_state* state) {
   for (const param_info& p : c.params()) {
     const std::string src = p.tied ? embedding_name(cfg) : p.name;
-    if (auto st = load_into(ck, be, src, p.shape, c.param(p.name)); !st) return st;
+    const chunk_tp& tp = c.tp();
+    if (auto st = load_into(ck, be, src, p.shape, c.param(p.name), cfg, p.name, tp); !st) return st;
     if (!state) continue;
-    if (auto st = load_into(ck, be, src + ".exp_avg", p.shape, state->exp_avg.slice(p.offset, p.shape)); !st)
+    if (auto st = load_into(ck, be, src + ".exp_avg", p.shape,
+                            state->exp_avg.slice(p.offset, p.shape), cfg, p.name, tp);
+        !st)
       return st;
     if (auto st = load_into(ck, be, src + ".exp_avg_sq", p.shape,
-                            state->exp_avg_sq.slice(p.offset, p.shape));
+                            state->exp_avg_sq.slice(p.offset, p.shape), cfg, p.name, tp);
         !st)
       return st;
   }

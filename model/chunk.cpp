@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "model/layer.hpp"
 #include "model/params.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace troupe::model {
 
@@ -65,10 +66,14 @@ struct head_acts {
   tensor x;                // final norm input (the last layer's output)
   tensor n, mean, rstd;    // final norm output and statistics
   tensor dlogits;          // d loss / d logits × grad_scale, [N, logits_width(V)]: the largest buffer
+                           // (tensor parallel: [N, V/tp], this rank's vocabulary columns)
+  tensor dn;               // tensor parallel: d loss / d n (this rank's rows), from the loss
+  tensor n_all;            // tensor parallel: n with every rank's rows (the head GEMM's input)
 };
 
 /// One micro-batch in flight.
 struct mb_state {
+  int mb = 0;                      // the micro-batch id (names tensor-parallel collectives)
   tensor tokens;                   // first chunk: int32 [N]
   tensor input;                    // other chunks: hidden [N, C]
   tensor targets;                  // last chunk under full recompute: int32 [N]
@@ -88,7 +93,7 @@ struct mb_state {
   template <class F>
   void each(F&& f) {
     for (tensor* t : {&tokens, &input, &targets, &head.x, &head.n, &head.mean, &head.rstd,
-                      &head.dlogits, &head_dn, &d_emb, &docs.start, &docs.positions})
+                      &head.dlogits, &head.dn, &head.n_all, &head_dn, &d_emb, &docs.start, &docs.positions})
       f(*t);
     for (auto& a : layers) a.each(f);
     for (auto& s : stash) s.each(f);
@@ -105,8 +110,8 @@ enum class keep { all, all_but_attention, nothing, per_layer, input };
 class chunk_impl {
  public:
   chunk_impl(const core::model_config& cfg, chunk_spec spec, kernels::backend& be,
-             core::precision_kind precision)
-      : cfg_(cfg), spec_(spec), be_(be), act_(compute_dtype(precision)) {
+             core::precision_kind precision, chunk_tp tp)
+      : cfg_(cfg), spec_(spec), be_(be), act_(compute_dtype(precision)), tp_(tp) {
     TROUPE_CHECK(spec.num_layers >= 0 && spec.first_layer >= 0 &&
                      spec.first_layer + spec.num_layers <= cfg.num_layers,
                  "chunk layers [" + std::to_string(spec.first_layer) + ", " +
@@ -118,6 +123,7 @@ class chunk_impl {
                      std::to_string(cfg.kv_heads()) + " do not divide");
     defs_ = define_params(cfg, spec);
     frozen_defs_ = define_frozen_params(cfg, spec);
+    if (tp_.size > 1) shard_defs();
     for (std::size_t i = 0; i < defs_.size(); ++i) {
       infos_.push_back(defs_[i].info);
       index_[defs_[i].info.name] = {false, i};
@@ -145,7 +151,8 @@ class chunk_impl {
         be_.zero(frozen_low_);
       }
     }
-    ops_ = make_layer_ops(cfg_, be_, act_);
+    ops_ = tp_.size > 1 ? make_tp_layer_ops(cfg_, be_, act_, tp_.size, *tp_.comm)
+                        : make_layer_ops(cfg_, be_, act_);
     recompute_layers_.assign(static_cast<std::size_t>(spec.num_layers), true);
   }
 
@@ -153,7 +160,27 @@ class chunk_impl {
   chunk_spec spec_;
   kernels::backend& be_;
   core::dtype act_;
+  chunk_tp tp_;
   std::vector<param_def> defs_, frozen_defs_;     // trainable (flat params_) and frozen
+  std::vector<param_def> full_defs_;              // tensor parallel: defs_ with whole shapes
+
+  /// Tensor parallel: this rank's slices in place of the whole parameters, offsets reassigned.
+  void shard_defs() {
+    TROUPE_CHECK(tp_.comm && tp_.comm->size() == tp_.size && tp_.comm->rank() == tp_.rank,
+                 "a tensor-parallel chunk of rank " + std::to_string(tp_.rank) + " of " +
+                     std::to_string(tp_.size) + " without its group");
+    TROUPE_CHECK(frozen_defs_.empty(), "tensor parallel does not split LoRA adapters ([lora])");
+    TROUPE_CHECK(act_ == core::dtype::f32,
+                 "tensor parallel runs in fp32 (precision.compute = \"fp32\")");
+    full_defs_ = defs_;
+    defs_ = model::shard_defs(cfg_, std::move(defs_), tp_.size, tp_.rank);
+  }
+  bool tp_on() const { return tp_.size > 1; }
+  bool sp() const { return tp_on() && tp_.comm->sequence_parallel(); }
+  /// Names the next collectives of the group (tensor parallel only).
+  void name_op(int layer, const mb_state& st, comm_op op) {
+    if (tp_on()) tp_.comm->begin_op(layer, st.mb, op);
+  }
   std::vector<param_info> infos_, frozen_infos_;
   std::unordered_map<std::string, std::pair<bool, std::size_t>> index_;  // name → (frozen, i)
   tensor params_, grads_, low_;
@@ -239,7 +266,9 @@ class chunk_impl {
   std::int64_t check_rows(const tensor& input) const {
     TROUPE_CHECK(input.defined(), "forward without an input");
     const std::int64_t n = input.dim(0);
-    TROUPE_CHECK(n > 0 && n % cfg_.seq_length == 0,
+    // Under sequence parallel a hidden input is this rank's rows of whole sequences.
+    const std::int64_t whole = !spec_.has_embedding && sp() ? n * tp_.size : n;
+    TROUPE_CHECK(n > 0 && whole % cfg_.seq_length == 0,
                  std::to_string(n) + " input rows are not whole sequences of seq_length " +
                      std::to_string(cfg_.seq_length));
     if (spec_.has_embedding) {
@@ -265,10 +294,17 @@ class chunk_impl {
   /// The forward of st's input; keeps activations in st as `k` says. With `losses`, the last
   /// chunk runs the cross-entropy (dlogits into st.head when kept), leaves the per-row losses (on
   /// the device) in *losses and returns an empty tensor; without, it returns the logits.
-  tensor run(mb_state& st, keep k, tensor* losses) {
+  tensor run(mb_state& st, keep k, tensor* losses, bool again = false) {
     const views w = weights();
     tensor x;
-    if (spec_.has_embedding) {
+    if (spec_.has_embedding && tp_on()) {
+      TROUPE_CHECK(!st.docs.on(), "tensor parallel does not run packed documents");
+      name_op(-1, st, again ? comm_op::recompute_embedding : comm_op::embedding_forward);
+      x = vp_embedding_forward(*tp_.comm, be_, w.emb, st.tokens, cfg_.vocab_size, cfg_.seq_length);
+      const kernels::dropout_spec d = st.drop.at(0, dropout_site::embedding);
+      TROUPE_CHECK(!d.on() || !sp(), "the embedding's dropout under sequence parallel");
+      if (d.on()) be_.dropout(x, d, sample_elems(), x);
+    } else if (spec_.has_embedding) {
       x = ops_->alloc({st.tokens.dim(0), cfg_.hidden_size});
       if (st.docs.on())
         be_.embedding_forward_at(st.tokens, w.emb.wte, w.emb.wpe, st.docs.positions, x);
@@ -283,6 +319,7 @@ class chunk_impl {
     st.layers.assign(k == keep::nothing ? 0 : spec_.num_layers, {});
     for (int l = 0; l < spec_.num_layers; ++l) {
       layer_acts a;
+      name_op(spec_.first_layer + l, st, again ? comm_op::recompute : comm_op::forward);
       tensor y = ops_->forward(w.layers[l], x, a, layer_drop(st, l), st.docs);
       const keep kl = k == keep::per_layer ? layer_keep(l) : k;
       if (kl == keep::all_but_attention) a.att = {}, a.lse = {};
@@ -298,6 +335,26 @@ class chunk_impl {
 
     head_acts h;
     h.x = x;
+    if (tp_on()) {
+      TROUPE_CHECK(losses != nullptr, "tensor parallel computes no logits (only the loss)");
+      h.n = ops_->alloc({n, cfg_.hidden_size});
+      ops_->norm_stats(n, h.mean, h.rstd);
+      ops_->norm_forward(h.x, w.head.norm_w, w.head.norm_b, h.n, h.mean, h.rstd);
+      // The gradient only where a backward follows from these activations.
+      const bool kept = k != keep::nothing && st.grad_scale != 0;
+      name_op(-2, st, again ? comm_op::recompute_loss : comm_op::loss);
+      tensor no_dw;  // the head's weight gradient waits for the weight phase
+      vp_loss r = vp_cross_entropy(*tp_.comm, be_, h.n, w.head.head_w, st.targets,
+                                   cfg_.vocab_size, kept ? st.grad_scale : 0.0f, no_dw);
+      *losses = r.losses;
+      if (kept) {
+        h.dlogits = std::move(r.dlogits);
+        h.n_all = std::move(r.input);
+        h.dn = std::move(r.dh);
+        st.head = std::move(h);
+      }
+      return {};
+    }
     // With the loss, the logits' rows may be padded (backend::logits_width); returned logits are
     // [n, V].
     tensor logits = head_forward(w.head, h, losses != nullptr);
@@ -356,7 +413,10 @@ class chunk_impl {
   /// dwte, dwpe += the embedding's gradient for dy, at the rows' positions.
   template <class G>
   void embedding_backward(const tensor& dy, const mb_state& st, G& g) {
-    if (st.docs.on())
+    if (tp_on()) {
+      name_op(-1, st, comm_op::embedding_backward);
+      vp_embedding_backward(*tp_.comm, be_, dy, st.tokens, cfg_.vocab_size, cfg_.seq_length, g);
+    } else if (st.docs.on())
       be_.embedding_backward_at(dy, st.tokens, st.docs.positions, g.wte, g.wpe);
     else
       be_.embedding_backward(dy, st.tokens, cfg_.seq_length, g.wte, g.wpe);
@@ -389,7 +449,11 @@ class chunk_impl {
                                          " is already in flight in this chunk; backward or "
                                          "release it first");
     const std::int64_t n = check_rows(input);
+    // Every row of the micro-batch (this rank holds n / tp of them under sequence parallel).
+    const std::int64_t all_rows = !spec_.has_embedding && sp() ? n * tp_.size : n;
+    TROUPE_CHECK(!tp_on() || !doc_starts.defined(), "tensor parallel does not run packed documents");
     mb_state st;
+    st.mb = mb;
     if (spec_.has_embedding)
       st.tokens = own(input.reshape({n}));
     else
@@ -400,9 +464,9 @@ class chunk_impl {
     tensor out;
     if (spec_.has_head) {
       TROUPE_CHECK(targets.defined() && targets.type() == core::dtype::i32 &&
-                       targets.numel() == n,
-                   "the last chunk wants int32 targets of " + std::to_string(n) + " rows");
-      st.targets = own(targets.reshape({n}));
+                       targets.numel() == all_rows,
+                   "the last chunk wants int32 targets of " + std::to_string(all_rows) + " rows");
+      st.targets = own(targets.reshape({all_rows}));
       st.grad_scale = grad_scale;
       // An evaluation forward (no gradient wanted) keeps nothing: no backward can follow.
       if (grad_scale == 0) k = keep::nothing;
@@ -442,14 +506,16 @@ class chunk_impl {
                                            " was an evaluation forward (grad_scale 0)");
     if (!st.complete) {
       tensor unused;  // the recomputed losses equal the first forward's
-      run(st, keep::all, spec_.has_head ? &unused : nullptr);
+      run(st, keep::all, spec_.has_head ? &unused : nullptr, true);
       st.complete = true;
       st.targets = {};
       account(st);
     }
     const views w = weights();
     views g = gradients();
-    const std::int64_t n = spec_.has_embedding ? st.tokens.dim(0) : st.input.dim(0);
+    // This rank's rows (sequence parallel: the tokens are every row, the gradient its share).
+    const std::int64_t n =
+        spec_.has_embedding ? st.tokens.dim(0) / (sp() ? tp_.size : 1) : st.input.dim(0);
 
     tensor dy;
     if (spec_.has_head) {
@@ -469,14 +535,17 @@ class chunk_impl {
       // same input, so the same bits) right before its backward.
       if (!st.layers[l].n1.defined()) {
         layer_acts a;
+        name_op(spec_.first_layer + l, st, comm_op::recompute);
         ops_->forward(w.layers[l], st.layers[l].x, a, layer_drop(st, l), st.docs);
         st.layers[l] = std::move(a);
         account(st);
       }
+      name_op(spec_.first_layer + l, st, comm_op::backward_input);
       tensor dx = ops_->backward_input(w.layers[l], st.layers[l], dy, st.stash[l],
                                        with_weights ? &g.layers[l] : nullptr);
       account(st);
       if (with_weights) {
+        name_op(spec_.first_layer + l, st, comm_op::backward_weight);
         ops_->backward_weight(w.layers[l], st.layers[l], st.stash[l], g.layers[l]);
         st.layers[l] = {};
         st.stash[l] = {};
@@ -516,8 +585,10 @@ class chunk_impl {
     const views w = weights();
     views g = gradients();
     if (spec_.has_head) head_backward_weight(st, w.head, g.head);
-    for (int l = spec_.num_layers - 1; l >= 0; --l)
+    for (int l = spec_.num_layers - 1; l >= 0; --l) {
+      name_op(spec_.first_layer + l, st, comm_op::backward_weight);
       ops_->backward_weight(w.layers[l], st.layers[l], st.stash[l], g.layers[l]);
+    }
     if (spec_.has_embedding && st.d_emb.defined())
       embedding_backward(st.d_emb, st, g.emb);
     drop(it);
@@ -526,9 +597,21 @@ class chunk_impl {
   tensor head_backward_input(mb_state& st, const head_tensors& w, head_tensors* norm_grads) {
     const head_acts& h = st.head;
     const std::int64_t n = h.x.dim(0), c = cfg_.hidden_size;
-    tensor dn = ops_->zeros({n, c});
-    be_.linear_backward_input(h.dlogits, w.head_w, dn);
+    tensor dn;
+    if (tp_on()) {
+      dn = h.dn;  // the loss reduced it over the group already
+    } else {
+      dn = ops_->zeros({n, c});
+      be_.linear_backward_input(h.dlogits, w.head_w, dn);
+    }
     tensor dx = ops_->zeros({n, c});
+    if (sp() && norm_grads) {
+      // Each rank holds some rows: the final norm's weight gradient is the group's sum.
+      st.head_dn = dn;
+      head_norm_weight(st, w, *norm_grads, &dx);
+      st.head_norm_done = true;
+      return dx;
+    }
     tensor dw, db;
     if (norm_grads) {
       dw = norm_grads->norm_w, db = norm_grads->norm_b;
@@ -543,11 +626,30 @@ class chunk_impl {
     return dx;
   }
 
+  /// Sequence parallel: the final norm's backward on this rank's rows (dx written when given),
+  /// its weight gradients summed over the group into g.
+  void head_norm_weight(mb_state& st, const head_tensors& w, head_tensors& g, tensor* dx) {
+    const head_acts& h = st.head;
+    const std::int64_t c = cfg_.hidden_size;
+    tensor dw = ops_->zeros({c}, core::dtype::f32), db;
+    if (w.norm_b.defined()) db = ops_->zeros({c}, core::dtype::f32);
+    tensor dx_scratch = dx ? *dx : ops_->zeros(h.x.shape());
+    ops_->norm_backward(st.head_dn, h.x, w.norm_w, h.mean, h.rstd, dx_scratch, dw, db);
+    name_op(-2, st, comm_op::head_backward);
+    const tensor sw = tp_.comm->all_reduce(dw);
+    const tensor sb = db.defined() ? tp_.comm->all_reduce(db) : tensor{};
+    if (g.norm_w.defined()) be_.accumulate(sw, g.norm_w);
+    if (g.norm_b.defined() && sb.defined()) be_.accumulate(sb, g.norm_b);
+  }
+
   void head_backward_weight(mb_state& st, const head_tensors& w, head_tensors& g) {
     head_acts& h = st.head;
     tensor none;
-    if (g.head_w.defined()) be_.linear_backward_weight(h.dlogits, h.n, g.head_w, none);
-    if (!st.head_norm_done && g.norm_w.defined()) {
+    if (g.head_w.defined())
+      be_.linear_backward_weight(h.dlogits, tp_on() ? h.n_all : h.n, g.head_w, none);
+    if (!st.head_norm_done && sp()) {
+      head_norm_weight(st, w, g, nullptr);
+    } else if (!st.head_norm_done && g.norm_w.defined()) {
       tensor dx_scratch = ops_->zeros(h.x.shape());
       ops_->norm_backward(st.head_dn, h.x, w.norm_w, h.mean, h.rstd, dx_scratch, g.norm_w,
                           g.norm_b);
@@ -560,13 +662,14 @@ class chunk_impl {
 };
 
 chunk::chunk(const core::model_config& cfg, chunk_spec spec, kernels::backend& be,
-             core::precision_kind precision)
-    : impl_(std::make_unique<chunk_impl>(cfg, spec, be, precision)) {}
+             core::precision_kind precision, chunk_tp tp)
+    : impl_(std::make_unique<chunk_impl>(cfg, spec, be, precision, tp)) {}
 chunk::~chunk() = default;
 chunk::chunk(chunk&&) noexcept = default;
 chunk& chunk::operator=(chunk&&) noexcept = default;
 
 const chunk_spec& chunk::spec() const { return impl_->spec_; }
+const chunk_tp& chunk::tp() const { return impl_->tp_; }
 const std::vector<param_info>& chunk::params() const { return impl_->infos_; }
 const std::vector<param_info>& chunk::frozen_params() const { return impl_->frozen_infos_; }
 tensor& chunk::flat_params() { return impl_->params_; }
@@ -579,6 +682,23 @@ tensor chunk::grad(const std::string& name) { return impl_->grad_view(name); }
 bool chunk::frozen(const std::string& name) const { return impl_->info(name).first; }
 
 void chunk::init(std::uint64_t seed) {
+  if (impl_->tp_on()) {
+    // The whole tensors as tp 1 draws them, then this rank's slice of each.
+    const auto& defs = impl_->defs_;
+    tensor host = tensor::zeros({flat_numel(defs)});
+    for (std::size_t i = 0; i < defs.size(); ++i) {
+      const param_def& full = impl_->full_defs_[i];
+      tensor whole = tensor::zeros(full.info.shape);
+      init_param(full, impl_->cfg_, seed, whole.data<float>());
+      const tensor mine =
+          shard_tensor(impl_->cfg_, full.info.name, whole, impl_->tp_.size, impl_->tp_.rank);
+      std::copy(mine.data<float>(), mine.data<float>() + mine.numel(),
+                host.data<float>() + defs[i].info.offset);
+    }
+    impl_->be_.copy(host, impl_->params_);
+    params_updated();
+    return;
+  }
   for (auto [defs, flat] : {std::pair{&impl_->defs_, &impl_->params_},
                             std::pair{&impl_->frozen_defs_, &impl_->frozen_}}) {
     if (defs->empty()) continue;
@@ -658,6 +778,7 @@ void chunk::release(int mb) {
 
 tensor chunk::forward_logits(const tensor& input) {
   TROUPE_CHECK(impl_->spec_.has_head, "forward_logits on a chunk without the head");
+  TROUPE_CHECK(!impl_->tp_on(), "forward_logits on a tensor-parallel chunk");
   const std::int64_t n = impl_->check_rows(input);
   mb_state st;
   if (impl_->spec_.has_embedding)
@@ -691,6 +812,7 @@ tensor chunk::forward_cached(const tensor& tokens, const cache_rows& at, kv_cach
                              const std::vector<std::int64_t>& logit_rows) {
   chunk_impl& m = *impl_;
   const core::model_config& cfg = m.cfg_;
+  TROUPE_CHECK(!m.tp_on(), "forward_cached on a tensor-parallel chunk");
   TROUPE_CHECK(m.spec_.has_embedding && m.spec_.has_head &&
                    m.spec_.num_layers == cfg.num_layers,
                "forward_cached needs the whole model in one chunk");

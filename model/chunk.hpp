@@ -67,17 +67,34 @@ struct kv_cache {
   std::vector<layer_cache> layers;
 };
 
+/// Tensor parallel: the chunk is rank `rank` of a group of `size` (model/tensor_parallel.hpp).
+/// Its parameters are that rank's slices (the whole chunk's names and order, shapes
+/// model::shard_shape; init() draws the whole tensors and keeps the slice, so every layout starts
+/// from the same weights), its layers the split ops, its embedding and loss vocabulary-parallel,
+/// and `comm` (outliving the chunk) carries the group's collectives, named op by op
+/// (layer_comm::begin_op). Under sequence parallel (comm->sequence_parallel()) the hidden input,
+/// output and their gradients are this rank's rows of the micro-batch; tokens and targets are
+/// always every row. Not with LoRA, dropout under sequence parallel, packed documents or the
+/// inference entry points (forward_logits, forward_cached).
+struct chunk_tp {
+  int size = 1;
+  int rank = 0;
+  layer_comm* comm = nullptr;
+};
+
 class chunk_impl;
 
 class chunk {
  public:
   chunk(const core::model_config& cfg, chunk_spec spec, kernels::backend& be,
-        core::precision_kind precision = core::precision_kind::fp32);
+        core::precision_kind precision = core::precision_kind::fp32, chunk_tp tp = {});
   ~chunk();
   chunk(chunk&&) noexcept;
   chunk& operator=(chunk&&) noexcept;
 
   const chunk_spec& spec() const;
+  /// The tensor-parallel rank this chunk is ({1, 0, null}: the whole chunk).
+  const chunk_tp& tp() const;
   /// The trainable parameters: every parameter without a [lora] table; with one, the LoRA
   /// adapters and the base parameters lora.trainable names (model::define_params). The optimizer,
   /// gradient reduction, ZeRO shards and checkpoints see only these.

@@ -169,6 +169,20 @@ struct layer_split {
                               // query heads read, and ranks sharing it sum its gradient
 };
 
+/// Which op of a chunk a layer_comm's next collectives belong to (their tags follow from it).
+enum class comm_op : std::uint32_t {
+  forward = 1,
+  backward_input = 2,
+  backward_weight = 3,
+  recompute = 4,
+  embedding_forward = 5,
+  embedding_backward = 6,
+  loss = 7,
+  head_backward = 8,         // the final norm's weight gradients (sequence parallel)
+  recompute_embedding = 9,   // the embedding, and the loss, of a whole-chunk recompute
+  recompute_loss = 10,
+};
+
 /// Where a layer split across a tensor-parallel group communicates. Every rank of the group
 /// makes the same calls in the same order (tags follow from the order, model/tensor_parallel.hpp).
 /// Tensors are rows [n, C] on the layer's backend.
@@ -192,6 +206,12 @@ class layer_comm {
   virtual tensor all_gather(const tensor& x) = 0;
   /// The sum over the ranks that hold the same replicated key/value heads.
   virtual tensor all_reduce_kv(const tensor& x) = 0;
+  /// Names the op whose collectives come next: global layer `layer` (-1 the embedding, -2 the
+  /// head) of micro-batch `micro_batch`. A model::chunk calls it before each op; a group that
+  /// needs no names ignores it.
+  virtual void begin_op(int layer, int micro_batch, comm_op op) {
+    (void)layer, (void)micro_batch, (void)op;
+  }
 };
 
 /// The ops of one model family. One instance serves all layers of a chunk; it holds only

@@ -119,6 +119,60 @@ std::unique_ptr<layer_ops> make_tp_layer_ops(const core::model_config& cfg, kern
   return make_layer_ops(cfg, be, act, s, comm);
 }
 
+core::shape_t shard_shape(const core::model_config& cfg, const std::string& name,
+                          const core::shape_t& full, int tp, int rank) {
+  core::shape_t s = full;
+  switch (rule_of(cfg, name)) {
+    case rule::replicated: break;
+    case rule::rows:
+    case rule::qkv_rows: s[0] /= tp; break;
+    case rule::kv_rows: s[0] = cfg.kv_heads() >= tp ? s[0] / tp : cfg.head_dim(); break;
+    case rule::columns: s[1] /= tp; break;
+    case rule::vocab: s[0] = vocab_range_of(s[0], tp, rank).rows; break;
+  }
+  return s;
+}
+
+bool replicated(const core::model_config& cfg, const std::string& name) {
+  return rule_of(cfg, name) == rule::replicated;
+}
+
+std::vector<param_def> shard_defs(const core::model_config& cfg, std::vector<param_def> defs,
+                                  int tp, int rank) {
+  std::int64_t next = 0;
+  for (auto& d : defs) {
+    d.info.shape = shard_shape(cfg, d.info.name, d.info.shape, tp, rank);
+    d.info.numel = core::numel_of(d.info.shape);
+    d.info.offset = next;
+    next += (d.info.numel + kernels::norm_block - 1) / kernels::norm_block * kernels::norm_block;
+  }
+  return defs;
+}
+
+tensor unshard_param(const core::model_config& cfg, const std::vector<param_def>& defs,
+                     std::size_t i, int tp, const std::function<const tensor&(int)>& flat) {
+  const param_info& whole = defs.at(i).info;
+  if (tp == 1) return flat(0).slice(whole.offset, whole.shape);
+  std::vector<tensor> shards;
+  for (int t = 0; t < tp; ++t) {
+    const param_info mine = shard_defs(cfg, defs, tp, t)[i].info;
+    const tensor& f = flat(t);
+    TROUPE_CHECK(f.numel() >= mine.offset + mine.numel,
+                 "the parameters of tensor-parallel rank " + std::to_string(t) + " end before " +
+                     whole.name);
+    shards.push_back(f.slice(mine.offset, mine.shape));
+  }
+  return unshard_tensor(cfg, whole.name, shards);
+}
+
+bool counts_in_norm(const core::model_config& cfg, const std::string& name, int tp, int rank) {
+  switch (rule_of(cfg, name)) {
+    case rule::replicated: return rank == 0;
+    case rule::kv_rows: return rank % kv_replicas(cfg, tp) == 0;
+    default: return true;
+  }
+}
+
 tensor shard_tensor(const core::model_config& cfg, const std::string& name, const tensor& full,
                     int tp, int rank) {
   TROUPE_CHECK(full.type() == core::dtype::f32 && full.dev().is_cpu(),
@@ -368,6 +422,9 @@ vp_loss vp_cross_entropy(layer_comm& comm, kernels::backend& be, const tensor& h
   if (dw.defined()) {
     tensor none;
     be.linear_backward_weight(dz, hf, dw, none);
+  } else {
+    out.dlogits = dz;
+    out.input = hf;
   }
   return out;
 }

@@ -17,11 +17,13 @@
 //  - replicated: norms, wpe.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
 #include "model/layer.hpp"
+#include "model/params.hpp"
 
 namespace troupe::model {
 
@@ -45,6 +47,29 @@ vocab_range vocab_range_of(std::int64_t vocab, int tp, int rank);
 /// (rank + 1) * N/tp) of the N = B*T rows); otherwise every rank holds all N rows.
 std::unique_ptr<layer_ops> make_tp_layer_ops(const core::model_config& cfg, kernels::backend& be,
                                              core::dtype act, int tp, layer_comm& comm);
+
+/// The shape of rank `rank`'s slice of parameter `name` (full shape `full`): shard_tensor's.
+core::shape_t shard_shape(const core::model_config& cfg, const std::string& name,
+                          const core::shape_t& full, int tp, int rank);
+/// Whether every rank holds parameter `name` whole (norms, wpe, GPT-2's row-parallel biases):
+/// its gradient is the same on every rank, and a global norm counts it once.
+bool replicated(const core::model_config& cfg, const std::string& name);
+
+/// Whether rank `rank`'s slice of `name` counts in a global gradient norm: every split slice
+/// does; of a tensor several ranks hold alike (replicated, or a key/value head shared by
+/// kv_replicas ranks) only the first holder's.
+bool counts_in_norm(const core::model_config& cfg, const std::string& name, int tp, int rank);
+
+/// The flat-buffer layout of rank `rank`'s slices of `defs` (a chunk's whole parameters, as
+/// define_params gives them): shapes shard_shape, offsets reassigned as define_params assigns
+/// them. What a model::chunk built with chunk_tp holds.
+std::vector<param_def> shard_defs(const core::model_config& cfg, std::vector<param_def> defs,
+                                  int tp, int rank);
+/// The whole parameter defs[i] (defs: the chunk's whole parameters) from every rank's flat
+/// buffer of the chunk (`flat(t)`, host fp32, laid out as shard_defs says): a view of flat(0)
+/// when tp is 1, else a new host tensor (unshard_tensor).
+tensor unshard_param(const core::model_config& cfg, const std::vector<param_def>& defs,
+                     std::size_t i, int tp, const std::function<const tensor&(int)>& flat);
 
 /// Rank `rank`'s slice of parameter `name` (a Hugging Face name of cfg, full shape `full`: host
 /// fp32), as a new host tensor.
@@ -74,10 +99,13 @@ void vp_embedding_backward(layer_comm& comm, kernels::backend& be, const tensor&
 /// [N, Vl] block; the row maxima are all-gathered (then the max, in rank order), the sums of
 /// exponentials and the target logits summed. Returns the losses [N] (fp32, every rank the same
 /// bits). When grad_scale != 0 also returns dh (the gradient of h, this rank's rows) and
-/// accumulates the head's weight gradient into dw (when defined), as cross_entropy does.
+/// accumulates the head's weight gradient into dw (when defined), as cross_entropy does; with dw
+/// undefined, dlogits and input are what linear_backward_weight(dlogits, input, dw) needs later.
 struct vp_loss {
   tensor losses;
   tensor dh;
+  tensor dlogits;  // [N, Vl]: d loss / d this rank's logits, times grad_scale
+  tensor input;    // [N, C]: h with every rank's rows (h itself without sequence parallel)
 };
 vp_loss vp_cross_entropy(layer_comm& comm, kernels::backend& be, const tensor& h,
                          const tensor& head_w, const tensor& targets, std::int64_t vocab,

@@ -32,6 +32,13 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
   auto sched = build_schedule(cfg, layout_of(cfg).microbatches);
   if (!sched) return sched.err();
   const job_layout l = layout_of(cfg, sched.value());
+  if (l.tp > 1)
+    return core::error::make(
+        "replay --rank " + std::to_string(opt.rank) + " of a run at parallel.model_parallel = " +
+            std::to_string(l.tp) + ": a tensor-parallel rank needs its group's collectives, which "
+            "the message log does not record",
+        "replay the whole run (troupe replay RUN_DIR without --rank): it runs every rank, "
+        "tensor-parallel groups included, and checks every recorded message");
   const int me = opt.rank, d = me / l.pp, p = me % l.pp;
   const int first = run.segments.front().first_step;
   const std::string mdir = messages_dir(run.dir);

@@ -3,6 +3,7 @@
 #include "model/hf.hpp"
 #include "kernels/select.hpp"
 #include "model/params.hpp"
+#include "model/tensor_parallel.hpp"
 #include "schedules/lower.hpp"
 #include "schedules/registry.hpp"
 #include "schedules/validate.hpp"
@@ -13,6 +14,7 @@ job_layout layout_of(const core::config& cfg) {
   job_layout layout;
   layout.dp = cfg.parallel.data_parallel;
   layout.pp = cfg.parallel.pipeline_stage;
+  layout.tp = cfg.parallel.model_parallel;
   layout.v = cfg.parallel.virtual_pipeline;
   layout.zero_stage = cfg.optimizer.zero_stage;
   layout.microbatches = cfg.parallel.micro_batch_num * cfg.train.gradient_accumulation_steps;
@@ -44,7 +46,8 @@ core::result<schedules::schedule> build_schedule(const core::config& cfg, int mi
 core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& cfg,
                                                            const job_layout& l, int pp,
                                                            kernels::backend& be,
-                                                           const model::checkpoint::reader* ck) {
+                                                           const model::checkpoint::reader* ck,
+                                                           const model::chunk_tp& tp) {
   auto specs = model::partition(cfg);
   // A fresh run with model.init starts from those weights; each chunk loads only its own tensors.
   std::shared_ptr<const model::hf::weights> init;
@@ -55,7 +58,7 @@ core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& c
   }
   std::vector<model::chunk> chunks;
   for (int i = 0; i < l.v; ++i) {
-    model::chunk c(cfg.model, specs[l.chunk_of(pp, i)], be, cfg.precision.compute);
+    model::chunk c(cfg.model, specs[l.chunk_of(pp, i)], be, cfg.precision.compute, tp);
     c.init(cfg.train.seed);
     c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
     if (ck) {
@@ -76,13 +79,14 @@ core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
                                                         kernels::backend& be,
                                                         std::vector<model::chunk>& owner,
                                                         const model::checkpoint::reader* ck,
-                                                        kernels::backend* host) {
+                                                        kernels::backend* host, int tp) {
   std::vector<shard_chunk> sc;
   for (int i = 0; i < l.v; ++i) {
     auto& c = owner[i];
     sc.push_back(shard_chunk{l.chunk_of(pp, i), c.params(), c.flat_params()});
   }
   auto e = std::make_unique<shard_engine>(cfg, l, pp, part, be, std::move(sc), host);
+  e->set_tp(tp);
   if (!ck) return e;
   for (auto& slot : e->slots()) {
     for (auto [suffix, dst] : {std::pair<const char*, core::tensor*>{".exp_avg", &slot.exp_avg},
@@ -91,6 +95,8 @@ core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
       if (slot.info.tied) name = model::embedding_name(cfg.model) + suffix;
       auto t = ck->load(name);
       if (!t.ok()) return t.err();
+      // Tensor parallel: this rank's slice of the whole moment (a checkpoint holds whole ones).
+      if (l.tp > 1) t = model::shard_tensor(cfg.model, slot.info.name, t.value(), l.tp, tp);
       // slot.info.offset is where the slice starts in the chunk buffer; the moment tensor in
       // the checkpoint starts where the whole parameter does.
       std::int64_t start = -1;

@@ -27,15 +27,16 @@ job_layout layout_of(const core::config& cfg, const schedules::schedule& s);
 /// schedule.name / schedule.file key.
 core::result<schedules::schedule> build_schedule(const core::config& cfg, int microbatches);
 
-/// The chunks of pipeline rank `pp` in forward order (global ids pp, pp + P, ...) on `be`:
+/// The chunks of pipeline rank `pp` (tensor-parallel rank `tp`: its slices, model::chunk_tp) in forward order (global ids pp, pp + P, ...) on `be`:
 /// initialised from train.seed, identically on every replica, or restored from `ck` when given,
 /// or else loaded from model.init when the config names weights to start from.
 core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& cfg,
                                                            const job_layout& l, int pp,
                                                            kernels::backend& be,
-                                                           const model::checkpoint::reader* ck);
+                                                           const model::checkpoint::reader* ck,
+                                                           const model::chunk_tp& tp = {});
 
-/// Optimizer shard (pp, part) on `be`. Its master slices start from `owner`, the chunks of the
+/// Optimizer shard (pp, part) of tensor-parallel rank `tp` on `be`. Its master slices start from `owner`, the chunks of the
 /// stage on the shard's own worker; its AdamW moments are restored from `ck` when given.
 /// Under optimizer.offload the master slices and moments are host memory updated by `host` (see
 /// make_host_backend). REQUIRES: cfg (and `host`) outlive the shard (the engine keeps references).
@@ -44,7 +45,8 @@ core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
                                                         kernels::backend& be,
                                                         std::vector<model::chunk>& owner,
                                                         const model::checkpoint::reader* ck,
-                                                        kernels::backend* host = nullptr);
+                                                        kernels::backend* host = nullptr,
+                                                        int tp = 0);
 
 /// The CPU backend an offloading shard updates its host state with; null without offload.
 std::unique_ptr<kernels::backend> make_host_backend(const core::config& cfg);

@@ -7,10 +7,45 @@
 #include "core/machine.hpp"
 #include "runtime/build.hpp"
 #include "model/safetensors.hpp"
+#include "model/tensor_parallel.hpp"
 #include "kernels/select.hpp"
 
 namespace troupe::actors {
 namespace {
+
+/// What tensor parallel (parallel.model_parallel > 1) runs today: the CPU backend in fp32, from
+/// train.seed or a checkpoint, without dropout under sequence parallel (docs/model.md).
+core::status tensor_parallel_supported(const core::config& cfg) {
+  const int tp = cfg.parallel.model_parallel;
+  if (tp == 1) return {};
+  const std::string what = "parallel.model_parallel = " + std::to_string(tp);
+  const std::string hint_tp1 = "or set parallel.model_parallel = 1 (remove parallel.sequence_parallel)";
+  if (cfg.runtime.device != "cpu")
+    return core::config_error(
+        cfg, "runtime.device",
+        what + " runs on the CPU backend only: its collectives go through host memory, and the "
+               "device collectives it needs on \"" + cfg.runtime.device + "\" do not exist yet",
+        "set runtime.device = \"cpu\", " + hint_tp1 + " and scale with parallel.pipeline_stage "
+        "/ parallel.data_parallel");
+  if (cfg.precision.compute != core::precision_kind::fp32)
+    return core::config_error(cfg, "precision.compute",
+                              what + " sums its partial results in fp32 only",
+                              "set precision.compute = \"fp32\", " + hint_tp1);
+  if (!cfg.model.init.empty())
+    return core::config_error(cfg, "model.init",
+                              what + " starts from train.seed or a checkpoint (--resume), not yet "
+                                     "from model.init's weights",
+                              "train from the seed, or convert the weights with troupe hf import "
+                              "and resume from that checkpoint at model_parallel 1, " + hint_tp1);
+  if (cfg.parallel.sequence_parallel &&
+      (cfg.model.hidden_dropout > 0 || cfg.model.attention_dropout > 0))
+    return core::config_error(cfg, "model.hidden_dropout",
+                              what + " with parallel.sequence_parallel does not draw dropout masks "
+                                     "yet",
+                              "set model.hidden_dropout = 0 and model.attention_dropout = 0, or "
+                              "parallel.sequence_parallel = false");
+  return {};
+}
 
 const char* recompute_name(core::recompute_mode m) {
   return m == core::recompute_mode::none ? "none" : m == core::recompute_mode::full ? "full" : "selective";
@@ -23,6 +58,13 @@ std::string split_text(const core::config& cfg) {
   std::string out = ", layers [";
   for (std::size_t i = 0; i < split.size(); ++i) out += (i ? ", " : "") + std::to_string(split[i]);
   return out + "]";
+}
+
+/// " × model_parallel 2 (sequence parallel)" under tensor parallel, "" without.
+std::string tp_text(const core::config& cfg) {
+  if (cfg.parallel.model_parallel == 1) return {};
+  return " × model_parallel " + std::to_string(cfg.parallel.model_parallel) +
+         (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "");
 }
 
 /// " of layers 0, 2" when recompute applies to some layers only.
@@ -43,15 +85,7 @@ bool hosted_job::hosts(int w) const { return std::binary_search(workers.begin(),
 
 core::result<hosted_job> prepare_job(const core::config& cfg, const run_options& opt,
                                      std::vector<int> workers) {
-  if (cfg.parallel.model_parallel != 1)
-    return core::config_error(
-        cfg, "parallel.model_parallel",
-        "parallel.model_parallel = " + std::to_string(cfg.parallel.model_parallel) +
-            " is a valid layout, but the actor runtime does not run tensor parallel yet (the "
-            "tensor- and sequence-parallel layers exist and are tested as units, docs/model.md)",
-        "set parallel.model_parallel = 1 (and remove parallel.sequence_parallel) and scale with "
-        "parallel.pipeline_stage / parallel.data_parallel, or train the same math on one rank "
-        "with --single-rank");
+  if (auto st = tensor_parallel_supported(cfg); !st.ok()) return st.err();
   hosted_job h;
   std::sort(workers.begin(), workers.end());
   h.workers = std::move(workers);
@@ -82,6 +116,11 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
   auto train = model::loader::open(cfg.data.train, data_opts);
   if (!train.ok()) return train.err();
   h.train = std::make_shared<model::loader>(std::move(train.value()));
+  if (cfg.parallel.model_parallel > 1 && h.train->masked() && h.train->rows_layout().packing)
+    return core::config_error(cfg, "parallel.model_parallel",
+                              "parallel.model_parallel > 1 does not run packed instruction rows "
+                              "(data.packing) yet",
+                              "turn packing off, or set parallel.model_parallel = 1");
   if (!cfg.data.val.empty() && h.hosts(0)) {
     auto v = model::loader::open(cfg.data.val, data_opts);
     if (!v.ok()) return v.err();
@@ -123,9 +162,10 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
 
   if (opt.log && h.hosts(0)) {
     std::fprintf(opt.log,
-                 "troupe: %d worker(s) as actors: data_parallel %d × pipeline_stage %d (virtual %d%s), "
+                 "troupe: %d worker(s) as actors: data_parallel %d × pipeline_stage %d (virtual %d%s)%s, "
                  "schedule %s, %d micro-batches per replica, ZeRO-%d, recompute %s%s\n",
                  layout.workers(), layout.dp, layout.pp, layout.v, split_text(cfg).c_str(),
+                 tp_text(cfg).c_str(),
                  j.program.name.c_str(), layout.microbatches, layout.zero_stage,
                  recompute_name(cfg.recompute.mode), recompute_layers_text(cfg).c_str());
     std::fflush(opt.log);
@@ -134,32 +174,46 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
   // Build the hosted stages' chunks (identically initialised on every replica) and shards.
   const model::checkpoint::reader* from = ck ? &*ck : nullptr;
   for (int w : h.workers) {
-    const int d = w / layout.pp, p = w % layout.pp;
+    const int d = layout.dp_of(w), p = layout.pp_of(w), t = layout.tp_of(w);
     auto b = std::make_shared<stage_bundle>();
     b->be = kernels::make_backend(cfg.runtime.device);
-    auto chunks = build_stage_chunks(cfg, layout, p, *b->be, from);
+    model::chunk_tp tp;
+    if (layout.tp > 1) {
+      // The group: the tp consecutive ranks of this (replica, pipeline rank).
+      std::vector<int> ranks;
+      for (int r = 0; r < layout.tp; ++r) ranks.push_back(layout.worker(d, p, r));
+      job* jp = h.j.get();
+      b->group = std::make_unique<tp_group>(
+          [jp, w]() -> transport::transport& { return jp->endpoint(w); }, w, std::move(ranks),
+          *b->be, cfg.parallel.sequence_parallel, model::kv_replicas(cfg.model, layout.tp),
+          j.recv_timeout);
+      tp = model::chunk_tp{layout.tp, t, b->group.get()};
+    }
+    auto chunks = build_stage_chunks(cfg, layout, p, *b->be, from, tp);
     if (!chunks.ok()) return chunks.err();
     b->engine = std::make_unique<stage_engine>(cfg, layout, d, p, j.program.ranks.at(p), *b->be,
                                                std::move(chunks.value()), j.epoch);
+    b->engine->set_tp(t, b->group.get());
     b->engine->set_data(h.train);
     if (opt.fault && ((opt.fault->rank == w && (opt.fault->kind == core::fault_kind::nan ||
                                                 opt.fault->kind == core::fault_kind::slow ||
                                                 opt.fault->kind == core::fault_kind::kill)) ||
                       opt.fault->kind == core::fault_kind::poison))
       b->engine->inject(*opt.fault);  // poison: every stage; the one computing the loss acts
-    h.stages[{d, p}] = b;
+    h.stages[{d, p, t}] = b;
   }
   for (int w : h.workers) {
-    const int k = w / layout.pp, p = w % layout.pp;
+    const int k = layout.dp_of(w), p = layout.pp_of(w), t = layout.tp_of(w);
     auto b = std::make_shared<shard_bundle>();
     b->be = kernels::make_backend(cfg.runtime.device);
     b->host = make_host_backend(j.cfg);
-    // Shard (p, k) lives on worker (k, p): the stage there holds the parameters it starts from.
-    auto e = build_shard(j.cfg, layout, p, k, *b->be, h.stages.at({k, p})->engine->chunks(), from,
-                         b->host.get());
+    // Shard (p, k, t) lives on worker (k, p, t): the stage there holds the parameters it starts
+    // from.
+    auto e = build_shard(j.cfg, layout, p, k, *b->be, h.stages.at({k, p, t})->engine->chunks(),
+                         from, b->host.get(), t);
     if (!e.ok()) return e.err();
     b->engine = std::move(e.value());
-    h.shards[{p, k}] = b;
+    h.shards[{p, k, t}] = b;
   }
   return h;
 }
@@ -167,10 +221,14 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
 void spawn_hosted(caf::actor_system& sys, hosted_job& h, int halt_after,
                   std::shared_ptr<std::promise<core::result<model::train_summary>>> done) {
   job& j = *h.j;
-  for (auto& [k, b] : h.stages) j.stages[k] = spawn_stage(sys, h.j, k.first, k.second, b);
-  for (auto& [k, b] : h.shards) j.shards[k] = spawn_shard(sys, h.j, k.first, k.second, b);
+  for (auto& [k, b] : h.stages)
+    j.stages[k] = spawn_stage(sys, h.j, std::get<0>(k), std::get<1>(k), b);
+  for (auto& [k, b] : h.shards)
+    j.shards[k] = spawn_shard(sys, h.j, std::get<0>(k), std::get<1>(k), b);
   for (int w : h.workers)
-    if (w % j.layout.pp == 0) j.loaders[w / j.layout.pp] = spawn_loader(sys, h.j, w / j.layout.pp, h.train, h.end_step);
+    if (j.layout.pp_of(w) == 0 && j.layout.tp_of(w) == 0)
+      j.loaders[j.layout.dp_of(w)] =
+          spawn_loader(sys, h.j, j.layout.dp_of(w), h.train, h.end_step);
   if (!h.hosts(0)) return;
   j.writer = spawn_writer(sys, h.j, h.ckpt_root);
   coordinator_setup cs;

@@ -28,8 +28,8 @@ struct hosted_job {
   std::string ckpt_root;
   std::shared_ptr<model::loader> train;
   std::shared_ptr<model::loader> val;          // null: no validation split
-  std::map<std::pair<int, int>, std::shared_ptr<stage_bundle>> stages;  // (dp, pp), hosted only
-  std::map<std::pair<int, int>, std::shared_ptr<shard_bundle>> shards;  // (pp, part), hosted only
+  std::map<std::tuple<int, int, int>, std::shared_ptr<stage_bundle>> stages;  // (dp, pp, tp), hosted
+  std::map<std::tuple<int, int, int>, std::shared_ptr<shard_bundle>> shards;  // (pp, part, tp), hosted
   std::shared_ptr<recorder> rec;               // null: not recording (or a caller's sink)
   std::vector<model::run_log::step_hook> step_hooks;  // the coordinator's (run_options)
   int restarts = 0;                                   // run_options::restarts

@@ -17,7 +17,8 @@ class actor_config : public caf::actor_system_config {
 }  // namespace
 
 core::result<model::train_summary> run_actor_job(const core::config& cfg, const run_options& opt) {
-  const int workers = cfg.parallel.data_parallel * cfg.parallel.pipeline_stage;
+  const int workers =
+      cfg.parallel.data_parallel * cfg.parallel.pipeline_stage * cfg.parallel.model_parallel;
   std::vector<int> all(workers);
   for (int w = 0; w < workers; ++w) all[w] = w;
   auto prepared = prepare_job(cfg, opt, all);
@@ -34,6 +35,13 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg, const 
     spawn_hosted(sys, h, opt.halt_after_step, done);
     caf::anon_send(h.j->coordinator, start_atom::value);
     future.wait();
+    if (h.j->layout.tp > 1) {
+      // Tensor-parallel stages run detached (actors/stage.cpp): the system's end waits until
+      // their handles are gone, and the directory holds them. Once every actor is done nothing
+      // reads the directory any more.
+      sys.await_all_actors_done();
+      h.j->clear_directory();
+    }
   }
   auto result = future.get();
   h.j->clear_directory();

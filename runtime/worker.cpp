@@ -192,9 +192,9 @@ core::error with_rank(core::error e, int rank) {
 
 /// Enters worker `r`'s actors in the directory.
 void enter(job& j, int r, const local_actors& a) {
-  const int d = r / j.layout.pp, p = r % j.layout.pp;
-  j.stages[{d, p}] = a.stage;
-  j.shards[{p, d}] = a.shard;
+  const int d = j.layout.dp_of(r), p = j.layout.pp_of(r), t = j.layout.tp_of(r);
+  j.stages[{d, p, t}] = a.stage;
+  j.shards[{p, d, t}] = a.shard;
   if (a.loader) j.loaders[d] = a.loader;
   if (a.coordinator) j.coordinator = a.coordinator;
   if (a.writer) j.writer = a.writer;
@@ -329,8 +329,8 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
     worker_actor_config acfg(h.threads);
     caf::actor_system sys{acfg};
     spawn_hosted(sys, h, opt.run.halt_after_step, done);
-    const int d = rank / j.layout.pp, p = rank % j.layout.pp;
-    local_actors mine{j.stages.at({d, p}), j.shards.at({p, d}),
+    const int d = j.layout.dp_of(rank), p = j.layout.pp_of(rank), t = j.layout.tp_of(rank);
+    local_actors mine{j.stages.at({d, p, t}), j.shards.at({p, d, t}),
                       j.loaders.count(d) ? j.loaders.at(d) : caf::actor{}, j.coordinator, j.writer};
     auto intros = std::make_shared<introductions>();
     caf::actor node = sys.spawn(node_actor, h.j, rank, mine, outcome, intros);
@@ -446,6 +446,13 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
     guard_shutdown(rank, result.ok(), std::chrono::seconds(45));
     stop_local();
     shutdown_phase = "stopping the actor system";
+    if (j.layout.tp > 1) {
+      // This worker's tensor-parallel stage runs detached (actors/stage.cpp): the system's end
+      // waits until its last handle is gone. Once the local actors are done nothing reads them.
+      sys.await_all_actors_done();
+      mine = local_actors{};
+      j.clear_directory();
+    }
   }
   j.clear_directory();
   // Close the data transport now, flushing and saying goodbye, so peers still finishing do not
