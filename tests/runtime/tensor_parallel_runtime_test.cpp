@@ -84,7 +84,8 @@ TEST_CASE("at model_parallel 2 the same config twice is bit-identical") {
   check_same_losses_and_tensors(actors_run(cfg), actors_run(cfg));
 }
 
-TEST_CASE("at model_parallel 2 schedules, pipeline splits and recompute modes are bit-identical") {
+TEST_CASE("at model_parallel 2 schedules (1f1b, interleaved_1f1b, zb_h1, zb_v), pipeline splits and "
+          "recompute modes are bit-identical") {
   scratch_dir tmp("rt_tp_sched");
   for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama})
     for (bool sp : {false, true}) {
@@ -96,11 +97,11 @@ TEST_CASE("at model_parallel 2 schedules, pipeline splits and recompute modes ar
         INFO("pipeline_stage 1");
         check_same_losses_and_tensors(actors_run(tp_config(tmp, arch, 2, sp, 1)), ref);
       }
-      for (std::string name : {"interleaved_1f1b", "zb_h1"}) {
+      for (std::string name : {"interleaved_1f1b", "zb_h1", "zb_v"}) {
         INFO("schedule ", name);
         auto cfg = base;
         cfg.schedule.name = name;
-        if (name == "interleaved_1f1b") cfg.parallel.virtual_pipeline = 2;
+        if (name != "zb_h1") cfg.parallel.virtual_pipeline = 2;
         check_same_losses_and_tensors(actors_run(cfg), ref);
       }
       for (auto mode : {core::recompute_mode::full, core::recompute_mode::selective}) {
