@@ -22,6 +22,7 @@
 #include "model/checkpoint.hpp"
 #include "model/metrics.hpp"
 #include "tests/model/trainer_fixture.hpp"
+#include "tests/runtime/forensics_fixture.hpp"
 #include "tests/runtime/runtime_fixture.hpp"
 
 namespace {
@@ -203,26 +204,6 @@ TEST_CASE("cuda actor runtime: optimizer offload on and off give the same bits")
 // is found deterministic and named as on the CPU, and a one-off NaN (nan, once) transient, with
 // the run ending on a clean run's bits — in the actor runtime and in the single-rank loop (which
 // with forensics on steps without its CUDA graph and updates on the host).
-namespace {
-
-core::fault_spec cuda_fault(const std::string& text) {
-  auto f = core::parse_fault(text, "TROUPE_FAULT");
-  REQUIRE(f.ok());
-  return f.value();
-}
-
-std::vector<nlohmann::json> cuda_forensics_records(const core::config& cfg) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(cfg.runtime.run_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("forensics")) out.push_back(j["forensics"]);
-  }
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("cuda actor runtime: step forensics names a poisoned sequence deterministic and stops") {
   if (!gpu_or_skip()) return;
   scratch_dir tmp("cuda_fx_stop");
@@ -230,14 +211,14 @@ TEST_CASE("cuda actor runtime: step forensics names a poisoned sequence determin
   cfg.runtime.forensics = "stop";
   actors::run_options opt;
   opt.log = nullptr;
-  opt.fault = cuda_fault("poison:2:5");  // 4 micro-batches of B = 2: micro-batch 2, row 1
+  opt.fault = fault("poison:2:5");  // 4 micro-batches of B = 2: micro-batch 2, row 1
   auto r = actors::run_actor_job(cfg, opt);
   REQUIRE_FALSE(r.ok());
   const std::string m = r.err().to_string();
   MESSAGE(m);
   CHECK(m.find("step forensics: step 2 is deterministic") != std::string::npos);
   CHECK(m.find("global sequence 5 (row 1 of the micro-batch): mean loss NaN") != std::string::npos);
-  const auto records = cuda_forensics_records(cfg);
+  const auto records = forensics_records(cfg);
   REQUIRE(records.size() == 1);
   CHECK(records[0]["verdict"] == "deterministic");
   CHECK(records[0]["executions"] == 2);
@@ -254,9 +235,9 @@ TEST_CASE("cuda actor runtime: step forensics retries a one-off NaN as transient
   auto cfg = gpu_config(tmp, "nan", 2);
   cfg.runtime.forensics = "stop";
   actors::run_options opt;
-  opt.fault = cuda_fault("nan:1:2");  // worker 1 = pipeline rank 1, step 2, once
+  opt.fault = fault("nan:1:2");  // worker 1 = pipeline rank 1, step 2, once
   check_identical(actors_run(cfg, opt), clean);
-  const auto records = cuda_forensics_records(cfg);
+  const auto records = forensics_records(cfg);
   REQUIRE(records.size() == 1);
   CHECK(records[0]["step"] == 2);
   CHECK(records[0]["verdict"] == "transient");
@@ -272,9 +253,9 @@ TEST_CASE("cuda single-rank loop: step forensics retries a one-off NaN as transi
   cfg.runtime.forensics = "skip";
   model::train_options opt;
   opt.log = nullptr;
-  opt.fault = cuda_fault("nan:0:1");
+  opt.fault = fault("nan:0:1");
   check_identical(collect(model::train_single_rank(cfg, opt), cfg), clean);
-  const auto records = cuda_forensics_records(cfg);
+  const auto records = forensics_records(cfg);
   REQUIRE(records.size() == 1);
   CHECK(records[0]["step"] == 1);
   CHECK(records[0]["verdict"] == "transient");

@@ -15,6 +15,7 @@
 #include "core/fault.hpp"
 #include "model/loader.hpp"
 #include "model/shards.hpp"
+#include "tests/runtime/forensics_fixture.hpp"
 #include "tests/runtime/runtime_fixture.hpp"
 
 using namespace troupe;
@@ -22,23 +23,6 @@ using namespace troupe::runtime_test;
 using model::testing::scratch_dir;
 
 namespace {
-
-core::fault_spec fault(const std::string& text) {
-  auto f = core::parse_fault(text, "TROUPE_FAULT");
-  REQUIRE(f.ok());
-  return f.value();
-}
-
-/// The "forensics" objects of <run_dir>/metrics.jsonl, in order.
-std::vector<nlohmann::json> forensics_records(const core::config& cfg) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(cfg.runtime.run_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("forensics")) out.push_back(j["forensics"]);
-  }
-  return out;
-}
 
 /// Where global sequence k of `step` lies by the shard file's own bytes: the loader's cut of its
 /// micro-batch must hold, in its row, the T tokens that follow `offset` in `path`.
