@@ -30,8 +30,6 @@ import argparse
 import inspect
 import json
 import os
-import struct
-import subprocess
 import sys
 import warnings
 
@@ -41,45 +39,16 @@ import torch
 import transformers
 from peft import PeftModel, get_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM)
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_common import (check, gpt2_model, jitter, results, run, troupe_logits,  # noqa: E402
+                       write_shard)
 
 BOUND = 1e-4        # logits, fp32
 MERGE_BOUND = 1e-5  # merged weights, fp32
 MOVED = 100 * BOUND  # the adapters must move the logits by at least this much
 RANK, ALPHA = 4, 8.0
-results = []
-
-
-def check(name, ok, detail):
-    results.append({"check": name, "ok": bool(ok), **detail})
-    print(f"{'PASS' if ok else 'FAIL'}  {name}  " + "  ".join(f"{k}={v}" for k, v in detail.items()),
-          flush=True)
-
-
-def run(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        print(" ".join(cmd), "\n", p.stdout, p.stderr, file=sys.stderr)
-        raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}")
-    return p.stdout
-
-
-def jitter(model, seed):
-    """Moves every parameter off its initial value (norm weights 1, biases 0)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-
-
-def gpt2_model():
-    torch.manual_seed(1)
-    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=1000,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    m = GPT2LMHeadModel(cfg)
-    jitter(m, 11)
-    return m
 
 
 def llama_model():
@@ -103,25 +72,6 @@ def load_base(hf_dir, device):
 def logits_of(model, tokens, device):
     with torch.no_grad():
         return model(torch.tensor(tokens, device=device)).logits.float().cpu().numpy()
-
-
-def troupe_logits(bin_dir, model_path, tokens, work, device, vocab):
-    tok_file = os.path.join(work, "tokens.txt")
-    out = os.path.join(work, "logits.bin")
-    with open(tok_file, "w") as f:
-        for row in tokens:
-            f.write(" ".join(str(t) for t in row) + "\n")
-    run([os.path.join(bin_dir, "troupe"), "logits", model_path, "--tokens", tok_file, "--out", out,
-         "--device", device])
-    return np.fromfile(out, dtype="<f4").reshape(len(tokens), len(tokens[0]), vocab)
-
-
-def write_shard(path, n, vocab, seed):
-    rnd = np.random.default_rng(seed)
-    tokens = rnd.integers(0, vocab, size=n, dtype=np.uint16)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *([20240520, 1, n] + [0] * 253)))
-        f.write(tokens.tobytes())
 
 
 def load_peft(base, peft_dir):
