@@ -84,7 +84,8 @@ int forward_ops_per_layer(const core::model_config& m) {
   return m.arch == core::arch_kind::gpt2 ? 7 : 10;
 }
 
-schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal) {
+schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal,
+                                  schedules::placement place) {
   const std::vector<int> split = core::chunk_layers(cfg);
   const std::vector<bool> recomputed = core::recompute_layers(cfg);
   const std::int64_t rows =
@@ -96,6 +97,8 @@ schedules::cost_model chunk_costs(const core::config& cfg, const calibration& ca
   // The slowest chunk sets the pipeline's pace (the embedding is a lookup; the head is not):
   // with an uneven split, the chunk whose layers (and head) cost most.
   double f = 0, extra = 0;  // extra: recomputed forward work inside the backward
+  const int pp = cfg.parallel.pipeline_stage, v = cfg.parallel.virtual_pipeline;
+  std::vector<double> rank_f(static_cast<std::size_t>(pp), 0), rank_x(rank_f.size(), 0);
   int first = 0;
   for (std::size_t i = 0; i < split.size(); ++i) {
     const int layers = split[i];
@@ -113,6 +116,16 @@ schedules::cost_model chunk_costs(const core::config& cfg, const calibration& ca
            cfg.model.hidden_size / cal.flops_per_s;
     }
     if (3 * fi + xi > 3 * f + extra) f = fi, extra = xi;  // forward + backward time
+    const auto r = static_cast<std::size_t>(schedules::chunk_rank(place, pp, static_cast<int>(i)));
+    rank_f[r] += fi;
+    rank_x[r] += xi;
+  }
+  if (place == schedules::placement::v) {
+    f = extra = 0;
+    for (std::size_t r = 0; r < rank_f.size(); ++r)
+      if (3 * rank_f[r] + rank_x[r] > 3 * f + extra) f = rank_f[r], extra = rank_x[r];
+    f /= v;
+    extra /= v;
   }
   schedules::cost_model c;
   c.f = f;

@@ -46,9 +46,14 @@ double forward_flops(const core::model_config& m, int layers, bool head, std::in
 /// Ops one layer's forward launches (for the per-op overhead).
 int forward_ops_per_layer(const core::model_config& m);
 
-/// Per-kind simulator costs (seconds) for cfg's slowest chunk: F, B (with recompute), I, W, and
-/// comm for one activation between ranks.
-schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal);
+/// Per-kind simulator costs (seconds) of one chunk: F, B (with recompute), I, W, and comm for one
+/// activation between ranks. The simulator charges every chunk the same, so: with chunks
+/// interleaved, cfg's slowest chunk; with chunks in a V (`place` v, zb_v's), the slowest rank's
+/// work spread evenly over its chunks (a V pairs the head's chunk with the embedding's on rank 0,
+/// and the search splits each rank's layers over its pair, so the rank, not the chunk, sets the
+/// pace).
+schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal,
+                                  schedules::placement place = schedules::placement::interleaved);
 
 /// optimizer.offload's rates, defaults until the calibration measures them: the copies between
 /// device and pinned host memory (PCIe 5.0 x16 moves ~50 GB/s each way in theory; 20 GB/s is what

@@ -207,7 +207,7 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
   p.fits = o.device_memory == 0 || p.need <= o.device_memory;
 
   // Time: the slowest chunk's costs through the simulator, then the optimizer's tail.
-  const schedules::cost_model costs = chunk_costs(cfg, o.cal);
+  const schedules::cost_model costs = chunk_costs(cfg, o.cal, sched.value().place);
   auto sim = schedules::simulate(sched.value(), costs);
   if (!sim.ok()) return sim.err();
   p.pipeline_s = sim.value().makespan;

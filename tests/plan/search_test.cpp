@@ -2,7 +2,7 @@
 // its share of the layers in two chunks, splits them so each rank gets L / p (chunk r on the way
 // down, chunk 2p-1-r on the way back), plans it with the V's placement (memory terms per rank,
 // the simulator's timing), says why it dropped zb_v where it did, and a zb_v plan's peaks match
-// a CPU run.
+// a CPU run; its simulator costs follow the V.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,7 +14,10 @@
 #include "model/chunk.hpp"
 #include "model/params.hpp"
 #include "plan/plan.hpp"
+#include "runtime/build.hpp"
 #include "runtime/runtime.hpp"
+#include "schedules/registry.hpp"
+#include "schedules/simulate.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace {
@@ -157,4 +160,40 @@ TEST_CASE("a zb_v plan's peaks per stage match a CPU run within 10 %, uneven chu
     ++seen;
   }
   CHECK(seen == 2);
+}
+
+TEST_CASE("zb_v's simulator costs: the slowest rank's work over its two chunks, not the head's chunk twice") {
+  scratch_dir tmp("plan_zbv_costs");
+  core::config c = tiny(tmp, 6);
+  c.parallel.pipeline_stage = 2;
+  c.parallel.virtual_pipeline = 2;
+  c.parallel.stage_layers = {2, 2, 1, 1};  // V: rank 0 chunks 0 (2 layers) and 3 (1 + head)
+  const plan::calibration cal = plan::default_calibration("cpu", core::precision_kind::fp32);
+  const std::int64_t rows = static_cast<std::int64_t>(c.parallel.micro_batch_size) * c.model.seq_length;
+  const auto ft = [&](int layers, bool head) {
+    return plan::forward_flops(c.model, layers, head, rows) / cal.flops_per_s +
+           plan::forward_ops_per_layer(c.model) * layers * cal.op_overhead_s;
+  };
+  const double rank0 = ft(2, false) + ft(1, true), rank1 = ft(2, false) + ft(1, false);
+  REQUIRE(rank0 > rank1);
+  const auto v = plan::chunk_costs(c, cal, schedules::placement::v);
+  CHECK(v.f == doctest::Approx(rank0 / 2).epsilon(1e-12));
+  CHECK(v.b == doctest::Approx(rank0).epsilon(1e-12));
+  CHECK(v.w == doctest::Approx(rank0 / 2).epsilon(1e-12));
+  // Interleaved keeps the slowest chunk (rank 1's chunk 3: one layer and the head, here the
+  // heaviest of the four).
+  const auto inter = plan::chunk_costs(c, cal);
+  CHECK(inter.f == doctest::Approx(std::max(ft(2, false), ft(1, true))).epsilon(1e-12));
+  // Through make_plan: a zb_v config is simulated with the V's costs.
+  c.schedule.name = "zb_v";
+  plan::plan_options po;
+  po.one_device = false;
+  po.suggest = false;
+  auto p = plan::make_plan(c, po);
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.err().to_string()));
+  auto lowered = actors::build_schedule(c, c.parallel.micro_batch_num);
+  REQUIRE(lowered.ok());
+  auto sim = schedules::simulate(lowered.value(), v);
+  REQUIRE(sim.ok());
+  CHECK(p->pipeline_s == doctest::Approx(sim.value().makespan).epsilon(1e-12));
 }
