@@ -164,6 +164,28 @@ TEST_CASE("troupe launch with 4 worker processes equals troupe train in one proc
   CHECK(contains(bad.stderr_text(), "rank 3, step " + std::to_string(record.at("step").get<int>())));
 }
 
+TEST_CASE("troupe launch of model_parallel 2 × pipeline_stage 2 × data_parallel 2 (8 processes) equals troupe "
+          "train bit for bit; its whole replay matches, replay --rank refuses") {
+  scratch_dir tmp("launch_tp");
+  const std::string tp = " --set parallel.model_parallel=2 --set parallel.sequence_parallel=true";
+  REQUIRE(run(tmp.path, "train", "train '" + tiny_config + "' " + tiny_sets(tmp, "inproc", 2) + tp) == 0);
+  child l(tmp.path, "launch",
+          "launch --worker_num 8 --master_addr 127.0.0.1 --master_port " + std::to_string(free_port()) +
+              " '" + tiny_config + "' " + tiny_sets(tmp, "launched", 2) + tp);
+  const int code = l.wait();
+  REQUIRE_MESSAGE(code == 0, l.stderr_text());
+  CHECK(contains(l.stdout_text(), "step 2/2"));
+  for (int r = 0; r < 8; ++r) CHECK(fs::exists(tmp.path / "launched" / "messages" / ("rank_" + std::to_string(r) + ".log")));
+  require_same_result(tmp.path / "inproc", tmp.path / "launched");
+
+  auto rep = child(tmp.path, "replay", "replay '" + (tmp / "launched") + "' --quiet");
+  CHECK_MESSAGE(rep.wait() == 0, rep.stderr_text());
+  CHECK(contains(rep.stdout_text(), "replay matched the recorded run bit for bit"));
+  auto one = child(tmp.path, "replay_rank", "replay '" + (tmp / "launched") + "' --rank 3 --quiet");
+  CHECK(one.wait() != 0);
+  CHECK_MESSAGE(contains(one.stderr_text(), "replay the whole run"), one.stderr_text());
+}
+
 TEST_CASE("a worker killed with SIGKILL stops the whole job within 30 s naming it; resuming ends bit-identical") {
   scratch_dir tmp("launch_kill");
   const int steps = 8;
