@@ -312,8 +312,15 @@ std::string render_text(const job_plan& p) {
   }
   for (const auto& r : p.ranks) {
     if (r.dp != 0) continue;
-    s << "  pp" << r.pp << ": saved activations " << format_bytes(r.saved_per_microbatch)
-      << " per micro-batch × at most " << r.peak_in_flight << " in flight (simulator); terms:";
+    // With v chunks a rank the simulator counts (chunk, micro-batch) passes, and a micro-batch's
+    // activations are its v chunks' together: say so rather than multiply the two.
+    if (p.v > 1)
+      s << "  pp" << r.pp << ": saved activations " << format_bytes(r.saved_per_microbatch)
+        << " per micro-batch over its " << p.v << " chunks; at most " << r.peak_in_flight
+        << " (chunk, micro-batch) passes in flight (simulator); terms:";
+    else
+      s << "  pp" << r.pp << ": saved activations " << format_bytes(r.saved_per_microbatch)
+        << " per micro-batch × at most " << r.peak_in_flight << " in flight (simulator); terms:";
     for (const auto& t : r.terms) s << " " << t.name << " " << format_bytes(t.bytes) << ";";
     s << "\n";
   }

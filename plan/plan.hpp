@@ -49,7 +49,7 @@ struct rank_plan {
   std::uint64_t host_bytes = 0;
   std::vector<memory_term> terms;  // the peaks split by kind, largest first
   std::uint64_t saved_per_microbatch = 0;  // one micro-batch's saved activations (all chunks)
-  int peak_in_flight = 0;                  // the schedule's most micro-batches in flight
+  int peak_in_flight = 0;                  // the schedule's most (chunk, micro-batch) passes in flight
   std::uint64_t total() const { return stage_peak + shard_peak + reserve; }
 };
 

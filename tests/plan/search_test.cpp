@@ -131,6 +131,8 @@ TEST_CASE("a zb_v plan's peaks per stage match a CPU run within 10 %, uneven chu
   REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.err().to_string()));
   REQUIRE(p->ranks.size() == 2);
   const std::vector<int> split{1, 2, 1, 2};
+  // Two chunks a rank: the in-flight count is of (chunk, micro-batch) passes, not micro-batches.
+  CHECK(plan::render_text(p.value()).find("per micro-batch over its 2 chunks; at most ") != std::string::npos);
   CHECK(term(p->ranks[0], "fp32 parameters") >= fp32_bytes(c, split, {0, 3}));
   CHECK(term(p->ranks[0], "fp32 parameters") < fp32_bytes(c, split, {0, 3}) + 4096);
   CHECK(term(p->ranks[1], "fp32 parameters") >= fp32_bytes(c, split, {1, 2}));
