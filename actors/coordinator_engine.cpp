@@ -451,10 +451,12 @@ std::string coordinator_engine::stage_fields() {
     idle += b;
     out.push_back({{"dp", r.dp}, {"pp", r.pp}, {"busy_s", r.busy_s}, {"comm_s", r.comm_s},
                    {"wait_s", r.wait_s}, {"bubble", b}, {"peak_activation_bytes", r.peak_activation_bytes}});
+    if (layout_.tp > 1) out.back()["tp"] = r.tp;
     if (r.peak_device_bytes > 0) {
       out.back()["peak_device_bytes"] = r.peak_device_bytes;
-      // Under every ZeRO stage shard (pp, dp) lives on this stage's worker.
-      auto sh = shard_peak_.find({r.pp, r.dp});
+      // Under every ZeRO stage shard (pp, dp) of the stage's tensor-parallel rank lives on this
+      // stage's worker.
+      auto sh = shard_peak_.find({r.pp, layout_.part_id(r.dp, r.tp)});
       if (sh != shard_peak_.end()) out.back()["optimizer_peak_device_bytes"] = sh->second;
     }
   }
@@ -466,10 +468,11 @@ std::string coordinator_engine::stage_fields() {
 /// its pipeline stage (they run the same instructions on as much data, so a healthy job keeps them
 /// close): the metrics line's field "skew", and a log line when it is a straggler (straggler_ratio,
 /// straggler_excess_s) — once per straggler, again only after another rank was the worst or none
-/// was. Empty without data parallelism (no replica to compare with).
+/// was. Empty without data parallelism (no replica to compare with). Under tensor parallel the
+/// replicas compared are those of the same pipeline stage and tensor-parallel rank.
 std::string coordinator_engine::skew_fields() {
   std::map<int, std::vector<const stage_report*>> by_pp;
-  for (auto& r : reports_) by_pp[r.pp].push_back(&r);
+  for (auto& r : reports_) by_pp[r.pp * layout_.tp + r.tp].push_back(&r);
   const stage_report* worst = nullptr;
   double ratio = 0, median = 0;
   for (auto& [p, rs] : by_pp)
@@ -487,14 +490,14 @@ std::string coordinator_engine::skew_fields() {
       median = m;
     }
   if (!worst) return "";
-  const int rank = layout_.worker(worst->dp, worst->pp);
+  const int rank = layout_.worker(worst->dp, worst->pp, worst->tp);
   const bool straggling = ratio >= straggler_ratio && worst->busy_s - median >= straggler_excess_s;
   if (straggling && rank != straggler_ && log_) {
     std::fprintf(log_,
                  "straggler at step %lld: %s (rank %d) computed for %.3f s, %.1fx the median "
                  "%.3f s of the other replicas of pipeline stage %d (metrics.jsonl: \"skew\")\n",
                  static_cast<long long>(step_),
-                 actor_name(address{role::stage, worst->dp, worst->pp}).c_str(), rank,
+                 actor_name(address{role::stage, worst->dp, worst->pp, worst->tp}).c_str(), rank,
                  worst->busy_s, ratio, median, worst->pp);
     std::fflush(log_);
   }
@@ -513,7 +516,7 @@ void coordinator_engine::write_trace() {
     for (auto& e : r.events) {
       nlohmann::json ev = {{"name", e.name}, {"cat", event_cat_name(e.cat)}, {"ph", "X"},
                            {"ts", e.start_us}, {"dur", e.dur_us}, {"pid", r.dp},
-                           {"tid", r.pp}, {"args", {{"step", r.step}}}};
+                           {"tid", r.pp * layout_.tp + r.tp}, {"args", {{"step", r.step}}}};
       chunk += trace_first_ ? "\n" : ",\n";
       trace_first_ = false;
       chunk += ev.dump();
@@ -531,7 +534,7 @@ void coordinator_engine::print_memory() {
                : cfg_.recompute.mode == core::recompute_mode::full ? "full"
                                                                     : "selective");
   for (const auto& r : reports_)
-    if (r.dp == 0) std::fprintf(log_, " pp%d %.2f MiB", r.pp, mib(r.peak_activation_bytes));
+    if (r.dp == 0 && r.tp == 0) std::fprintf(log_, " pp%d %.2f MiB", r.pp, mib(r.peak_activation_bytes));
   std::fprintf(log_, "\nmemory: optimizer state (fp32 master + AdamW moments) per shard (ZeRO-%d):",
                layout_.zero_stage);
   for (const auto& [k, b] : shard_bytes_)

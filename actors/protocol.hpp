@@ -70,7 +70,7 @@ typename Inspector::result_type inspect(Inspector& f, loss_report& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
   return f(TROUPE_INSPECT_NAME("stage_report"), x.step, x.dp, x.pp, x.busy_s, x.comm_s, x.wait_s,
-           x.peak_activation_bytes, x.events, x.peak_device_bytes);
+           x.peak_activation_bytes, x.events, x.peak_device_bytes, x.tp);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, norm_part& x) {

@@ -112,6 +112,7 @@ struct stage_report {
   std::uint64_t peak_activation_bytes = 0;
   std::vector<trace_event> events;
   std::uint64_t peak_device_bytes = 0;  // the stage backend's allocator peak (0 on the CPU)
+  std::int32_t tp = 0;                  // the tensor-parallel rank
 };
 
 /// The exact sum of the per-block sums of squares of one shard's slice of a chunk's reduced

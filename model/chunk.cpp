@@ -670,6 +670,11 @@ chunk& chunk::operator=(chunk&&) noexcept = default;
 
 const chunk_spec& chunk::spec() const { return impl_->spec_; }
 const chunk_tp& chunk::tp() const { return impl_->tp_; }
+core::shape_t chunk::whole_shape(const std::string& name) const {
+  const auto [frozen, p] = impl_->info(name);
+  if (frozen || !impl_->tp_on()) return p->shape;
+  return impl_->full_defs_.at(static_cast<std::size_t>(p - impl_->infos_.data())).info.shape;
+}
 const std::vector<param_info>& chunk::params() const { return impl_->infos_; }
 const std::vector<param_info>& chunk::frozen_params() const { return impl_->frozen_infos_; }
 tensor& chunk::flat_params() { return impl_->params_; }

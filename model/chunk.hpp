@@ -95,6 +95,9 @@ class chunk {
   const chunk_spec& spec() const;
   /// The tensor-parallel rank this chunk is ({1, 0, null}: the whole chunk).
   const chunk_tp& tp() const;
+  /// The whole shape of parameter `name` (its shape in params() but for a tensor-parallel
+  /// slice). Throws for unknown names.
+  core::shape_t whole_shape(const std::string& name) const;
   /// The trainable parameters: every parameter without a [lora] table; with one, the LoRA
   /// adapters and the base parameters lora.trainable names (model::define_params). The optimizer,
   /// gradient reduction, ZeRO shards and checkpoints see only these.

@@ -13,6 +13,7 @@
 #include "kernels/select.hpp"
 #include "model/checkpoint.hpp"
 #include "model/params.hpp"
+#include "model/tensor_parallel.hpp"
 #include "model/safetensors.hpp"
 #include "model/text_tokenizer.hpp"
 
@@ -528,9 +529,13 @@ core::status load_chunk(const weights& w, kernels::backend& be, const core::mode
   for (const auto* list : {&c.params(), &c.frozen_params()}) {
     for (const param_info& p : *list) {
       if (is_adapter(p.name)) continue;
-      // A tied head starts as the embedding (open() checked the source is tied too).
-      auto t = w.load(p.tied ? embedding_name(cfg) : p.name, p.shape);
+      // A tied head starts as the embedding (open() checked the source is tied too). A
+      // tensor-parallel chunk reads the whole tensor and keeps its slice.
+      const chunk_tp& tp = c.tp();
+      auto t = w.load(p.tied ? embedding_name(cfg) : p.name,
+                      tp.size > 1 ? c.whole_shape(p.name) : p.shape);
       if (!t) return t.err();
+      if (tp.size > 1) t = shard_tensor(cfg, p.name, t.value(), tp.size, tp.rank);
       tensor dst = c.param(p.name);
       be.copy(t.value(), dst);
     }

@@ -13,8 +13,8 @@
 namespace troupe::actors {
 namespace {
 
-/// What tensor parallel (parallel.model_parallel > 1) runs today: the CPU backend in fp32, from
-/// train.seed or a checkpoint, without dropout under sequence parallel (docs/model.md).
+/// What tensor parallel (parallel.model_parallel > 1) runs today: the CPU backend in fp32, without
+/// dropout under sequence parallel (docs/model.md).
 core::status tensor_parallel_supported(const core::config& cfg) {
   const int tp = cfg.parallel.model_parallel;
   if (tp == 1) return {};
@@ -31,12 +31,6 @@ core::status tensor_parallel_supported(const core::config& cfg) {
     return core::config_error(cfg, "precision.compute",
                               what + " sums its partial results in fp32 only",
                               "set precision.compute = \"fp32\", " + hint_tp1);
-  if (!cfg.model.init.empty())
-    return core::config_error(cfg, "model.init",
-                              what + " starts from train.seed or a checkpoint (--resume), not yet "
-                                     "from model.init's weights",
-                              "train from the seed, or convert the weights with troupe hf import "
-                              "and resume from that checkpoint at model_parallel 1, " + hint_tp1);
   if (cfg.parallel.sequence_parallel &&
       (cfg.model.hidden_dropout > 0 || cfg.model.attention_dropout > 0))
     return core::config_error(cfg, "model.hidden_dropout",

@@ -172,3 +172,28 @@ TEST_CASE("a checkpoint saved at model_parallel 2 × pipeline_stage 2 resumes at
     }
   }
 }
+
+TEST_CASE("model.init weights (here a troupe checkpoint) start model_parallel 2 and 4 where they "
+          "start model_parallel 1") {
+  for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama}) {
+    const std::string family = arch == core::arch_kind::llama ? "llama" : "gpt2";
+    scratch_dir tmp("rt_tp_init_" + family);
+    auto pre = tp_config(tmp, arch, 1, false, 1, 1, 4);
+    pre.runtime.run_dir = tmp / "pre";
+    pre.checkpoint.dir = pre.runtime.run_dir + "/checkpoints";
+    const auto trained = actors_run(pre);
+    std::optional<outcome> ref;
+    for (int tp : {1, 2, 4}) {
+      INFO(family, " model_parallel ", tp);
+      auto cfg = tp_config(tmp, arch, tp, tp > 1, 2, 1, 4);
+      cfg.model.init = trained.checkpoint;
+      cfg.runtime.run_dir = tmp / ("from" + std::to_string(tp));
+      cfg.checkpoint.dir = cfg.runtime.run_dir + "/checkpoints";
+      auto o = actors_run(cfg);
+      // Started from the trained weights, not from train.seed's.
+      CHECK(o.losses.front() < trained.losses.front());
+      if (!ref) ref = o;
+      else check_close(o, *ref, 1e-5);
+    }
+  }
+}
