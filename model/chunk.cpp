@@ -301,9 +301,9 @@ class chunk_impl {
       TROUPE_CHECK(!st.docs.on(), "tensor parallel does not run packed documents");
       name_op(-1, st, again ? comm_op::recompute_embedding : comm_op::embedding_forward);
       x = vp_embedding_forward(*tp_.comm, be_, w.emb, st.tokens, cfg_.vocab_size, cfg_.seq_length);
+      // Under sequence parallel this rank's rows of the whole micro-batch's mask.
       const kernels::dropout_spec d = st.drop.at(0, dropout_site::embedding);
-      TROUPE_CHECK(!d.on() || !sp(), "the embedding's dropout under sequence parallel");
-      if (d.on()) be_.dropout(x, d, sample_elems(), x);
+      if (d.on()) ops_->dropout_hidden(x, d, x);
     } else if (spec_.has_embedding) {
       x = ops_->alloc({st.tokens.dim(0), cfg_.hidden_size});
       if (st.docs.on())
@@ -559,7 +559,10 @@ class chunk_impl {
       const kernels::dropout_spec d = st.drop.at(0, dropout_site::embedding);
       if (wanted && d.on()) {
         tensor masked = ops_->alloc(dy.shape());
-        be_.dropout(dy, d, sample_elems(), masked);
+        if (tp_on())
+          ops_->dropout_hidden(dy, d, masked);
+        else
+          be_.dropout(dy, d, sample_elems(), masked);
         dy = std::move(masked);
       }
       if (with_weights && wanted)

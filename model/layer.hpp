@@ -259,6 +259,10 @@ class layer_ops {
   /// Allocates norm statistics for n rows into mean (LayerNorm only) and rstd.
   void norm_stats(std::int64_t n, tensor& mean, tensor& rstd);
 
+  /// y = dropout of hidden rows x [n, C] (y may alias x); under sequence parallel x holds this
+  /// rank's rows of the micro-batch and the mask is the whole micro-batch's.
+  void dropout_hidden(const tensor& x, const kernels::dropout_spec& drop, tensor& y);
+
   /// An activation-dtype buffer whose contents will be overwritten.
   tensor alloc(const core::shape_t& shape) { return alloc(shape, act_); }
   tensor alloc(const core::shape_t& shape, core::dtype t);
@@ -302,9 +306,6 @@ class layer_ops {
                          const tensor& residual, const kernels::dropout_spec& drop);
   /// dy through a residual branch's dropout: dy itself when `drop` is off, else its masked copy.
   tensor branch_grad(const tensor& dy, const kernels::dropout_spec& drop);
-  /// y = dropout of hidden rows x [n, C] (y may alias x); under sequence parallel x holds this
-  /// rank's rows of the micro-batch and the mask is the whole micro-batch's.
-  void dropout_hidden(const tensor& x, const kernels::dropout_spec& drop, tensor& y);
   /// Norm1, then qkv (at `positions` when given); a receives x, n1 and its statistics, and qkv.
   void attention_input(const layer_tensors& w, const tensor& x, const tensor* positions,
                        layer_acts& a);

@@ -13,8 +13,8 @@
 namespace troupe::actors {
 namespace {
 
-/// What tensor parallel (parallel.model_parallel > 1) runs today: the CPU backend in fp32, without
-/// dropout under sequence parallel (docs/model.md).
+/// What tensor parallel (parallel.model_parallel > 1) runs today: the CPU backend in fp32
+/// (docs/model.md).
 core::status tensor_parallel_supported(const core::config& cfg) {
   const int tp = cfg.parallel.model_parallel;
   if (tp == 1) return {};
@@ -31,13 +31,6 @@ core::status tensor_parallel_supported(const core::config& cfg) {
     return core::config_error(cfg, "precision.compute",
                               what + " sums its partial results in fp32 only",
                               "set precision.compute = \"fp32\", " + hint_tp1);
-  if (cfg.parallel.sequence_parallel &&
-      (cfg.model.hidden_dropout > 0 || cfg.model.attention_dropout > 0))
-    return core::config_error(cfg, "model.hidden_dropout",
-                              what + " with parallel.sequence_parallel does not draw dropout masks "
-                                     "yet",
-                              "set model.hidden_dropout = 0 and model.attention_dropout = 0, or "
-                              "parallel.sequence_parallel = false");
   return {};
 }
 

@@ -252,8 +252,8 @@ TEST_CASE("tensor-parallel layouts: config check validates them, train refuses w
   CHECK(sp.code == 1);
   CHECK(contains(sp.err, "parallel.sequence_parallel: sequence_parallel = true needs model_parallel > 1"));
 
-  // A valid layout the runtime does not run yet (dropout under sequence parallel) is refused when
-  // the run starts, naming the key.
+  // A valid layout the runtime does not run yet (tensor parallel on a device backend) is refused
+  // when the run starts, naming the key.
   fs::create_directories(dir.path / "data/tokens");
   fs::create_directories(dir.path / "data/gpt2");
   for (const char* f : {"data/gpt2/encoder.json", "data/gpt2/vocab.bpe"}) dir.write(f, "x");
@@ -262,11 +262,10 @@ TEST_CASE("tensor-parallel layouts: config check validates them, train refuses w
   REQUIRE(troupe::model::write_shard((dir.path / "data/tokens/val.bin").string(), tokens).ok());
   const run_result train = run_troupe(
       dir.path, "train '" + tiny + "' --no-plan-check --set parallel.model_parallel=2 "
-                "--set parallel.sequence_parallel=true --set model.hidden_dropout=0.1 "
-                "--set runtime.run_dir=run");
+                "--set runtime.device=cuda --set runtime.run_dir=run");
   CHECK(train.code == 1);
-  CHECK_MESSAGE(contains(train.err, "model.hidden_dropout: parallel.model_parallel = 2 with "
-                                    "parallel.sequence_parallel does not draw dropout masks yet"),
+  CHECK_MESSAGE(contains(train.err, "runtime.device: parallel.model_parallel = 2 runs on the CPU "
+                                    "backend only"),
                 train.err);
-  CHECK(contains(train.err, "hint: set model.hidden_dropout = 0"));
+  CHECK(contains(train.err, "hint: set runtime.device = \"cpu\""));
 }
