@@ -87,6 +87,7 @@ struct mb_state {
   head_acts head;
   tensor head_dn;                  // dy of the final norm, when its weights wait for phase W
   bool head_norm_done = false;
+  bool head_weight_done = false;   // the head's weight gradient ran with backward_input
   tensor d_emb;                    // dy of the embedding, for phase W
   std::size_t bytes = 0;           // as last accounted
 
@@ -519,8 +520,18 @@ class chunk_impl {
 
     tensor dy;
     if (spec_.has_head) {
-      dy = head_backward_input(st, w.head, with_weights ? &g.head : nullptr);
-      if (with_weights) head_backward_weight(st, w.head, g.head);
+      // The head's weight gradient reads dlogits, as large as the logits; under a split backward
+      // it runs here rather than in backward_weight, so dlogits goes with the input gradient
+      // instead of living until the weight phase (zero-bubble schedules defer up to p of them).
+      // The head's gradients still accumulate in micro-batch order: the same bits. Not on a chunk
+      // that also holds the embedding, whose tied gradient shares the buffer: the order in which
+      // the two accumulate across micro-batches stays that of the full backward.
+      const bool head_weight_now = with_weights || !spec_.has_embedding;
+      dy = head_backward_input(st, w.head, head_weight_now ? &g.head : nullptr);
+      if (head_weight_now) {
+        head_backward_weight(st, w.head, g.head);
+        st.head_weight_done = true;
+      }
     } else {
       TROUPE_CHECK(grad_out.defined() && grad_out.type() == act_ &&
                        grad_out.shape() == core::shape_t({n, cfg_.hidden_size}),
@@ -587,7 +598,7 @@ class chunk_impl {
                                     " before its backward_input");
     const views w = weights();
     views g = gradients();
-    if (spec_.has_head) head_backward_weight(st, w.head, g.head);
+    if (spec_.has_head && !st.head_weight_done) head_backward_weight(st, w.head, g.head);
     for (int l = spec_.num_layers - 1; l >= 0; --l) {
       name_op(spec_.first_layer + l, st, comm_op::backward_weight);
       ops_->backward_weight(w.layers[l], st.layers[l], st.stash[l], g.layers[l]);

@@ -161,7 +161,9 @@ class chunk {
   tensor backward(int mb, const tensor& grad_out);
   /// Zero-bubble split: backward_input computes only d input and keeps what backward_weight needs;
   /// backward_weight(mb) then accumulates the parameter gradients and releases mb's state.
-  /// backward_input followed by backward_weight gives the same bits as backward.
+  /// backward_input followed by backward_weight gives the same bits as backward. The head's
+  /// gradients (final norm, LM head) are the exception on a chunk without the embedding:
+  /// backward_input accumulates them at once, so the logits-sized dlogits is released then.
   tensor backward_input(int mb, const tensor& grad_out);
   void backward_weight(int mb);
 
