@@ -429,6 +429,24 @@ void coordinator_engine::complete() {
 
 void coordinator_engine::close_trace() { trace_.close(); }
 
+namespace {
+
+/// Bytes of the fp32 parameter buffer of pipeline rank p's chunks on tensor-parallel rank t: the
+/// flat buffers model::chunk allocates (its slices under tensor parallel, model::shard_defs).
+/// The gradient buffer is as large; AdamW's two moments are twice it, split over the ZeRO shards.
+std::uint64_t stage_param_bytes(const core::config& cfg, const job_layout& l, int p, int t) {
+  const auto specs = model::partition(cfg);
+  std::uint64_t n = 0;
+  for (int i = 0; i < l.v; ++i) {
+    auto defs = model::define_params(cfg.model, specs[l.chunk_of(p, i)]);
+    if (l.tp > 1) defs = model::shard_defs(cfg.model, std::move(defs), l.tp, t);
+    n += static_cast<std::uint64_t>(model::flat_numel(defs));
+  }
+  return n * sizeof(float);
+}
+
+}  // namespace
+
 /// Per-stage busy / communicating / waiting and the bubble fraction of this step, measured like
 /// the simulator: idle time of each stage within the span of the step's instructions. The
 /// metrics line's fields `"bubble":..,"stages":[..]`.
@@ -450,7 +468,8 @@ std::string coordinator_engine::stage_fields() {
     double b = 1.0 - busy_us / span;
     idle += b;
     out.push_back({{"dp", r.dp}, {"pp", r.pp}, {"busy_s", r.busy_s}, {"comm_s", r.comm_s},
-                   {"wait_s", r.wait_s}, {"bubble", b}, {"peak_activation_bytes", r.peak_activation_bytes}});
+                   {"wait_s", r.wait_s}, {"bubble", b}, {"peak_activation_bytes", r.peak_activation_bytes},
+                   {"param_bytes", stage_param_bytes(cfg_, layout_, r.pp, r.tp)}});
     if (layout_.tp > 1) out.back()["tp"] = r.tp;
     if (r.peak_device_bytes > 0) {
       out.back()["peak_device_bytes"] = r.peak_device_bytes;

@@ -52,7 +52,7 @@ class gpt2_layer_ops final : public layer_ops {
 
   void mlp_backward_input(const layer_tensors& w, const layer_acts& a, const tensor& dy,
                           tensor& dn2, layer_stash& s) override {
-    const std::int64_t n = a.n2.dim(0);
+    const std::int64_t n = dy.dim(0);  // every row (a.n2 holds this rank's under sequence parallel)
     tensor dfc = alloc({n, ffn_});
     if (w.out_l.defined()) {  // the adapter adds to d act before the GELU's derivative
       tensor dact = alloc({n, ffn_});

@@ -108,8 +108,10 @@ void layer_ops::attention_input(const layer_tensors& w, const tensor& x, const t
   a.n1 = alloc({n, c});
   norm_stats(n, a.mean1, a.rstd1);
   norm_forward(x, w.norm1_w, w.norm1_b, a.n1, a.mean1, a.rstd1);
-  if (comm_) a.n1 = comm_->gather_rows(a.n1);  // column-parallel qkv reads every row
-  a.qkv = qkv_forward(w, a.n1, positions);
+  // Column-parallel qkv reads every row; under sequence parallel a.n1 keeps this rank's rows
+  // only and the weight phase gathers them again (backward_weight).
+  const tensor n1 = comm_ ? comm_->gather_rows(a.n1) : a.n1;
+  a.qkv = qkv_forward(w, n1, positions);
 }
 
 tensor layer_ops::residual_branch(const tensor& in, const tensor& w, const tensor& b,
@@ -169,8 +171,13 @@ tensor layer_ops::attention_output(const layer_tensors& w, layer_acts& a) {
   a.n2 = alloc({n, c});
   norm_stats(n, a.mean2, a.rstd2);
   norm_forward(a.mid, w.norm2_w, w.norm2_b, a.n2, a.mean2, a.rstd2);
-  if (comm_) a.n2 = comm_->gather_rows(a.n2);  // column-parallel MLP input reads every row
-  return mlp_forward(w, a);
+  if (!comm_ || !comm_->sequence_parallel()) return mlp_forward(w, a);
+  // The column-parallel MLP reads every row; a.n2 keeps this rank's rows (as a.n1 does).
+  const tensor mine = a.n2;
+  a.n2 = comm_->gather_rows(mine);
+  tensor out = mlp_forward(w, a);
+  a.n2 = mine;
+  return out;
 }
 
 tensor layer_ops::forward(const layer_tensors& w, const tensor& x, layer_acts& a,
@@ -234,7 +241,7 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   // gradients are reduced back to the residual stream's rows (n).
   tensor d_out = branch_grad(dy, a.drop.mlp_out);
   if (comm_) d_out = comm_->gather_rows(d_out);
-  tensor dn2 = alloc({a.n2.dim(0), c});
+  tensor dn2 = alloc({d_out.dim(0), c});
   mlp_backward_input(w, a, d_out, dn2, s);
   if (comm_) dn2 = comm_->reduce_rows(dn2);
   tensor d_mid = alloc({n, c});
@@ -272,10 +279,20 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
 void layer_ops::backward_weight(const layer_tensors& w, const layer_acts& a,
                                 const layer_stash& s, layer_tensors& g) {
   const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
-  mlp_backward_weight(w, a, s, g);
+  // Sequence parallel: the norm outputs were kept as this rank's rows; the GEMMs' weight
+  // gradients read every row, so they are gathered again (the same bits forward gathered).
+  layer_acts whole;
+  const layer_acts* full = &a;
+  if (comm_ && comm_->sequence_parallel()) {
+    whole = a;
+    whole.n1 = comm_->gather_rows(a.n1);
+    whole.n2 = comm_->gather_rows(a.n2);
+    full = &whole;
+  }
+  mlp_backward_weight(w, *full, s, g);
   if (g.proj_w.defined()) be_.linear_backward_weight(s.d_mid, a.att, g.proj_w, g.proj_b);
   lora_backward_weight(w.proj_l, a.att, s.d_mid, g.proj_l);
-  qkv_backward_weight(w, a, s, g);
+  qkv_backward_weight(w, *full, s, g);
   if (s.norms_done) return;
   // The input gradient was produced in backward_input; this pass only wants dw and db.
   if (!g.norm1_w.defined() && !g.norm2_w.defined()) return;

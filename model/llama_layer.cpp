@@ -93,7 +93,7 @@ class llama_layer_ops final : public layer_ops {
 
   void mlp_backward_input(const layer_tensors& w, const layer_acts& a, const tensor& dy,
                           tensor& dn2, layer_stash& s) override {
-    const std::int64_t n = a.n2.dim(0);
+    const std::int64_t n = dy.dim(0);  // every row (a.n2 holds this rank's under sequence parallel)
     tensor dact = alloc({n, ffn_});
     be_.linear_backward_input_write(dy, w.out_w, dact);
     lora_backward_input(w.out_l, dy, dact);

@@ -6,6 +6,7 @@
 // recompute, ZeRO stages, repetition) is bit-identical at a fixed model_parallel. Checkpoints hold
 // whole tensors by name, so a run resumes at another layout.
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "tests/runtime/runtime_fixture.hpp"
 
@@ -229,5 +230,59 @@ TEST_CASE("dropout at model_parallel 2 with sequence parallel: recompute none, f
     // The masks matter: without dropout the losses differ.
     const auto plain = actors_run(tp_config(tmp, arch, 2, true, 2, 1, 6));
     CHECK(plain.losses.back() != ref.losses.back());
+  }
+}
+
+// Memory per rank (docs/model.md, "Memory per rank"): the metrics' stages report each
+// tensor-parallel rank's parameter buffer and peak saved activations. The first pipeline stage
+// (the embedding and two layers) is compared with model_parallel 1: its parameters (the
+// vocabulary rows, the heads and MLP columns split; norms, wpe and row-parallel biases whole)
+// fall towards 1/tp, and under sequence parallel every activation a layer keeps is this rank's
+// rows or heads, so the saved bytes are 1/tp (before, the norm outputs were kept gathered:
+// 7/12 at tp 2, 4.5/12 at tp 4).
+TEST_CASE("per rank at model_parallel 2 and 4: parameters and, with sequence parallel, saved "
+          "activations of a stage fall to about 1/tp of model_parallel 1") {
+  scratch_dir tmp("rt_tp_memory");
+  struct per_rank {
+    double params = 0, acts = 0;
+  };
+  // The largest over pipeline stage 0's tensor-parallel ranks in the last metrics line.
+  auto measure = [&](int tp, bool sp) {
+    auto cfg = tp_config(tmp, core::arch_kind::gpt2, tp, sp, 2, 1, 1);
+    // Wide enough that the flat buffer's alignment of each tensor (kernels::norm_block) is small.
+    cfg.model.hidden_size = 128;
+    cfg.model.ffn_hidden_size = 512;
+    auto parsed = core::parse_config(core::to_toml(cfg), "tp memory");
+    REQUIRE_MESSAGE(parsed.ok(), (parsed.ok() ? "" : parsed.err().to_string()));
+    cfg = parsed.value();
+    actors_run(cfg);
+    std::ifstream in(cfg.runtime.run_dir + "/metrics.jsonl");
+    std::string line, last;
+    while (std::getline(in, line)) last = line;
+    const nlohmann::json m = nlohmann::json::parse(last);
+    per_rank out;
+    int ranks = 0;
+    for (const auto& st : m["stages"])
+      if (st["pp"] == 0) {
+        ++ranks;
+        out.params = std::max(out.params, st["param_bytes"].get<double>());
+        out.acts = std::max(out.acts, st["peak_activation_bytes"].get<double>());
+      }
+    CHECK(ranks == tp);
+    return out;
+  };
+  const per_rank one = measure(1, false);
+  REQUIRE(one.acts > 0);
+  REQUIRE(one.params > 0);
+  for (int tp : {2, 4}) {
+    const per_rank plain = measure(tp, false), sp = measure(tp, true);
+    MESSAGE("tp ", tp, ": param_bytes ", plain.params / one.params, " of tp 1; peak activations ",
+            plain.acts / one.acts, " without sequence parallel, ", sp.acts / one.acts, " with");
+    INFO("model_parallel ", tp);
+    CHECK(plain.params == sp.params);
+    CHECK(plain.params < (1.0 / tp + 0.1) * one.params);
+    // Within 2% of 1/tp (the tokens, int32 on every rank, are the only whole tensor kept).
+    CHECK(sp.acts <= (1.0 / tp + 0.02) * one.acts);
+    CHECK(sp.acts < plain.acts);
   }
 }
