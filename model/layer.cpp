@@ -239,10 +239,13 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   // Buffers an op writes whole are allocated, not zeroed; only accumulated ones are zeroed.
   // Tensor parallel: the MLP and attention run on every row (rows = a.n2's), their input
   // gradients are reduced back to the residual stream's rows (n).
-  tensor d_out = branch_grad(dy, a.drop.mlp_out);
-  if (comm_) d_out = comm_->gather_rows(d_out);
+  // Under sequence parallel the stash keeps this rank's rows of the row-parallel GEMMs' output
+  // gradients (d_out, d_mid); backward_weight gathers them again.
+  const tensor d_out_mine = branch_grad(dy, a.drop.mlp_out);
+  const tensor d_out = comm_ ? comm_->gather_rows(d_out_mine) : d_out_mine;
   tensor dn2 = alloc({d_out.dim(0), c});
   mlp_backward_input(w, a, d_out, dn2, s);
+  if (sp) s.d_out = d_out_mine;
   if (comm_) dn2 = comm_->reduce_rows(dn2);
   tensor d_mid = alloc({n, c});
   // dy reaches d_mid twice: along the residual path (unmasked) and through the norm.
@@ -252,11 +255,11 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   if (!a.att.defined()) recompute_attention(a);
   const std::int64_t rows = a.qkv.dim(0);
   tensor datt = alloc({rows, a.att.dim(1)});
-  tensor d_branch = branch_grad(d_mid, a.drop.attention_out);
-  if (comm_) d_branch = comm_->gather_rows(d_branch);
+  const tensor d_branch_mine = branch_grad(d_mid, a.drop.attention_out);
+  const tensor d_branch = comm_ ? comm_->gather_rows(d_branch_mine) : d_branch_mine;
   be_.linear_backward_input_write(d_branch, w.proj_w, datt);
   lora_backward_input(w.proj_l, d_branch, datt);
-  s.d_mid = d_branch;
+  s.d_mid = sp ? d_branch_mine : d_branch;
   tensor dqkv = alloc({rows, qkv_width_});
   auto d = dims(rows);
   d.dropout = a.drop.attention;
@@ -279,20 +282,27 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
 void layer_ops::backward_weight(const layer_tensors& w, const layer_acts& a,
                                 const layer_stash& s, layer_tensors& g) {
   const std::int64_t n = a.x.dim(0), c = cfg_.hidden_size;
-  // Sequence parallel: the norm outputs were kept as this rank's rows; the GEMMs' weight
-  // gradients read every row, so they are gathered again (the same bits forward gathered).
+  // Sequence parallel: the norm outputs and the row-parallel GEMMs' output gradients were kept
+  // as this rank's rows; the GEMMs' weight gradients read every row, so they are gathered again
+  // (the same bits the forward and backward_input gathered).
   layer_acts whole;
+  layer_stash whole_s;
   const layer_acts* full = &a;
+  const layer_stash* fs = &s;
   if (comm_ && comm_->sequence_parallel()) {
     whole = a;
     whole.n1 = comm_->gather_rows(a.n1);
     whole.n2 = comm_->gather_rows(a.n2);
+    whole_s = s;
+    whole_s.d_out = comm_->gather_rows(s.d_out);
+    whole_s.d_mid = comm_->gather_rows(s.d_mid);
     full = &whole;
+    fs = &whole_s;
   }
-  mlp_backward_weight(w, *full, s, g);
-  if (g.proj_w.defined()) be_.linear_backward_weight(s.d_mid, a.att, g.proj_w, g.proj_b);
-  lora_backward_weight(w.proj_l, a.att, s.d_mid, g.proj_l);
-  qkv_backward_weight(w, *full, s, g);
+  mlp_backward_weight(w, *full, *fs, g);
+  if (g.proj_w.defined()) be_.linear_backward_weight(fs->d_mid, a.att, g.proj_w, g.proj_b);
+  lora_backward_weight(w.proj_l, a.att, fs->d_mid, g.proj_l);
+  qkv_backward_weight(w, *full, *fs, g);
   if (s.norms_done) return;
   // The input gradient was produced in backward_input; this pass only wants dw and db.
   if (!g.norm1_w.defined() && !g.norm2_w.defined()) return;

@@ -238,8 +238,7 @@ TEST_CASE("dropout at model_parallel 2 with sequence parallel: recompute none, f
 // (the embedding and two layers) is compared with model_parallel 1: its parameters (the
 // vocabulary rows, the heads and MLP columns split; norms, wpe and row-parallel biases whole)
 // fall towards 1/tp, and under sequence parallel every activation a layer keeps is this rank's
-// rows or heads, so the saved bytes are about 1/tp (before, the norm outputs were kept
-// gathered: 7/12 of a layer's at tp 2, 4.5/12 at tp 4).
+// rows or heads, and so is what backward stashes for the weight phase: the saved bytes are 1/tp.
 TEST_CASE("per rank at model_parallel 2 and 4: parameters and, with sequence parallel, saved "
           "activations of a stage fall to about 1/tp of model_parallel 1") {
   scratch_dir tmp("rt_tp_memory");
@@ -281,10 +280,10 @@ TEST_CASE("per rank at model_parallel 2 and 4: parameters and, with sequence par
     INFO("model_parallel ", tp);
     CHECK(plain.params == sp.params);
     CHECK(plain.params < (1.0 / tp + 0.1) * one.params);
-    // Above 1/tp only by the two output gradients of a layer's row-parallel GEMMs that backward
-    // keeps gathered for the weight phase (layer_stash d_out, d_mid: measured 0.518 at tp 2,
-    // 0.276 at tp 4); the norm outputs kept whole gave 0.59 and 0.38.
-    CHECK(sp.acts <= (1.0 / tp + 0.04) * one.acts);
+    // Within 1% of 1/tp (measured 0.5001 and 0.2502; the tokens, int32, are whole on every
+    // rank). Norm outputs kept whole gave 0.59 and 0.38, the row-parallel GEMMs' output
+    // gradients kept whole in the stash 0.518 and 0.276.
+    CHECK(sp.acts <= (1.0 / tp + 0.01) * one.acts);
     CHECK(sp.acts < plain.acts);
   }
 }
