@@ -133,7 +133,10 @@ TEST_CASE("a checkpoint saved at model_parallel 2 × pipeline_stage 2 resumes at
   for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama}) {
     const std::string family = arch == core::arch_kind::llama ? "llama" : "gpt2";
     scratch_dir tmp("rt_tp_resume_" + family);
-    for (auto [tp, pp] : {std::pair{1, 4}, std::pair{4, 1}, std::pair{2, 1}}) {
+    for (const auto& layout : {std::pair{1, 4}, std::pair{4, 1}, std::pair{2, 1}}) {
+      // Plain variables, not a structured binding: doctest's INFO captures them in a lambda,
+      // which clang 14 (the sanitizer builds) refuses for bindings.
+      const int tp = layout.first, pp = layout.second;
       INFO(family, " resumed at model_parallel ", tp, " × pipeline_stage ", pp);
       const std::string tag = std::to_string(tp) + "x" + std::to_string(pp);
       auto whole_cfg = tp_config(tmp, arch, tp, tp > 1, pp, 1, 8);
