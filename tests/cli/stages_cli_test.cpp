@@ -15,6 +15,7 @@
 
 #include "model/checkpoint.hpp"
 #include "tests/cli/cli_harness.hpp"
+#include "tests/cli/train_compare.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace fs = std::filesystem;
@@ -35,32 +36,6 @@ std::string write_config(const scratch_dir& tmp, const std::string& arch) {
   return path;
 }
 
-struct result {
-  std::vector<std::string> losses;            // "step:loss" of metrics.jsonl
-  std::map<std::string, std::uint64_t> hashes;  // tensor name -> xxh64 of the last checkpoint
-  std::string log;                              // stdout and stderr
-};
-
-result train(const scratch_dir& tmp, const std::string& config, const std::string& run,
-             const std::string& args) {
-  const std::string dir = tmp / run;
-  const run_result r = run_troupe(tmp.path,
-                                  "train '" + config + "' --set runtime.run_dir='" + dir + "' " + args);
-  REQUIRE_MESSAGE(r.code == 0, r.err);
-  result out;
-  out.log = r.out + r.err;
-  std::istringstream in(slurp(fs::path(dir) / "metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    out.losses.push_back(std::to_string(j.at("step").get<int>()) + ":" + j.at("loss").dump());
-  }
-  std::vector<std::string> skipped;
-  auto rd = troupe::model::checkpoint::open_for_resume(dir, &skipped);
-  REQUIRE_MESSAGE(rd.ok(), (rd.ok() ? "" : rd.err().to_string()));
-  for (const auto& [name, rec] : rd->info().tensors) out.hashes[name] = rec.xxh64;
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("troupe train with uneven stages and per-layer recompute equals the even split, bit for bit") {
@@ -68,7 +43,7 @@ TEST_CASE("troupe train with uneven stages and per-layer recompute equals the ev
     CAPTURE(arch);
     scratch_dir tmp("stages_cli_" + arch);
     const std::string config = write_config(tmp, arch);
-    const result ref = train(tmp, config, "even", "--single-rank");
+    const train_outcome ref = train_run(tmp, config, "even", "--single-rank");
     REQUIRE(ref.losses.size() == 3);
     REQUIRE(!ref.hashes.empty());
     const std::vector<std::pair<std::string, std::string>> runs = {
@@ -80,7 +55,7 @@ TEST_CASE("troupe train with uneven stages and per-layer recompute equals the ev
     };
     for (const auto& [name, args] : runs) {
       CAPTURE(name);
-      const result r = train(tmp, config, name, args);
+      const train_outcome r = train_run(tmp, config, name, args);
       CHECK(r.losses == ref.losses);
       CHECK(r.hashes == ref.hashes);
       // The start line names the split and the layers that recompute.

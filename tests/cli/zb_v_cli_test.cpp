@@ -14,6 +14,7 @@
 
 #include "model/checkpoint.hpp"
 #include "tests/cli/cli_harness.hpp"
+#include "tests/cli/train_compare.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace fs = std::filesystem;
@@ -34,28 +35,6 @@ std::string write_config(const scratch_dir& tmp, const std::string& arch) {
   return path;
 }
 
-struct result {
-  std::vector<std::string> losses;              // "step:loss" of metrics.jsonl
-  std::map<std::string, std::uint64_t> hashes;  // tensor name -> xxh64 of the last checkpoint
-};
-
-result train(const scratch_dir& tmp, const std::string& config, const std::string& run, const std::string& args) {
-  const std::string dir = tmp / run;
-  const run_result r = run_troupe(tmp.path, "train '" + config + "' --set runtime.run_dir='" + dir + "' " + args);
-  REQUIRE_MESSAGE(r.code == 0, r.err);
-  result out;
-  std::istringstream in(slurp(fs::path(dir) / "metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    out.losses.push_back(std::to_string(j.at("step").get<int>()) + ":" + j.at("loss").dump());
-  }
-  std::vector<std::string> skipped;
-  auto rd = troupe::model::checkpoint::open_for_resume(dir, &skipped);
-  REQUIRE_MESSAGE(rd.ok(), (rd.ok() ? "" : rd.err().to_string()));
-  for (const auto& [name, rec] : rd->info().tensors) out.hashes[name] = rec.xxh64;
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("troupe train with zb_v equals 1f1b bit for bit, gpt2 and llama") {
@@ -63,10 +42,10 @@ TEST_CASE("troupe train with zb_v equals 1f1b bit for bit, gpt2 and llama") {
     CAPTURE(arch);
     scratch_dir tmp("zbv_cli_" + arch);
     const std::string config = write_config(tmp, arch);
-    const result ref = train(tmp, config, "1f1b", "");
+    const train_outcome ref = train_run(tmp, config, "1f1b", "");
     REQUIRE(ref.losses.size() == 3);
     REQUIRE(!ref.hashes.empty());
-    const result zbv = train(tmp, config, "zb_v", "--set schedule.name=zb_v --set parallel.virtual_pipeline=2");
+    const train_outcome zbv = train_run(tmp, config, "zb_v", "--set schedule.name=zb_v --set parallel.virtual_pipeline=2");
     CHECK(zbv.losses == ref.losses);
     CHECK(zbv.hashes == ref.hashes);
   }
