@@ -58,6 +58,21 @@ std::vector<actors::message_record> records(const core::config& cfg, std::int64_
   return out;
 }
 
+/// The activation and gradient records of the run's logs; each must name an instruction of its
+/// sender's list in `sched` (the test fails otherwise).
+int scheduled_transfers(const core::config& cfg, const schedules::schedule& sched, int pp) {
+  int transfers = 0;
+  for (const auto& r : records(cfg)) {
+    const auto k = static_cast<actors::tensor_kind>(r.tag.kind);
+    if (k != actors::tensor_kind::activation && k != actors::tensor_kind::gradient) continue;
+    ++transfers;
+    bool found = false;
+    for (const auto& op : sched.ranks.at(r.src % pp)) found = found || schedules::to_string(op) == r.op;
+    CHECK_MESSAGE(found, r.op);
+  }
+  return transfers;
+}
+
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
@@ -393,15 +408,7 @@ TEST_CASE("with interleaved stages every logged transfer names an instruction of
   const auto layout = actors::layout_of(cfg);
   auto sched = actors::build_schedule(cfg, layout.microbatches);
   REQUIRE(sched.ok());
-  int transfers = 0;
-  for (const auto& r : records(cfg)) {
-    const auto k = static_cast<actors::tensor_kind>(r.tag.kind);
-    if (k != actors::tensor_kind::activation && k != actors::tensor_kind::gradient) continue;
-    ++transfers;
-    bool found = false;
-    for (const auto& op : sched->ranks.at(r.src % layout.pp)) found = found || schedules::to_string(op) == r.op;
-    CHECK_MESSAGE(found, r.op);
-  }
+  const int transfers = scheduled_transfers(cfg, sched.value(), layout.pp);
   CHECK(transfers == 2 * 2 * 4 * 3 * 2);  // steps × replicas × micro-batches × chunk edges × (F, B)
   auto rep = replay(cfg.runtime.run_dir);
   CHECK_MESSAGE(rep.matched, rep.mismatch);
@@ -419,15 +426,7 @@ TEST_CASE("a zb_v run (chunks in a V, both ends on rank 0) replays bit for bit, 
   REQUIRE(sched.ok());
   const auto layout = actors::layout_of(cfg, sched.value());
   REQUIRE(layout.rank_of_chunk(3) == 0);
-  int transfers = 0;
-  for (const auto& r : records(cfg)) {
-    const auto k = static_cast<actors::tensor_kind>(r.tag.kind);
-    if (k != actors::tensor_kind::activation && k != actors::tensor_kind::gradient) continue;
-    ++transfers;
-    bool found = false;
-    for (const auto& op : sched->ranks.at(r.src % layout.pp)) found = found || schedules::to_string(op) == r.op;
-    CHECK_MESSAGE(found, r.op);
-  }
+  const int transfers = scheduled_transfers(cfg, sched.value(), layout.pp);
   // Chunk edges 0 -> 1 and 2 -> 3 cross ranks; 1 -> 2 stays on rank 1.
   CHECK(transfers == 2 * 2 * 4 * 2 * 2);  // steps × replicas × micro-batches × crossing edges × (F, B)
   auto whole = replay(cfg.runtime.run_dir);
