@@ -56,8 +56,101 @@ tensor tp_group::device(const tensor& h, const core::shape_t& shape) {
   return be_.dev().is_cpu() ? r : be_.from_host(r);
 }
 
+namespace {
+
+int tp_group_position(const std::vector<int>& group, int rank) {
+  const auto it = std::find(group.begin(), group.end(), rank);
+  TROUPE_CHECK(it != group.end(), "rank " + std::to_string(rank) + " is not in the group");
+  return static_cast<int>(it - group.begin());
+}
+
+void require_f32(const tensor& x) {
+  TROUPE_CHECK(x.type() == core::dtype::f32,
+               "tensor-parallel collectives sum fp32 tensors (got " +
+                   std::string(core::dtype_name(x.type())) + ")");
+}
+
+}  // namespace
+
+void tp_group::send_device(int dst, const tensor& x, const transport::tag& tg) {
+  // A buffer of its own: the receiver keeps it, and x may be a view of a tensor still in use.
+  tensor buf = be_.empty({x.numel()}, x.type());
+  be_.copy(x, buf);
+  be_.record_ready(buf);
+  t_().send(dst, std::move(buf), tg);
+}
+
+tensor tp_group::recv_device(int src, const transport::tag& tg) {
+  tensor r = t_().recv(src, tg, timeout_);
+  TROUPE_CHECK(!r.dev().is_cpu(), "rank " + std::to_string(src) + " sent a host tensor under " +
+                                      tg.to_string() + " to a device collective");
+  be_.wait_ready(r);
+  return r;
+}
+
+tensor tp_group::device_reduce_scatter(const std::vector<int>& group, const tensor& x,
+                                       transport::tag tg) {
+  const int n = static_cast<int>(group.size());
+  const int me = tp_group_position(group, t_().rank());
+  TROUPE_CHECK(x.numel() % n == 0, "tensor of " + std::to_string(x.numel()) +
+                                       " elements does not split into " + std::to_string(n) +
+                                       " equal slices");
+  const std::int64_t len = x.numel() / n;
+  const tensor flat = x.reshape({x.numel()});
+  for (int k = 0; k < n; ++k) {
+    if (k == me) continue;
+    tg.part = static_cast<std::uint32_t>(k);
+    send_device(group[k], flat.slice(k * len, {len}), tg);
+  }
+  // parts[0] + parts[1] + ..., as transport::ordered_sum adds them.
+  tg.part = static_cast<std::uint32_t>(me);
+  tensor out = be_.empty({len}, core::dtype::f32);
+  for (int k = 0; k < n; ++k) {
+    const tensor part = k == me ? flat.slice(me * len, {len}) : recv_device(group[k], tg);
+    TROUPE_CHECK(part.numel() == len && part.type() == core::dtype::f32,
+                 "reduce_scatter: rank " + std::to_string(group[k]) + " sent " +
+                     core::shape_string(part.shape()) + ", expected [" + std::to_string(len) +
+                     "] fp32");
+    if (k == 0) be_.copy(part, out);
+    else be_.accumulate(part, out);
+  }
+  return out;
+}
+
+tensor tp_group::device_all_gather(const std::vector<int>& group, const tensor& slice,
+                                   transport::tag tg) {
+  const int n = static_cast<int>(group.size());
+  const int me = tp_group_position(group, t_().rank());
+  const std::int64_t len = slice.numel();
+  tg.part = static_cast<std::uint32_t>(me);
+  for (int k = 0; k < n; ++k)
+    if (k != me) send_device(group[k], slice, tg);
+  tensor out = be_.empty({len * n}, slice.type());
+  for (int k = 0; k < n; ++k) {
+    tg.part = static_cast<std::uint32_t>(k);
+    const tensor part = k == me ? slice.reshape({len}) : recv_device(group[k], tg);
+    TROUPE_CHECK(part.bytes() == slice.bytes(), "all_gather: rank " + std::to_string(group[k]) +
+                                                    " sent " + std::to_string(part.bytes()) +
+                                                    " bytes, expected " + std::to_string(slice.bytes()));
+    tensor dst = out.slice(k * len, {len});
+    be_.copy(part, dst);
+  }
+  return out;
+}
+
+tensor tp_group::device_all_reduce(const std::vector<int>& group, const tensor& x,
+                                   transport::tag tg) {
+  const tensor mine = device_reduce_scatter(group, x, tg);
+  tg.kind ^= 0x80000000u;  // as transport::all_reduce: the gather phase has tags of its own
+  return device_all_gather(group, mine, tg).reshape(x.shape());
+}
+
 tensor tp_group::gather_rows(const tensor& x) {
   if (!sp_ || size() == 1) return x;
+  if (on_device(x)) {
+    require_f32(x);
+    return device_all_gather(ranks_, x, next_tag()).reshape({x.dim(0) * size(), x.dim(1)});
+  }
   const tensor g = transport::all_gather(t_(), ranks_, host(x), next_tag(), timeout_);
   return device(g, {x.dim(0) * size(), x.dim(1)});
 }
@@ -67,17 +160,26 @@ tensor tp_group::reduce_rows(const tensor& x) {
   if (!sp_) return all_reduce(x);
   TROUPE_CHECK(x.dim(0) % size() == 0, std::to_string(x.dim(0)) + " rows do not split over " +
                                            std::to_string(size()) + " sequence-parallel ranks");
+  if (on_device(x)) {
+    require_f32(x);
+    return device_reduce_scatter(ranks_, x, next_tag()).reshape({x.dim(0) / size(), x.dim(1)});
+  }
   const tensor r = transport::reduce_scatter(t_(), ranks_, host(x), next_tag(), timeout_);
   return device(r, {x.dim(0) / size(), x.dim(1)});
 }
 
 tensor tp_group::all_reduce(const tensor& x) {
   if (size() == 1) return x;
+  if (on_device(x)) {
+    require_f32(x);
+    return device_all_reduce(ranks_, x, next_tag());
+  }
   return device(transport::all_reduce(t_(), ranks_, host(x), next_tag(), timeout_), x.shape());
 }
 
 tensor tp_group::all_gather(const tensor& x) {
   if (size() == 1) return x.reshape({x.numel()});
+  if (on_device(x)) return device_all_gather(ranks_, x, next_tag());
   const tensor g = transport::all_gather(t_(), ranks_, host(x), next_tag(), timeout_);
   return device(g, {g.numel()});
 }
@@ -86,6 +188,10 @@ tensor tp_group::all_reduce_kv(const tensor& x) {
   // Every rank takes a tag, so the counters of the group stay in step.
   const transport::tag tg = next_tag();
   if (kv_group_.size() == 1) return x;
+  if (on_device(x)) {
+    require_f32(x);
+    return device_all_reduce(kv_group_, x, tg);
+  }
   return device(transport::all_reduce(t_(), kv_group_, host(x), tg, timeout_), x.shape());
 }
 

@@ -62,6 +62,15 @@ class tp_group final : public model::layer_comm {
   transport::tag next_tag();
   tensor host(const tensor& x);
   tensor device(const tensor& h, const core::shape_t& shape);
+  bool on_device(const tensor& x) const { return !x.dev().is_cpu(); }
+  // The device collectives (x on this rank's GPU, flat fp32): the same patterns of point-to-point
+  // transfers as transport/collectives.cpp, with the sums in group order on the GPU, so a group
+  // gives the same bits over the local transport (one process) and over nccl (one per rank).
+  tensor device_reduce_scatter(const std::vector<int>& group, const tensor& x, transport::tag tg);
+  tensor device_all_gather(const std::vector<int>& group, const tensor& slice, transport::tag tg);
+  tensor device_all_reduce(const std::vector<int>& group, const tensor& x, transport::tag tg);
+  void send_device(int dst, const tensor& x, const transport::tag& tg);
+  tensor recv_device(int src, const transport::tag& tg);
 
   std::function<transport::transport&()> t_;
   std::vector<int> ranks_;

@@ -13,24 +13,17 @@
 namespace troupe::actors {
 namespace {
 
-/// What tensor parallel (parallel.model_parallel > 1) runs today: the CPU backend in fp32
-/// (docs/model.md).
+/// What tensor parallel (parallel.model_parallel > 1) runs today: fp32 compute, on the CPU and
+/// CUDA backends (docs/model.md).
 core::status tensor_parallel_supported(const core::config& cfg) {
   const int tp = cfg.parallel.model_parallel;
   if (tp == 1) return {};
   const std::string what = "parallel.model_parallel = " + std::to_string(tp);
-  const std::string hint_tp1 = "or set parallel.model_parallel = 1 (remove parallel.sequence_parallel)";
-  if (cfg.runtime.device != "cpu")
-    return core::config_error(
-        cfg, "runtime.device",
-        what + " runs on the CPU backend only: its collectives go through host memory, and the "
-               "device collectives it needs on \"" + cfg.runtime.device + "\" do not exist yet",
-        "set runtime.device = \"cpu\", " + hint_tp1 + " and scale with parallel.pipeline_stage "
-        "/ parallel.data_parallel");
   if (cfg.precision.compute != core::precision_kind::fp32)
     return core::config_error(cfg, "precision.compute",
                               what + " sums its partial results in fp32 only",
-                              "set precision.compute = \"fp32\", " + hint_tp1);
+                              "set precision.compute = \"fp32\", or set parallel.model_parallel "
+                              "= 1 (remove parallel.sequence_parallel)");
   return {};
 }
 

@@ -252,7 +252,7 @@ TEST_CASE("tensor-parallel layouts: config check validates them, train refuses w
   CHECK(sp.code == 1);
   CHECK(contains(sp.err, "parallel.sequence_parallel: sequence_parallel = true needs model_parallel > 1"));
 
-  // A valid layout the runtime does not run yet (tensor parallel on a device backend) is refused
+  // A valid layout the runtime does not run yet (tensor parallel with bf16 compute) is refused
   // when the run starts, naming the key.
   fs::create_directories(dir.path / "data/tokens");
   fs::create_directories(dir.path / "data/gpt2");
@@ -262,10 +262,10 @@ TEST_CASE("tensor-parallel layouts: config check validates them, train refuses w
   REQUIRE(troupe::model::write_shard((dir.path / "data/tokens/val.bin").string(), tokens).ok());
   const run_result train = run_troupe(
       dir.path, "train '" + tiny + "' --no-plan-check --set parallel.model_parallel=2 "
-                "--set runtime.device=cuda --set runtime.run_dir=run");
+                "--set runtime.device=cuda --set precision.compute=bf16 --set runtime.run_dir=run");
   CHECK(train.code == 1);
-  CHECK_MESSAGE(contains(train.err, "runtime.device: parallel.model_parallel = 2 runs on the CPU "
-                                    "backend only"),
+  CHECK_MESSAGE(contains(train.err, "precision.compute: parallel.model_parallel = 2 sums its "
+                                    "partial results in fp32 only"),
                 train.err);
-  CHECK(contains(train.err, "hint: set runtime.device = \"cpu\""));
+  CHECK(contains(train.err, "hint: set precision.compute = \"fp32\""));
 }

@@ -261,3 +261,99 @@ TEST_CASE("cuda single-rank loop: step forensics retries a one-off NaN as transi
   CHECK(records[0]["verdict"] == "transient");
   CHECK(records[0]["action"] == "retry");
 }
+
+namespace {
+
+/// gpu_config's shape with 4 heads (LLaMA: 2 key/value heads, so fewer than model_parallel 4) at
+/// model_parallel tp (sequence parallel when sp) × pipeline_stage pp; through the parser, so the
+/// config check sees the layout.
+core::config gpu_tp_config(const scratch_dir& tmp, core::arch_kind arch, int tp, bool sp, int pp,
+                           int steps = 8) {
+  auto cfg = tiny_run(tmp, arch);
+  cfg.model.num_layers = 4;
+  cfg.model.hidden_size = 256;
+  cfg.model.num_heads = 4;
+  cfg.model.num_kv_heads = arch == core::arch_kind::llama ? 2 : 4;
+  cfg.model.ffn_hidden_size = 512;
+  cfg.model.seq_length = 64;
+  cfg.parallel.model_parallel = tp;
+  cfg.parallel.sequence_parallel = sp;
+  cfg.parallel.pipeline_stage = pp;
+  cfg.parallel.micro_batch_num = 4;
+  cfg.train.steps = steps;
+  cfg.train.eval_interval = 0;
+  cfg.optimizer.lr = 3e-3;
+  cfg.runtime.device = "cuda";
+  cfg.runtime.run_dir = tmp / ("tp" + std::to_string(tp) + (sp ? "sp" : "") + "pp" +
+                               std::to_string(pp));
+  auto parsed = core::parse_config(core::to_toml(cfg), "gpu_tp_config");
+  REQUIRE_MESSAGE(parsed.ok(), (parsed.ok() ? "" : parsed.err().to_string()));
+  return parsed.value();
+}
+
+double worst_relative(const outcome& a, const outcome& ref) {
+  double w = 0;
+  for (std::size_t i = 0; i < a.losses.size() && i < ref.losses.size(); ++i)
+    w = std::max(w, std::fabs(a.losses[i] - ref.losses[i]) / std::fabs(ref.losses[i]));
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("cuda actor runtime: model_parallel 2 and 4, sequence parallel on and off, within 1e-5 of "
+          "model_parallel 1 (GPT-2, and LLaMA with num_kv_heads < model_parallel)") {
+  if (!gpu_or_skip()) return;
+  for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama}) {
+    const std::string family = arch == core::arch_kind::llama ? "llama" : "gpt2";
+    scratch_dir tmp("cuda_rt_tp_" + family);
+    const auto ref = actors_run(gpu_tp_config(tmp, arch, 1, false, 1, 12));
+    REQUIRE(ref.losses.size() == 12);
+    CHECK(ref.losses.back() < ref.losses.front());
+    for (int tp : {2, 4})
+      for (bool sp : {false, true}) {
+        INFO(family, " model_parallel ", tp, " sequence_parallel ", sp);
+        const auto o = actors_run(gpu_tp_config(tmp, arch, tp, sp, 1, 12));
+        REQUIRE(o.losses.size() == ref.losses.size());
+        const double w = worst_relative(o, ref);
+        MESSAGE(family, " tp ", tp, " sp ", sp, ": largest relative loss difference from tp 1 ", w);
+        CHECK(w <= 1e-5);
+        REQUIRE(o.hashes.size() == ref.hashes.size());
+        for (const auto& entry : ref.hashes) CHECK(o.hashes.count(entry.first) == 1);
+      }
+  }
+}
+
+TEST_CASE("cuda actor runtime: at model_parallel 2 pipeline splits, zb_v, recompute and a second "
+          "run give the same bits") {
+  if (!gpu_or_skip()) return;
+  for (bool sp : {false, true}) {
+    INFO("sequence_parallel ", sp);
+    scratch_dir tmp(std::string("cuda_rt_tp_bits") + (sp ? "_sp" : ""));
+    const auto ref = actors_run(gpu_tp_config(tmp, core::arch_kind::llama, 2, sp, 1));
+    {
+      INFO("pipeline_stage 2");
+      check_identical(actors_run(gpu_tp_config(tmp, core::arch_kind::llama, 2, sp, 2)), ref);
+    }
+    {
+      INFO("zb_v at pipeline_stage 2");
+      auto cfg = gpu_tp_config(tmp, core::arch_kind::llama, 2, sp, 2);
+      cfg.schedule.name = "zb_v";
+      cfg.parallel.virtual_pipeline = 2;
+      cfg.runtime.run_dir = tmp / "zbv";
+      check_identical(actors_run(cfg), ref);
+    }
+    {
+      INFO("recompute full");
+      auto cfg = gpu_tp_config(tmp, core::arch_kind::llama, 2, sp, 2);
+      cfg.recompute.mode = core::recompute_mode::full;
+      cfg.runtime.run_dir = tmp / "full";
+      check_identical(actors_run(cfg), ref);
+    }
+    {
+      INFO("the same config again");
+      auto cfg = gpu_tp_config(tmp, core::arch_kind::llama, 2, sp, 1);
+      cfg.runtime.run_dir = tmp / "again";
+      check_identical(actors_run(cfg), ref);
+    }
+  }
+}
