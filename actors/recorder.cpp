@@ -8,6 +8,7 @@
 
 #include "core/files.hpp"
 #include "kernels/message_hash.hpp"
+#include "model/layer.hpp"
 #include "model/safetensors.hpp"
 
 namespace troupe::actors {
@@ -22,10 +23,50 @@ const char* const kind_names[kind_count] = {
     "grad_slice",  "reduced_grad", "param_slice", "snap_params",  "snap_exp_avg", "snap_exp_avg_sq",
     "documents"};
 
+// The ops of a layer whose collectives a tensor-parallel group tags (model::comm_op's values).
+constexpr std::uint32_t tp_op_count = 11;
+const char* const tp_op_names[tp_op_count] = {
+    "",     "forward",      "backward_input", "backward_weight", "recompute", "embedding_forward",
+    "embedding_backward", "loss", "head_backward", "recompute_embedding", "recompute_loss"};
+static_assert(static_cast<std::uint32_t>(model::comm_op::recompute_loss) + 1 == tp_op_count);
+
+constexpr std::uint32_t tp_gather_bit = 0x80000000u;  // transport::all_reduce's gather phase
+
+/// The op of a tensor-parallel kind, its collective's index in the op, and the gather bit.
+struct tp_kind_parts {
+  std::uint32_t op = 0, n = 0;
+  bool gather = false;
+};
+tp_kind_parts tp_parts(std::uint32_t kind) {
+  const std::uint32_t k = kind & ~tp_gather_bit;
+  return {(k - tp_kind_base) >> 8, k & 0xffu, (kind & tp_gather_bit) != 0};
+}
+
+std::optional<std::uint32_t> tp_kind_of_name(std::string s) {
+  if (s.rfind("tp_", 0) != 0) return std::nullopt;
+  s = s.substr(3);
+  std::uint32_t gather = 0;
+  const std::string g = "_gather";
+  if (s.size() > g.size() && s.compare(s.size() - g.size(), g.size(), g) == 0) {
+    gather = tp_gather_bit;
+    s.resize(s.size() - g.size());
+  }
+  const auto us = s.rfind('_');
+  if (us == std::string::npos || us + 1 >= s.size() || us + 4 < s.size() ||
+      s.find_first_not_of("0123456789", us + 1) != std::string::npos)
+    return std::nullopt;
+  const std::uint32_t n = static_cast<std::uint32_t>(std::stoul(s.substr(us + 1)));
+  if (n > 0xff) return std::nullopt;
+  const std::string op = s.substr(0, us);
+  for (std::uint32_t o = 1; o < tp_op_count; ++o)
+    if (op == tp_op_names[o]) return (tp_kind_base | (o << 8) | n) | gather;
+  return std::nullopt;
+}
+
 std::optional<std::uint32_t> kind_of_name(const std::string& s) {
   for (std::uint32_t k = 1; k < kind_count; ++k)
     if (s == kind_names[k]) return k;
-  return std::nullopt;
+  return tp_kind_of_name(s);
 }
 
 std::optional<core::dtype> dtype_of_name(const std::string& s) {
@@ -187,6 +228,12 @@ std::string messages_dir(const std::string& run_dir) { return run_dir + "/messag
 
 std::string kind_name(std::uint32_t kind) {
   if (kind >= 1 && kind < kind_count) return kind_names[kind];
+  if (is_tp_kind(kind)) {
+    const tp_kind_parts t = tp_parts(kind);
+    if (t.op >= 1 && t.op < tp_op_count)
+      return std::string("tp_") + tp_op_names[t.op] + "_" + std::to_string(t.n) +
+             (t.gather ? "_gather" : "");
+  }
   return "kind " + std::to_string(kind);
 }
 
@@ -215,6 +262,20 @@ std::string producer_of(const address& from, const address& to, const transport:
 }
 
 std::string describe(const message_record& r) {
+  if (is_tp_kind(r.tag.kind) && tp_parts(r.tag.kind).op >= 1 &&
+      tp_parts(r.tag.kind).op < tp_op_count) {
+    // The group's tags carry the layer in `chunk`: -1 the embedding, -2 the head and loss.
+    const tp_kind_parts t = tp_parts(r.tag.kind);
+    const std::string layer = r.tag.chunk == -1   ? std::string("the embedding")
+                              : r.tag.chunk == -2 ? std::string("the head")
+                                                  : "layer " + std::to_string(r.tag.chunk);
+    return "rank " + std::to_string(r.src) + ", step " + std::to_string(r.tag.step) +
+           ", micro-batch " + (r.tag.mb >= 0 ? std::to_string(r.tag.mb) : std::string("-")) +
+           ", " + layer + ", collective " + r.op + " (" + tp_op_names[t.op] + " collective " +
+           std::to_string(t.n) + (t.gather ? ", all-gather phase" : "") + ", part " +
+           std::to_string(r.tag.part) + ": " + r.from + " -> " + r.to + " on rank " +
+           std::to_string(r.dst) + ")";
+  }
   std::string s = "rank " + std::to_string(r.src) + ", step " + std::to_string(r.tag.step) +
                   ", micro-batch " + (r.tag.mb >= 0 ? std::to_string(r.tag.mb) : std::string("-")) +
                   ", instruction " + r.op + " (" + r.from + " -> " + r.to + " on rank " +
@@ -425,13 +486,16 @@ class known_hash final : public kernels::pending_value {
 
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
                   const transport::tag& tg, const core::tensor& t, kernels::backend* be,
-                  const sample_key* sample, hash_memo* memo) {
+                  const sample_key* sample, hash_memo* memo, const std::string* op) {
   if (sink.wants_bytes()) {
     core::tensor host = host_view(t, be);
-    sink.sent(record_of(from, src, to, dst, tg, host, sample), host);
+    message_record r = record_of(from, src, to, dst, tg, host, sample);
+    if (op) r.op = *op;
+    sink.sent(r, host);
     return;
   }
   message_record r = header_of(from, src, to, dst, tg);
+  if (op) r.op = *op;
   r.dtype = t.type();
   r.shape = t.shape();
   if (sample) r.sample = *sample;

@@ -102,7 +102,9 @@ struct clip_record {
   float loss_scale = 1;        // the step's loss scale, which the stages multiplied the loss by
 };
 
-/// "gradient", "param_slice", ... ("kind 12" for an unknown value).
+/// "gradient", "param_slice", ...; a tensor-parallel collective's "tp_<op>_<n>" ("tp_forward_1",
+/// with "_gather" for an all-reduce's gather phase: actors/tp_group.hpp); "kind 12" for an
+/// unknown value.
 std::string kind_name(std::uint32_t kind);
 /// "stage(dp=0, pp=1)", "optimizer_shard(pp=1, part=0)", "data_loader(dp=0)", "coordinator", ...
 std::string address_name(const address& a);
@@ -111,7 +113,9 @@ std::string address_name(const address& a);
 /// "shard update", "snapshot", "shard snapshot".
 std::string producer_of(const address& from, const address& to, const transport::tag& tg);
 /// "rank 1, step 2, micro-batch 3, instruction 0SEND_F3->1 (stage(dp=0, pp=0) -> stage(dp=0,
-/// pp=1), activation chunk 1 part 0)".
+/// pp=1), activation chunk 1 part 0)"; for a tensor-parallel collective "rank 1, step 2,
+/// micro-batch 3, layer 0, collective all_reduce (forward collective 1, reduce-scatter phase,
+/// part 0: stage(dp=0, pp=0, tp=1) -> stage(dp=0, pp=0) on rank 0)".
 std::string describe(const message_record& r);
 
 /// One JSON line (no newline).
@@ -197,9 +201,11 @@ struct hash_memo {
 /// hashed through `be` (the sender's backend, after the sender's queued work, so the bytes hashed
 /// are the final ones): on the device when the sink takes pending hashes, else through a host
 /// copy. A host tensor's hash comes from `memo` when it holds these very bytes, and goes into it.
+/// `op`: the record's op, when the tag does not say it (a tensor-parallel collective's name).
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
                   const transport::tag& tg, const core::tensor& t, kernels::backend* be,
-                  const sample_key* sample, hash_memo* memo = nullptr);
+                  const sample_key* sample, hash_memo* memo = nullptr,
+                  const std::string* op = nullptr);
 /// Shows `sink` a tensor worker `dst` received from `src`, when it wants the bytes.
 void observe_receive(message_sink& sink, int src, int dst, const transport::tag& tg,
                      const core::tensor& t, kernels::backend* be);

@@ -3,9 +3,63 @@
 
 #include <algorithm>
 
+#include "actors/recorder.hpp"
 #include "core/error.hpp"
 
 namespace troupe::actors {
+
+namespace {
+
+/// The group's endpoint as record_to() sees it: every send is shown to the sink first (its
+/// message hash goes to the sender's log), and every tensor received from a peer after it
+/// arrived (its bytes go to the receiver's .tensors file under runtime.record_tensors).
+class observed_endpoint final : public ::troupe::transport::transport {
+ public:
+  observed_endpoint(std::function<::troupe::transport::transport&()> inner, message_sink* sink,
+                    address me, std::vector<int> ranks, kernels::backend& be,
+                    const std::string& collective)
+      : inner_(std::move(inner)), sink_(sink), me_(me), ranks_(std::move(ranks)), be_(be),
+        collective_(collective) {}
+
+  std::string name() const override { return inner_().name(); }
+  int rank() const override { return inner_().rank(); }
+  void send(int dst, core::tensor t, const ::troupe::transport::tag& tg) override {
+    ::troupe::transport::transport& ep = inner_();
+    const int src = ep.rank();
+    observe_send(*sink_, me_, src, peer(dst), dst, tg, t, &be_, nullptr, nullptr, &collective_);
+    ep.send(dst, std::move(t), tg);
+  }
+  core::tensor recv(int src, const ::troupe::transport::tag& tg, std::chrono::milliseconds timeout) override {
+    ::troupe::transport::transport& ep = inner_();
+    core::tensor t = ep.recv(src, tg, timeout);
+    if (sink_->wants_received()) {
+      if (t.defined() && !t.dev().is_cpu()) be_.wait_ready(t);
+      observe_receive(*sink_, src, ep.rank(), tg, t, &be_);
+    }
+    return t;
+  }
+  bool ready(int src, const ::troupe::transport::tag& tg) override { return inner_().ready(src, tg); }
+
+ private:
+  /// The stage of group member `rank`.
+  address peer(int rank) const {
+    address a = me_;
+    const auto it = std::find(ranks_.begin(), ranks_.end(), rank);
+    TROUPE_CHECK(it != ranks_.end(), "rank " + std::to_string(rank) +
+                                         " is not in this tensor-parallel group");
+    a.c = static_cast<std::int32_t>(it - ranks_.begin());
+    return a;
+  }
+
+  std::function<::troupe::transport::transport&()> inner_;
+  message_sink* sink_;
+  address me_;
+  std::vector<int> ranks_;
+  kernels::backend& be_;
+  const std::string& collective_;
+};
+
+}  // namespace
 
 tp_group::tp_group(transport::transport& t, std::vector<int> ranks, kernels::backend& be,
                    bool sequence_parallel, int kv_replicas, std::chrono::milliseconds timeout)
@@ -26,6 +80,13 @@ tp_group::tp_group(std::function<transport::transport&()> endpoint, int me,
                    std::to_string(size()));
   const int first = me_ / kv_replicas * kv_replicas;
   kv_group_.assign(ranks_.begin() + first, ranks_.begin() + first + kv_replicas);
+}
+
+void tp_group::record_to(message_sink* sink, const address& me) {
+  if (!sink) return;
+  TROUPE_CHECK(!observed_, "a tensor-parallel group records to one message sink");
+  observed_ = std::make_unique<observed_endpoint>(t_, sink, me, ranks_, be_, collective_);
+  t_ = [o = observed_.get()]() -> transport::transport& { return *o; };
 }
 
 void tp_group::begin(std::int64_t step, int layer, int micro_batch, tp_phase phase) {
@@ -146,6 +207,7 @@ tensor tp_group::device_all_reduce(const std::vector<int>& group, const tensor& 
 }
 
 tensor tp_group::gather_rows(const tensor& x) {
+  collective_ = "gather_rows";
   if (!sp_ || size() == 1) return x;
   if (on_device(x)) {
     require_f32(x);
@@ -156,6 +218,7 @@ tensor tp_group::gather_rows(const tensor& x) {
 }
 
 tensor tp_group::reduce_rows(const tensor& x) {
+  collective_ = "reduce_rows";
   if (size() == 1) return x;
   if (!sp_) return all_reduce(x);
   TROUPE_CHECK(x.dim(0) % size() == 0, std::to_string(x.dim(0)) + " rows do not split over " +
@@ -169,6 +232,7 @@ tensor tp_group::reduce_rows(const tensor& x) {
 }
 
 tensor tp_group::all_reduce(const tensor& x) {
+  collective_ = "all_reduce";
   if (size() == 1) return x;
   if (on_device(x)) {
     require_f32(x);
@@ -178,6 +242,7 @@ tensor tp_group::all_reduce(const tensor& x) {
 }
 
 tensor tp_group::all_gather(const tensor& x) {
+  collective_ = "all_gather";
   if (size() == 1) return x.reshape({x.numel()});
   if (on_device(x)) return device_all_gather(ranks_, x, next_tag());
   const tensor g = transport::all_gather(t_(), ranks_, host(x), next_tag(), timeout_);
@@ -185,6 +250,7 @@ tensor tp_group::all_gather(const tensor& x) {
 }
 
 tensor tp_group::all_reduce_kv(const tensor& x) {
+  collective_ = "all_reduce_kv";
   // Every rank takes a tag, so the counters of the group stay in step.
   const transport::tag tg = next_tag();
   if (kv_group_.size() == 1) return x;

@@ -14,6 +14,10 @@
 #include <functional>
 #include <vector>
 
+#include <memory>
+#include <string>
+
+#include "actors/wire.hpp"
 #include "kernels/backend.hpp"
 #include "model/layer.hpp"
 #include "transport/transport.hpp"
@@ -25,8 +29,7 @@ using core::tensor;
 /// Which op of a layer (or of the embedding / head) a collective belongs to.
 using tp_phase = model::comm_op;
 
-/// Kinds of the group's tags start here (above actors/wire.hpp's tensor_kind values).
-inline constexpr std::uint32_t tp_kind_base = 0x10000;
+class message_sink;
 
 class tp_group final : public model::layer_comm {
  public:
@@ -48,6 +51,14 @@ class tp_group final : public model::layer_comm {
   void begin_op(int layer, int micro_batch, model::comm_op op) override {
     begin(step_, layer, micro_batch, op);
   }
+
+  /// Shows `sink` every tensor this rank's collectives send (and, when it asks, receive), as
+  /// route() and receive() show it the stage's other messages (actors/recorder.hpp): `me` is this
+  /// rank's stage; the peers are the stages of the same (dp, pp) with their tp rank. The records'
+  /// op names the collective ("all_reduce", "gather_rows", ...).
+  void record_to(message_sink* sink, const address& me);
+  /// The collective running now ("all_reduce", "reduce_rows", ...; "" before the first).
+  const std::string& collective() const { return collective_; }
 
   int rank() const override { return me_; }
   int size() const override { return static_cast<int>(ranks_.size()); }
@@ -82,6 +93,8 @@ class tp_group final : public model::layer_comm {
   std::int64_t step_ = 0;
   transport::tag base_{};
   std::uint32_t count_ = 0;
+  std::string collective_;
+  std::unique_ptr<transport::transport> observed_;  // record_to's view of the endpoint
 };
 
 }  // namespace troupe::actors

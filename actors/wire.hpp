@@ -29,6 +29,13 @@ enum class tensor_kind : std::uint32_t {
                      // `chunk` is the receiving stage's first chunk)
 };
 
+/// Kinds of a tensor-parallel group's collective tags start here (actors/tp_group.hpp): kind =
+/// tp_kind_base | comm_op << 8 | n (the op's n-th collective), with the top bit set for an
+/// all-reduce's gather phase.
+inline constexpr std::uint32_t tp_kind_base = 0x10000;
+/// Whether a tag's kind is a tensor-parallel collective's.
+inline bool is_tp_kind(std::uint32_t kind) { return (kind & 0x7fffffffu) >= tp_kind_base; }
+
 /// Who a message is for.
 enum class role : std::uint8_t { stage, shard, loader, coordinator, writer };
 

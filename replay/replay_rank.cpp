@@ -8,11 +8,13 @@
 #include <chrono>
 #include <thread>
 
+#include "actors/tp_group.hpp"
 #include "core/machine.hpp"
 #include "runtime/build.hpp"
 #include "replay/replay_parts.hpp"
 #include "model/loader.hpp"
 #include "kernels/select.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace troupe::actors {
 
@@ -24,6 +26,51 @@ bool is_snapshot(std::uint32_t kind) {
          k == tensor_kind::snap_exp_avg_sq;
 }
 
+/// The transport of a tensor-parallel rank replayed alone: what the peers sent it in the group's
+/// collectives are the bytes recorded in rank_<R>.tensors (checked against the senders' hashes
+/// before), and every slice it sends goes to `check` (compared with rank_<R>.log) and is then
+/// dropped. A difference throws, which stops the stage inside the collective.
+class recorded_group_endpoint final : public ::troupe::transport::transport {
+ public:
+  using checker_fn = std::function<bool(int dst, const ::troupe::transport::tag&, const core::tensor&)>;
+  recorded_group_endpoint(int me, std::map<message_key, core::tensor> inbox, kernels::backend& be,
+                          std::string file, checker_fn check)
+      : me_(me), inbox_(std::move(inbox)), be_(be), file_(std::move(file)), check_(std::move(check)) {}
+
+  std::string name() const override { return "recorded"; }
+  int rank() const override { return me_; }
+  void send(int dst, core::tensor t, const ::troupe::transport::tag& tg) override {
+    if (!check_(dst, tg, t))
+      throw core::failure("a tensor-parallel collective's slice differs from the recording");
+  }
+  core::tensor recv(int src, const ::troupe::transport::tag& tg, std::chrono::milliseconds) override {
+    auto it = inbox_.find(message_key{src, me_, tg});
+    if (it == inbox_.end())
+      throw core::failure(file_ + " holds no " + kind_name(tg.kind) + " (part " +
+                          std::to_string(tg.part) + ") of step " + std::to_string(tg.step) +
+                          ", layer " + std::to_string(tg.chunk) + ", micro-batch " +
+                          std::to_string(tg.mb) + " from rank " + std::to_string(src) +
+                          ", which the replayed rank needs in a tensor-parallel collective; was "
+                          "the run recorded with runtime.record_tensors = true?");
+    core::tensor v = std::move(it->second);
+    inbox_.erase(it);
+    if (be_.dev().is_cpu()) return v;
+    core::tensor on = be_.from_host(v);
+    be_.record_ready(on);
+    return on;
+  }
+  bool ready(int src, const ::troupe::transport::tag& tg) override {
+    return inbox_.count(message_key{src, me_, tg}) > 0;
+  }
+
+ private:
+  int me_;
+  std::map<message_key, core::tensor> inbox_;
+  kernels::backend& be_;
+  std::string file_;
+  checker_fn check_;
+};
+
 }  // namespace
 
 core::result<replay_report> replay_one_rank(const recorded_run& run, const replay_options& opt,
@@ -32,14 +79,7 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
   auto sched = build_schedule(cfg, layout_of(cfg).microbatches);
   if (!sched) return sched.err();
   const job_layout l = layout_of(cfg, sched.value());
-  if (l.tp > 1)
-    return core::error::make(
-        "replay --rank " + std::to_string(opt.rank) + " of a run at parallel.model_parallel = " +
-            std::to_string(l.tp) + ": a tensor-parallel rank needs its group's collectives, which "
-            "the message log does not record",
-        "replay the whole run (troupe replay RUN_DIR without --rank): it runs every rank, "
-        "tensor-parallel groups included, and checks every recorded message");
-  const int me = opt.rank, d = me / l.pp, p = me % l.pp;
+  const int me = opt.rank, d = l.dp_of(me), p = l.pp_of(me), t = l.tp_of(me);
   const int first = run.segments.front().first_step;
   const std::string mdir = messages_dir(run.dir);
 
@@ -47,10 +87,16 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
   auto stored = read_tensors(mdir, me);
   if (!stored) return stored.err();
   std::map<std::int64_t, std::vector<stored_tensor>> inbox;  // step -> tensors
+  std::map<message_key, core::tensor> collective_inbox;      // the group's, by (src, dst, tag)
   for (auto& s : stored.value()) {
     if (s.dst != me || s.src == me) continue;
     auto it = run.records.find(message_key{s.src, s.dst, s.tag});
-    const std::string what = kind_name(s.tag.kind) + " of chunk " + std::to_string(s.tag.chunk) +
+    // A collective's tag holds the layer in `chunk` (actors/tp_group.hpp).
+    const std::string what = kind_name(s.tag.kind) +
+                             (is_tp_kind(s.tag.kind) ? " collective slice (part " +
+                                                           std::to_string(s.tag.part) + ") of layer "
+                                                     : std::string(" of chunk ")) +
+                             std::to_string(s.tag.chunk) +
                              ", micro-batch " + std::to_string(s.tag.mb) + ", step " +
                              std::to_string(s.tag.step) + " from rank " + std::to_string(s.src);
     if (it == run.records.end())
@@ -64,7 +110,10 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
                                       " do not match the hash in " + it->second.file + " line " +
                                       std::to_string(it->second.line),
                                   "the file is damaged; record the run again");
-    inbox[s.tag.step].push_back(std::move(s));
+    if (is_tp_kind(s.tag.kind))
+      collective_inbox[message_key{s.src, s.dst, s.tag}] = std::move(s.value);
+    else
+      inbox[s.tag.step].push_back(std::move(s));
   }
 
   std::optional<model::checkpoint::reader> ck;
@@ -92,44 +141,69 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
   kernels::set_cpu_threads(cfg.runtime.threads > 0 ? cfg.runtime.threads : cores);
   kernels::set_gemm_tune_file(cfg.runtime.gemm_tune_file);
   auto be = kernels::make_backend(cfg.runtime.device);
-  auto chunks = build_stage_chunks(cfg, l, p, *be, ck ? &*ck : nullptr);
-  if (!chunks) return chunks.err();
-  stage_engine stage(cfg, l, d, p, sched->ranks.at(p), *be, std::move(chunks.value()),
-                     stage_engine::clock::now());
-  stage.set_data(data);
-  auto host_be = make_host_backend(cfg);
-  auto shard_or = build_shard(cfg, l, p, d, *be, stage.chunks(), ck ? &*ck : nullptr, host_be.get());
-  if (!shard_or) return shard_or.err();
-  shard_engine& shard = *shard_or.value();
-
   // In scope: what worker R itself sent, snapshots excepted (they come after the step, from the
   // actors, which this replay does not run).
   message_checker checker(run, first, last_step + 1, !opt.dump_dir.empty(),
                           [me](const message_record& r) { return r.src == me && !is_snapshot(r.tag.kind); });
+  const address stage_addr{role::stage, d, p, t}, shard_addr{role::shard, p, d, t};
+
+  // Tensor parallel: the group's collectives run over recorded_group_endpoint, which takes the
+  // peers' slices from rank_<R>.tensors and checks R's own against rank_<R>.log.
+  std::unique_ptr<recorded_group_endpoint> group_ep;
+  std::unique_ptr<tp_group> group;
+  model::chunk_tp tp;
+  if (l.tp > 1) {
+    std::vector<int> ranks;
+    for (int r = 0; r < l.tp; ++r) ranks.push_back(l.worker(d, p, r));
+    group_ep = std::make_unique<recorded_group_endpoint>(
+        me, std::move(collective_inbox), *be, mdir + "/rank_" + std::to_string(me) + ".tensors",
+        [&](int dst, const transport::tag& tg, const core::tensor& x) {
+          const core::tensor host = host_view(x, be.get());
+          address to = stage_addr;
+          to.c = l.tp_of(dst);
+          message_record r = record_of(stage_addr, me, to, dst, tg, host, nullptr);
+          r.op = group->collective();
+          return checker.check(r, host);
+        });
+    group = std::make_unique<tp_group>(*group_ep, ranks, *be, cfg.parallel.sequence_parallel,
+                                       model::kv_replicas(cfg.model, l.tp),
+                                       std::chrono::milliseconds(0));
+    tp = model::chunk_tp{l.tp, t, group.get()};
+  }
+  auto chunks = build_stage_chunks(cfg, l, p, *be, ck ? &*ck : nullptr, tp);
+  if (!chunks) return chunks.err();
+  stage_engine stage(cfg, l, d, p, sched->ranks.at(p), *be, std::move(chunks.value()),
+                     stage_engine::clock::now());
+  stage.set_tp(t, group.get());
+  stage.set_data(data);
+  auto host_be = make_host_backend(cfg);
+  auto shard_or = build_shard(cfg, l, p, d, *be, stage.chunks(), ck ? &*ck : nullptr, host_be.get(), t);
+  if (!shard_or) return shard_or.err();
+  shard_engine& shard = *shard_or.value();
+
   replay_report rep;
   rep.first_step = first;
   rep.last_step = last_step;
-  const address stage_addr{role::stage, d, p}, shard_addr{role::shard, p, d};
 
   // Sends of worker R: compared, then handed on when they stay on R; the rest were the
   // neighbours' business and are dropped.
-  auto deliver_local = [&](const address& to, const transport::tag& tg, core::tensor t) {
-    if (to.who == role::shard) shard.deliver(d, tg, std::move(t));
-    else stage.deliver(tg, std::move(t));
+  auto deliver_local = [&](const address& to, const transport::tag& tg, core::tensor x) {
+    if (to.who == role::shard) shard.deliver(d, tg, std::move(x));
+    else stage.deliver(tg, std::move(x));
   };
   auto send = [&](const address& from, const address& to, const transport::tag& tg,
-                  core::tensor t, const sample_key* sample) {
+                  core::tensor x, const sample_key* sample) {
     const int dst = worker_of(l, to);
-    core::tensor host = host_view(t, be.get());
+    core::tensor host = host_view(x, be.get());
     if (!checker.check(record_of(from, me, to, dst, tg, host, sample), host)) return false;
-    if (dst == me) deliver_local(to, tg, std::move(t));
+    if (dst == me) deliver_local(to, tg, std::move(x));
     return true;
   };
 
   try {
     for (int s = first; s <= last_step; ++s) {
       if (opt.log) std::fprintf(opt.log, "replay --rank %d: step %d\n", me, s);
-      if (data && p == 0) {
+      if (data && p == 0 && t == 0) {
         const auto& o = data->options();
         const int last_chunk = l.chunks() - 1;
         for (int mb = 0; mb < l.microbatches; ++mb) {
@@ -137,14 +211,16 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
           const sample_key key{o.seed, s, static_cast<std::int64_t>(d * l.microbatches + mb) * o.micro_batch_size,
                                o.micro_batch_size};
           const address loader{role::loader, d, 0};
-          if (!send(loader, stage_addr,
-                    transport::tag{s, static_cast<std::uint32_t>(tensor_kind::tokens), 0, mb, 0},
-                    std::move(b.tokens), &key) ||
-              !send(loader, address{role::stage, d, l.rank_of_chunk(last_chunk)},
-                    transport::tag{s, static_cast<std::uint32_t>(tensor_kind::targets), last_chunk, mb, 0},
-                    std::move(b.targets), &key))
-            break;
+          // Every tensor-parallel rank of the first and last stage reads all the tokens / targets.
           bool sent = true;
+          for (int r = 0; r < l.tp && sent; ++r)
+            sent = send(loader, address{role::stage, d, 0, r},
+                        transport::tag{s, static_cast<std::uint32_t>(tensor_kind::tokens), 0, mb, 0},
+                        b.tokens, &key) &&
+                   send(loader, address{role::stage, d, l.rank_of_chunk(last_chunk), r},
+                        transport::tag{s, static_cast<std::uint32_t>(tensor_kind::targets), last_chunk, mb, 0},
+                        b.targets, &key);
+          if (!sent) break;
           if (b.doc_starts.defined())
             for (int q = 0; q < l.pp && sent; ++q)
               sent = send(loader, address{role::stage, d, q},
@@ -158,13 +234,13 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
       // every shard logs the decision the stages' step began with.
       const auto clip = run.clips.find({me, s});
       stage.begin_step(s, clip == run.clips.end() ? 1.0f : clip->second.loss_scale);
-      for (auto& t : inbox[s]) {
-        if (is_snapshot(t.tag.kind)) continue;
-        // A gradient slice is for the shard, from the stage of replica src / P.
-        if (static_cast<tensor_kind>(t.tag.kind) == tensor_kind::grad_slice)
-          shard.deliver(t.src / l.pp, t.tag, std::move(t.value));
+      for (auto& in : inbox[s]) {
+        if (is_snapshot(in.tag.kind)) continue;
+        // A gradient slice is for the shard, from the stage of replica dp_of(src).
+        if (static_cast<tensor_kind>(in.tag.kind) == tensor_kind::grad_slice)
+          shard.deliver(l.dp_of(in.src), in.tag, std::move(in.value));
         else
-          stage.deliver(t.tag, std::move(t.value));
+          stage.deliver(in.tag, std::move(in.value));
       }
       inbox.erase(s);
       bool applied = false;
@@ -201,7 +277,10 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
       if (checker.mismatch()) break;
     }
   } catch (const std::exception& e) {
-    return core::error::make("replaying rank " + std::to_string(me) + " failed at step " +
+    // A collective's slice that differs stops the stage inside the collective: a difference,
+    // reported as the others are.
+    if (!checker.mismatch())
+      return core::error::make("replaying rank " + std::to_string(me) + " failed at step " +
                                  std::to_string(stage.step()) + ", instruction " +
                                  stage.current_instruction() + ": " + e.what());
   }

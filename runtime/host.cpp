@@ -167,6 +167,9 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
           [jp, w]() -> transport::transport& { return jp->endpoint(w); }, w, std::move(ranks),
           *b->be, cfg.parallel.sequence_parallel, model::kv_replicas(cfg.model, layout.tp),
           j.recv_timeout);
+      // The group's collectives are messages between workers too: logged (and replay-checked)
+      // like the stage's other sends, their received bytes stored under record_tensors.
+      b->group->record_to(j.sink.get(), address{role::stage, d, p, t});
       tp = model::chunk_tp{layout.tp, t, b->group.get()};
     }
     auto chunks = build_stage_chunks(cfg, layout, p, *b->be, from, tp);

@@ -165,13 +165,14 @@ TEST_CASE("troupe launch with 4 worker processes equals troupe train in one proc
 }
 
 TEST_CASE("troupe launch of model_parallel 2 × pipeline_stage 2 × data_parallel 2 (8 processes) equals troupe "
-          "train bit for bit; its whole replay matches, replay --rank refuses") {
+          "train bit for bit; its whole replay matches, and so does rank 3 alone") {
   scratch_dir tmp("launch_tp");
   const std::string tp = " --set parallel.model_parallel=2 --set parallel.sequence_parallel=true";
   REQUIRE(run(tmp.path, "train", "train '" + tiny_config + "' " + tiny_sets(tmp, "inproc", 2) + tp) == 0);
   child l(tmp.path, "launch",
           "launch --worker_num 8 --master_addr 127.0.0.1 --master_port " + std::to_string(free_port()) +
-              " '" + tiny_config + "' " + tiny_sets(tmp, "launched", 2) + tp);
+              " '" + tiny_config + "' " + tiny_sets(tmp, "launched", 2) + tp +
+              " --set runtime.record_tensors=true");
   const int code = l.wait();
   REQUIRE_MESSAGE(code == 0, l.stderr_text());
   CHECK(contains(l.stdout_text(), "step 2/2"));
@@ -181,9 +182,35 @@ TEST_CASE("troupe launch of model_parallel 2 × pipeline_stage 2 × data_paralle
   auto rep = child(tmp.path, "replay", "replay '" + (tmp / "launched") + "' --quiet");
   CHECK_MESSAGE(rep.wait() == 0, rep.stderr_text());
   CHECK(contains(rep.stdout_text(), "replay matched the recorded run bit for bit"));
+  // Worker 3 (dp 0, pp 1, tp 1) alone, fed what its group sent it over tcp.
   auto one = child(tmp.path, "replay_rank", "replay '" + (tmp / "launched") + "' --rank 3 --quiet");
-  CHECK(one.wait() != 0);
-  CHECK_MESSAGE(contains(one.stderr_text(), "replay the whole run"), one.stderr_text());
+  CHECK_MESSAGE(one.wait() == 0, one.stderr_text());
+  CHECK(contains(one.stdout_text(), "replay of rank 3 matched the recorded run bit for bit"));
+
+  // The first collective slice worker 3 sent in step 1, its hash changed: rank 3 alone names it.
+  const std::string log = (tmp.path / "launched" / "messages" / "rank_3.log").string();
+  std::ifstream in(log);
+  std::string text, line;
+  nlohmann::json record;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (record.is_null() && j.contains("hash") && j.at("step") == 1 &&
+        j.at("kind").get<std::string>().rfind("tp_", 0) == 0) {
+      record = j;
+      line.replace(line.find("\"hash\":\"") + 8, 16, "ffffffffffffffff");
+    }
+    text += line + "\n";
+  }
+  in.close();
+  REQUIRE_FALSE(record.is_null());
+  std::ofstream(log, std::ios::binary | std::ios::trunc) << text;
+  auto bad = child(tmp.path, "replay_rank_bad", "replay '" + (tmp / "launched") + "' --rank 3 --quiet");
+  CHECK(bad.wait() == 1);
+  CHECK(contains(bad.stderr_text(), "recorded hash ffffffffffffffff"));
+  const std::string where = "rank 3, step 1, micro-batch " + std::to_string(record.at("mb").get<int>()) + ", ";
+  CHECK_MESSAGE(contains(bad.stderr_text(), where), bad.stderr_text());
+  CHECK_MESSAGE(contains(bad.stderr_text(), "collective " + record.at("op").get<std::string>() + " ("),
+                bad.stderr_text());
 }
 
 TEST_CASE("a worker killed with SIGKILL stops the whole job within 30 s naming it; resuming ends bit-identical") {

@@ -48,7 +48,8 @@ actors::replay_report replay(const std::string& run_dir, actors::replay_options 
 std::vector<actors::message_record> records(const core::config& cfg, std::int64_t lo = 0,
                                             std::int64_t hi = 1 << 30) {
   std::vector<actors::message_record> out;
-  const int workers = cfg.parallel.data_parallel * cfg.parallel.pipeline_stage;
+  const int workers =
+      cfg.parallel.data_parallel * cfg.parallel.pipeline_stage * cfg.parallel.model_parallel;
   for (int w = 0; w < workers; ++w) {
     auto log = actors::read_log(actors::messages_dir(cfg.runtime.run_dir), w);
     REQUIRE_MESSAGE(log.ok(), (log.ok() ? "" : log.err().to_string()));
@@ -333,6 +334,93 @@ TEST_CASE("one worker replays alone, fed by its neighbours' recorded tensors") {
   CHECK_FALSE(rep.matched);
   CHECK(contains(rep.mismatch, "rank 3, step 1"));
   CHECK(contains(rep.mismatch, "instruction shard update"));
+}
+
+TEST_CASE("a tensor-parallel run logs its group's collectives; each rank replays alone bit for bit, and "
+          "a tampered slice or stored tensor is found naming where") {
+  scratch_dir tmp("rp_tp");
+  auto base = recorded_config(tmp, 2, 1);  // model_parallel 2 × pipeline_stage 2: 4 workers
+  base.parallel.model_parallel = 2;
+  base.parallel.sequence_parallel = true;
+  base.train.steps = 2;
+  base.runtime.record_tensors = true;
+  auto parsed = core::parse_config(core::to_toml(base), "rp_tp");
+  REQUIRE_MESSAGE(parsed.ok(), (parsed.ok() ? "" : parsed.err().to_string()));
+  const core::config cfg = parsed.value();
+  train(cfg);
+
+  // Every collective slice a rank sends is a record of its log, naming the collective.
+  const std::set<std::string> collectives{"gather_rows", "reduce_rows", "all_reduce", "all_gather",
+                                          "all_reduce_kv"};
+  int tp_records = 0;
+  for (const auto& r : records(cfg)) {
+    if (!actors::is_tp_kind(r.tag.kind)) continue;
+    ++tp_records;
+    CHECK_MESSAGE(collectives.count(r.op) == 1, r.op);
+    CHECK(r.src / 2 == r.dst / 2);  // within the group: the two tp ranks of one pipeline rank
+    CHECK(r.src != r.dst);
+    CHECK(actors::kind_name(r.tag.kind).rfind("tp_", 0) == 0);
+  }
+  CHECK(tp_records > 0);
+  const auto whole = replay(cfg.runtime.run_dir);
+  CHECK_MESSAGE(whole.matched, whole.mismatch);
+  CHECK(whole.messages == static_cast<std::int64_t>(records(cfg).size()));
+
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank ", rank);
+    actors::replay_options opt;
+    opt.rank = rank;
+    auto rep = replay(cfg.runtime.run_dir, opt);
+    CHECK_MESSAGE(rep.matched, rep.mismatch);
+    std::int64_t own = 0;
+    for (const auto& r : records(cfg))
+      if (r.src == rank && r.op != "snapshot" && r.op != "shard snapshot") ++own;
+    CHECK(rep.messages == own);
+  }
+
+  // A slice rank 1 sent in a forward collective of step 1, its hash changed in rank 1's log:
+  // replaying rank 1 alone names that slice.
+  const actors::message_record* slice = nullptr;
+  const auto all = records(cfg);
+  for (const auto& r : all)
+    if (!slice && r.src == 1 && r.tag.step == 1 && r.tag.chunk >= 0 &&
+        actors::kind_name(r.tag.kind).rfind("tp_forward_", 0) == 0)
+      slice = &r;
+  REQUIRE(slice != nullptr);
+  const std::string mdir = actors::messages_dir(cfg.runtime.run_dir);
+  corrupt_hash(mdir + "/rank_1.log", slice->line, "00000000000000bb");
+  {
+    actors::replay_options opt;
+    opt.rank = 1;
+    auto rep = replay(cfg.runtime.run_dir, opt);
+    CHECK_FALSE(rep.matched);
+    const std::string where = "rank 1, step 1, micro-batch " + std::to_string(slice->tag.mb) +
+                              ", layer " + std::to_string(slice->tag.chunk) + ", collective " +
+                              slice->op + " (forward collective";
+    CHECK_MESSAGE(contains(rep.mismatch, where), rep.mismatch, " vs ", where);
+    CHECK(contains(rep.mismatch, "recorded hash 00000000000000bb"));
+    CHECK(contains(rep.mismatch, "rank_1.log line " + std::to_string(slice->line)));
+  }
+
+  // A byte of a collective's slice stored in rank_2.tensors changed: refused, naming the file and
+  // the tensor, before anything runs.
+  const std::string file = mdir + "/rank_2.tensors";
+  std::string bytes = slurp(file);
+  const auto at = bytes.find("\"kind\":\"tp_");
+  REQUIRE(at != std::string::npos);
+  const auto end = bytes.find('}', at);
+  REQUIRE(end != std::string::npos);
+  bytes[end + 1] = static_cast<char>(bytes[end + 1] ^ 0x01);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  actors::replay_options opt;
+  opt.run_dir = cfg.runtime.run_dir;
+  opt.log = nullptr;
+  opt.rank = 2;
+  auto bad = actors::replay_run(opt);
+  REQUIRE_FALSE(bad.ok());
+  CHECK_MESSAGE(contains(bad.err().to_string(), "rank_2.tensors"), bad.err().to_string());
+  CHECK_MESSAGE(contains(bad.err().to_string(), "the stored bytes of the tp_"), bad.err().to_string());
+  CHECK(contains(bad.err().to_string(), "from rank 3"));
 }
 
 TEST_CASE("--rank without recorded tensors, or out of range, is refused with a hint") {
