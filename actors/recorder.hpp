@@ -1,7 +1,8 @@
 // Message logs: what every worker sent, for `troupe replay` (docs/replay.md has the file formats).
 //
 // route() (actors/job.hpp) shows every tensor to the job's message_sink before the bytes go on the
-// transport, and receive() shows it every tensor that came from another worker. Two sinks exist:
+// transport, and receive() shows it every tensor that came from another worker; a
+// tensor-parallel group's collectives show it their slices the same way (tp_group::record_to). Two sinks exist:
 // the `recorder`, which writes <run_dir>/messages/rank_<R>.log (one JSON line per tensor sent:
 // step, sender, receiver, tag, instruction, dtype, shape, the message hash of the bytes
 // (kernels/message_hash.hpp), and for loader cuts the data-sampling key) and, with

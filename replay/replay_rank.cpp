@@ -1,9 +1,10 @@
 // `troupe replay --rank R`: worker R alone. Its stage and optimizer shard run as plain engines in
 // one loop, without CAF and without the other workers: every tensor another worker sent to R in
 // the recorded run (tokens, targets, activations, gradients, tied-embedding gradients, other
-// replicas' gradient slices, other shards' parameter slices) comes from rank_<R>.tensors, the
-// shard applies the clip scale and learning rate recorded in rank_<R>.log (they depend on every
-// shard's gradient norm), and every tensor R sends is compared with rank_<R>.log. A difference
+// replicas' gradient slices, other shards' parameter slices, the tensor-parallel peers' slices in
+// the group's collectives) comes from rank_<R>.tensors, the shard applies the clip scale and
+// learning rate recorded in rank_<R>.log (they depend on every shard's gradient norm), and every
+// tensor R sends (collective slices included) is compared with rank_<R>.log. A difference
 // therefore lies in worker R's own computation, not upstream of it.
 #include <chrono>
 #include <thread>
