@@ -389,14 +389,20 @@ TEST_CASE("a tensor-parallel run logs its group's collectives; each rank replays
   REQUIRE(slice != nullptr);
   const std::string mdir = actors::messages_dir(cfg.runtime.run_dir);
   corrupt_hash(mdir + "/rank_1.log", slice->line, "00000000000000bb");
+  const std::string where = "rank 1, step 1, micro-batch " + std::to_string(slice->tag.mb) +
+                            ", layer " + std::to_string(slice->tag.chunk) + ", collective " +
+                            slice->op + " (forward collective";
+  {
+    // The whole run names it too (the replayed job stops at it).
+    const auto w = replay(cfg.runtime.run_dir);
+    CHECK_FALSE(w.matched);
+    CHECK_MESSAGE(contains(w.mismatch, where), w.mismatch, " vs ", where);
+  }
   {
     actors::replay_options opt;
     opt.rank = 1;
     auto rep = replay(cfg.runtime.run_dir, opt);
     CHECK_FALSE(rep.matched);
-    const std::string where = "rank 1, step 1, micro-batch " + std::to_string(slice->tag.mb) +
-                              ", layer " + std::to_string(slice->tag.chunk) + ", collective " +
-                              slice->op + " (forward collective";
     CHECK_MESSAGE(contains(rep.mismatch, where), rep.mismatch, " vs ", where);
     CHECK(contains(rep.mismatch, "recorded hash 00000000000000bb"));
     CHECK(contains(rep.mismatch, "rank_1.log line " + std::to_string(slice->line)));
