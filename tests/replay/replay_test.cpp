@@ -429,6 +429,34 @@ TEST_CASE("a tensor-parallel run logs its group's collectives; each rank replays
   CHECK(contains(bad.err().to_string(), "from rank 3"));
 }
 
+TEST_CASE("at model_parallel 2 × data_parallel 2 under ZeRO-2 every worker replays alone bit for bit") {
+  scratch_dir tmp("rp_tp_dp");
+  auto base = recorded_config(tmp, 1, 2);
+  base.parallel.model_parallel = 2;
+  base.optimizer.zero_stage = 2;
+  base.train.steps = 2;
+  base.runtime.record_tensors = true;
+  auto parsed = core::parse_config(core::to_toml(base), "rp_tp_dp");
+  REQUIRE_MESSAGE(parsed.ok(), (parsed.ok() ? "" : parsed.err().to_string()));
+  const core::config cfg = parsed.value();
+  train(cfg);
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank ", rank);
+    actors::replay_options opt;
+    opt.rank = rank;
+    auto rep = replay(cfg.runtime.run_dir, opt);
+    CHECK_MESSAGE(rep.matched, rep.mismatch);
+    std::int64_t own = 0, slices = 0;
+    for (const auto& r : records(cfg))
+      if (r.src == rank && r.op != "snapshot" && r.op != "shard snapshot") {
+        ++own;
+        if (actors::is_tp_kind(r.tag.kind)) ++slices;
+      }
+    CHECK(slices > 0);
+    CHECK(rep.messages == own);
+  }
+}
+
 TEST_CASE("--rank without recorded tensors, or out of range, is refused with a hint") {
   scratch_dir tmp("rp_rank_refused");
   auto cfg = recorded_config(tmp, 2, 1);
