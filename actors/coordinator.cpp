@@ -81,6 +81,13 @@ void send_command(self_t* self, const job& j, coordinator_command& c) {
              c);
 }
 
+/// "4.2": seconds with one decimal.
+std::string seconds_text(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", d.count() / 1000.0);
+  return buf;
+}
+
 /// Sends the engine's commands; once the engine has an outcome, settles the job and stops every
 /// actor (and, when `quit`, this one).
 void flush(self_t* self, const job& j, bool quit = true) {
@@ -88,6 +95,7 @@ void flush(self_t* self, const job& j, bool quit = true) {
   for (auto& c : st.eng->take_commands()) send_command(self, j, c);
   if (!st.eng->outcome() || st.settled) return;
   st.settled = true;
+  j.over = true;
   st.done->set_value(*st.eng->outcome());
   for (auto& a : everyone(j)) self->send_exit(a, caf::exit_reason::user_shutdown);
   if (quit) self->quit();
@@ -185,7 +193,15 @@ caf::behavior coordinator_actor(self_t* self, std::shared_ptr<job> j, coordinato
           const address at{role::stage, std::get<0>(k), std::get<1>(k), std::get<2>(k)};
           self->request(a, std::chrono::seconds(2), status_atom::value)
               .then([self](std::string& line) { self->state.eng->hang_line(std::move(line)); },
-                    [self, at, rank = j->worker_of(at)](caf::error&) {
+                    [self, j, at, rank = j->worker_of(at)](caf::error&) {
+                      // A tensor-parallel stage blocked in its group's collective cannot answer
+                      // (actors/tp_wait.hpp).
+                      // In this process its group's slot says what it waits for; across
+                      // processes its worker's heartbeat (runtime/worker.cpp) says it.
+                      if (auto b = j->tp_blocked(at))
+                        return self->state.eng->hang_line(b->first + " for " + seconds_text(b->second) + " s");
+                      if (std::string b = self->state.eng->blocked_line(rank); !b.empty())
+                        return self->state.eng->hang_line(std::move(b));
                       // A stage busy in one long kernel, or a worker process that is stopped.
                       self->state.eng->hang_line(
                           actor_name(at) + " (rank " + std::to_string(rank) +

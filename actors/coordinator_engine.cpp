@@ -581,6 +581,18 @@ void coordinator_engine::on_heartbeat(worker_heartbeat h, clock::time_point now)
   beats_[rank] = {std::move(h), now};
 }
 
+std::string coordinator_engine::blocked_line(int rank, clock::time_point now) const {
+  const auto beat = beats_.find(rank);
+  if (beat == beats_.end() || beat->second.first.blocked_ms < 0) return "";
+  const auto age = now - beat->second.second;
+  if (age > std::chrono::seconds(3)) return "";
+  const double waited =
+      beat->second.first.blocked_ms / 1000.0 + std::chrono::duration<double>(age).count();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", waited);
+  return beat->second.first.status + " for " + buf + " s";
+}
+
 bool coordinator_engine::on_failure(const actor_failure& f, bool defer) {
   if (phase_ == coordinator_phase::stopped) return false;
   if (!defer) {

@@ -139,6 +139,10 @@ class coordinator_engine {
   watchdog_action on_tick(clock::time_point now);
   /// A stage's answer to the watchdog's question (or the note that it did not answer).
   void hang_line(std::string line) { hang_lines_.push_back(std::move(line)); }
+  /// For a stage of worker `rank` that did not answer: what its worker's last heartbeat says it
+  /// is blocked on in a tensor-parallel collective ("… waiting to receive from rank 1 (…) for
+  /// 4.2 s"), when that heartbeat came within the last 3 s; else "".
+  std::string blocked_line(int rank, clock::time_point now = clock::now()) const;
   /// Stops the job with `e` (ignored once stopped).
   void fail(core::error e);
 

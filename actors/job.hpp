@@ -4,6 +4,7 @@
 // step). Includes CAF: only actor sources include it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -12,12 +13,14 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "actors/layout.hpp"
 #include "actors/perturb.hpp"
 #include "actors/protocol.hpp"
 #include "actors/recorder.hpp"
+#include "actors/tp_wait.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/fault.hpp"
@@ -41,6 +44,9 @@ struct job {
   /// A test-only injected fault (TROUPE_FAULT, core/fault.hpp): the checkpoint writer acts on
   /// `enospc`, the stages of its rank on `nan` and `slow`; none = none.
   std::optional<core::fault_spec> fault;
+  /// Set once the coordinator of this process has the job's outcome (TROUPE_FAULT=stall's
+  /// stage waits for it).
+  mutable std::atomic<bool> over{false};
   std::chrono::steady_clock::time_point epoch;
   std::chrono::milliseconds recv_timeout{60000};
   std::FILE* log = stdout;
@@ -55,6 +61,33 @@ struct job {
   /// worker and the host each worker runs on, indexed by worker rank; empty in one process.
   std::map<int, caf::actor> nodes;
   std::map<int, std::string> hosts;
+  /// What each tensor-parallel stage this process hosts is blocked on inside a collective
+  /// (actors/tp_wait.hpp), by (dp, pp, tp): read for the watchdog while the stage cannot answer.
+  std::map<std::tuple<int, int, int>, std::shared_ptr<const tp_wait>> tp_waits;
+
+  /// When the stage at `a`, hosted by this process, is blocked in a collective of its
+  /// tensor-parallel group: "stage(dp=0, pp=0, tp=0) (rank 0): blocked in the tensor-parallel …
+  /// waiting to receive from rank 1 (stage(dp=0, pp=0, tp=1))" and how long it has waited.
+  std::optional<std::pair<std::string, std::chrono::milliseconds>> tp_blocked(const address& a) const {
+    const auto it = tp_waits.find({a.a, a.b, a.c});
+    if (it == tp_waits.end()) return std::nullopt;
+    const auto w = it->second->current();
+    if (!w) return std::nullopt;
+    return std::pair{stage_name(a.a, a.b, a.c) + " (rank " + std::to_string(worker_of(a)) +
+                         "): blocked " + describe_wait(*w, peer_name(w->peer)),
+                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - w->since)};
+  }
+  /// "rank 5 (stage(dp=0, pp=1, tp=1))".
+  std::string peer_name(int w) const {
+    return "rank " + std::to_string(w) + " (" +
+           stage_name(layout.dp_of(w), layout.pp_of(w), layout.tp_of(w)) + ")";
+  }
+  /// A tensor-parallel stage's name with its tp rank, 0 included: "stage(dp=0, pp=1, tp=0)".
+  static std::string stage_name(int dp, int pp, int tp) {
+    return "stage(dp=" + std::to_string(dp) + ", pp=" + std::to_string(pp) +
+           ", tp=" + std::to_string(tp) + ")";
+  }
 
   /// Drops every actor handle (the actors hold the job: without this neither would be freed).
   /// Call once the actor system is gone.

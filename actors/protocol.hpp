@@ -94,7 +94,7 @@ typename Inspector::result_type inspect(Inspector& f, actor_failure& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_heartbeat& x) {
-  return f(TROUPE_INSPECT_NAME("worker_heartbeat"), x.rank, x.pid, x.status);
+  return f(TROUPE_INSPECT_NAME("worker_heartbeat"), x.rank, x.pid, x.status, x.blocked_ms);
 }
 
 template <class Inspector>

@@ -2,6 +2,8 @@
 // runs stage_engine, which never blocks: each message either starts a step or delivers a tensor,
 // and the engine goes as far as the tensors it has allow. A failing instruction (an exception in
 // a kernel, a bad shape) is reported to the coordinator with the rank, step and instruction.
+#include <thread>
+
 #include "actors/actors.hpp"
 
 namespace troupe::actors {
@@ -47,6 +49,17 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
   }
 }
 
+/// TROUPE_FAULT=stall (test only): this stage stops where it is, answering nothing, until the job
+/// has ended (in a launched job, until its process is stopped): a hung rank whose process lives.
+void stall(const job& j, int worker, std::int64_t step) {
+  if (j.log) {
+    std::fprintf(j.log, "%s: worker %d stalls at the start of step %lld\n", j.fault->label().c_str(),
+                 worker, static_cast<long long>(step));
+    std::fflush(j.log);
+  }
+  while (!j.over) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
 caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_ptr<job> j, int dp,
                           int pp, std::shared_ptr<stage_bundle> b) {
   self->state.b = std::move(b);
@@ -58,6 +71,9 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
   });
   return {
       [=](step_atom, std::int64_t step, float loss_scale) {
+        if (j->fault && j->fault->kind == core::fault_kind::stall &&
+            j->fault->rank == self->state.worker && j->fault->step == step)
+          stall(*j, self->state.worker, step);
         self->state.b->engine->begin_step(step, loss_scale);
         self->state.running = true;
         pump(self, *j);

@@ -96,6 +96,35 @@ void tp_group::begin(std::int64_t step, int layer, int micro_batch, tp_phase pha
   base_.mb = micro_batch;
   base_.kind = tp_kind_base | (static_cast<std::uint32_t>(phase) << 8);
   count_ = 0;
+  phase_ = phase;
+}
+
+transport::tag tp_group::start(const char* pattern) {
+  pattern_ = pattern;
+  return next_tag();
+}
+
+tensor tp_group::watched::recv(int src, const ::troupe::transport::tag& tg,
+                               std::chrono::milliseconds timeout) {
+  tp_wait_info w;
+  w.step = g_.base_.step;
+  w.layer = g_.base_.chunk;
+  w.micro_batch = g_.base_.mb;
+  w.op = g_.phase_;
+  w.collective = g_.pattern_;
+  // An all-reduce is a reduce-scatter, then an all-gather under the tag with its top bit flipped.
+  if (std::string(g_.pattern_) == "all_reduce")
+    w.half = (tg.kind & 0x80000000u) ? "all-gather" : "reduce-scatter";
+  w.index = static_cast<int>(g_.count_) - 1;
+  w.peer = src;
+  w.since = std::chrono::steady_clock::now();
+  struct clear {
+    tp_wait& slot;
+    ~clear() { slot.leave(); }
+  };
+  g_.wait_->enter(w);
+  const clear done{*g_.wait_};
+  return g_.t_().recv(src, tg, timeout);
 }
 
 transport::tag tp_group::next_tag() {
@@ -138,11 +167,11 @@ void tp_group::send_device(int dst, const tensor& x, const transport::tag& tg) {
   tensor buf = be_.empty({x.numel()}, x.type());
   be_.copy(x, buf);
   be_.record_ready(buf);
-  t_().send(dst, std::move(buf), tg);
+  net_.send(dst, std::move(buf), tg);
 }
 
 tensor tp_group::recv_device(int src, const transport::tag& tg) {
-  tensor r = t_().recv(src, tg, timeout_);
+  tensor r = net_.recv(src, tg, timeout_);
   TROUPE_CHECK(!r.dev().is_cpu(), "rank " + std::to_string(src) + " sent a host tensor under " +
                                       tg.to_string() + " to a device collective");
   be_.wait_ready(r);
@@ -211,9 +240,9 @@ tensor tp_group::gather_rows(const tensor& x) {
   if (!sp_ || size() == 1) return x;
   if (on_device(x)) {
     require_f32(x);
-    return device_all_gather(ranks_, x, next_tag()).reshape({x.dim(0) * size(), x.dim(1)});
+    return device_all_gather(ranks_, x, start("all_gather")).reshape({x.dim(0) * size(), x.dim(1)});
   }
-  const tensor g = transport::all_gather(t_(), ranks_, host(x), next_tag(), timeout_);
+  const tensor g = transport::all_gather(net_, ranks_, host(x), start("all_gather"), timeout_);
   return device(g, {x.dim(0) * size(), x.dim(1)});
 }
 
@@ -225,9 +254,10 @@ tensor tp_group::reduce_rows(const tensor& x) {
                                            std::to_string(size()) + " sequence-parallel ranks");
   if (on_device(x)) {
     require_f32(x);
-    return device_reduce_scatter(ranks_, x, next_tag()).reshape({x.dim(0) / size(), x.dim(1)});
+    return device_reduce_scatter(ranks_, x, start("reduce_scatter"))
+        .reshape({x.dim(0) / size(), x.dim(1)});
   }
-  const tensor r = transport::reduce_scatter(t_(), ranks_, host(x), next_tag(), timeout_);
+  const tensor r = transport::reduce_scatter(net_, ranks_, host(x), start("reduce_scatter"), timeout_);
   return device(r, {x.dim(0) / size(), x.dim(1)});
 }
 
@@ -236,29 +266,57 @@ tensor tp_group::all_reduce(const tensor& x) {
   if (size() == 1) return x;
   if (on_device(x)) {
     require_f32(x);
-    return device_all_reduce(ranks_, x, next_tag());
+    return device_all_reduce(ranks_, x, start("all_reduce"));
   }
-  return device(transport::all_reduce(t_(), ranks_, host(x), next_tag(), timeout_), x.shape());
+  return device(transport::all_reduce(net_, ranks_, host(x), start("all_reduce"), timeout_), x.shape());
 }
 
 tensor tp_group::all_gather(const tensor& x) {
   collective_ = "all_gather";
   if (size() == 1) return x.reshape({x.numel()});
-  if (on_device(x)) return device_all_gather(ranks_, x, next_tag());
-  const tensor g = transport::all_gather(t_(), ranks_, host(x), next_tag(), timeout_);
+  if (on_device(x)) return device_all_gather(ranks_, x, start("all_gather"));
+  const tensor g = transport::all_gather(net_, ranks_, host(x), start("all_gather"), timeout_);
   return device(g, {g.numel()});
 }
 
 tensor tp_group::all_reduce_kv(const tensor& x) {
   collective_ = "all_reduce_kv";
   // Every rank takes a tag, so the counters of the group stay in step.
-  const transport::tag tg = next_tag();
+  const transport::tag tg = start("all_reduce");
   if (kv_group_.size() == 1) return x;
   if (on_device(x)) {
     require_f32(x);
     return device_all_reduce(kv_group_, x, tg);
   }
-  return device(transport::all_reduce(t_(), kv_group_, host(x), tg, timeout_), x.shape());
+  return device(transport::all_reduce(net_, kv_group_, host(x), tg, timeout_), x.shape());
+}
+
+const char* comm_op_name(model::comm_op op) {
+  switch (op) {
+    case model::comm_op::forward: return "forward";
+    case model::comm_op::backward_input: return "backward_input";
+    case model::comm_op::backward_weight: return "backward_weight";
+    case model::comm_op::recompute: return "recompute";
+    case model::comm_op::embedding_forward: return "embedding_forward";
+    case model::comm_op::embedding_backward: return "embedding_backward";
+    case model::comm_op::loss: return "loss";
+    case model::comm_op::head_backward: return "head_backward";
+    case model::comm_op::recompute_embedding: return "recompute_embedding";
+    case model::comm_op::recompute_loss: return "recompute_loss";
+  }
+  return "op";
+}
+
+std::string describe_wait(const tp_wait_info& w, const std::string& peer) {
+  std::string s = std::string("in the tensor-parallel ") + w.collective + " (";
+  if (*w.half) s += std::string("its ") + w.half + " half, ";
+  s += "collective " + std::to_string(w.index) + " of " + comm_op_name(w.op) + ") of ";
+  if (w.layer == -1) s += "the embedding";
+  else if (w.layer == -2) s += "the head";
+  else s += "layer " + std::to_string(w.layer);
+  s += ", micro-batch " + std::to_string(w.micro_batch) + ", step " + std::to_string(w.step) +
+       ": waiting to receive from " + peer;
+  return s;
 }
 
 }  // namespace troupe::actors

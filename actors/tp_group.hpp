@@ -8,15 +8,19 @@
 // n, chunk = layer, mb = micro-batch) where n counts the collectives since begin(). Every rank of
 // the group runs the same ops in the same order, so their tags match, and no two collectives of
 // a step share one.
+//
+// Each blocking receive of a collective is published in the group's tp_wait slot
+// (actors/tp_wait.hpp) while it waits, so the watchdog can name what a blocked stage waits for.
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <vector>
 
-#include <memory>
 #include <string>
 
+#include "actors/tp_wait.hpp"
 #include "actors/wire.hpp"
 #include "kernels/backend.hpp"
 #include "model/layer.hpp"
@@ -69,7 +73,27 @@ class tp_group final : public model::layer_comm {
   tensor all_gather(const tensor& x) override;
   tensor all_reduce_kv(const tensor& x) override;
 
+  /// What this rank is blocked on inside a collective, readable from any thread.
+  std::shared_ptr<const tp_wait> wait_slot() const { return wait_; }
+
  private:
+  // The endpoint, with every receive published in wait_ while it waits.
+  class watched final : public transport::transport {
+   public:
+    explicit watched(tp_group& g) : g_(g) {}
+    std::string name() const override { return g_.t_().name(); }
+    int rank() const override { return g_.t_().rank(); }
+    void send(int dst, tensor t, const ::troupe::transport::tag& tg) override {
+      g_.t_().send(dst, std::move(t), tg);
+    }
+    tensor recv(int src, const ::troupe::transport::tag& tg, std::chrono::milliseconds timeout) override;
+    bool ready(int src, const ::troupe::transport::tag& tg) override { return g_.t_().ready(src, tg); }
+
+   private:
+    tp_group& g_;
+  };
+  /// Names the pattern of the transfers whose receives come next and takes its tag.
+  transport::tag start(const char* pattern);
   transport::tag next_tag();
   tensor host(const tensor& x);
   tensor device(const tensor& h, const core::shape_t& shape);
@@ -95,6 +119,10 @@ class tp_group final : public model::layer_comm {
   std::uint32_t count_ = 0;
   std::string collective_;
   std::unique_ptr<transport::transport> observed_;  // record_to's view of the endpoint
+  model::comm_op phase_ = model::comm_op::forward;
+  const char* pattern_ = "";  // the transfers' pattern: all_gather, reduce_scatter, all_reduce
+  std::shared_ptr<tp_wait> wait_ = std::make_shared<tp_wait>();
+  watched net_{*this};
 };
 
 }  // namespace troupe::actors

@@ -171,6 +171,10 @@ struct worker_heartbeat {
   std::int32_t rank = 0;
   std::int32_t pid = 0;
   std::string status;  // the stage's status line ("stage(dp=1, pp=1) (rank 3) step 5 at 1B3: ...")
+  /// When the stage is blocked in a tensor-parallel collective and cannot answer, status is the
+  /// node actor's account of the wait (job::tp_blocked) and this how long it has waited so far;
+  /// else -1.
+  std::int64_t blocked_ms = -1;
 };
 
 /// The writer finished (or failed) the checkpoint of `step`.

@@ -663,7 +663,7 @@ Environment:
   TROUPE_JOB_TOKEN  shared secret every worker presents at the rendezvous; a single-node launch
                     generates one, a multi-node job needs the same value exported on every node.
   TROUPE_FAULT      test only: an injected fault (drop:RANK:STEP, enospc:STEP, nan:RANK:STEP,
-                    slow:RANK:FACTOR, poison:STEP:SEQ[:LOSS]), checked here, acted on by the
+                    slow:RANK:FACTOR, stall:RANK:STEP, poison:STEP:SEQ[:LOSS]), checked here, acted on by the
                     named worker in the first attempt; or kill:RANK:STEP[:ATTEMPT], acted on in
                     attempt ATTEMPT (default 0); several separated by ',', one per attempt
                     (docs/faults.md).

@@ -177,7 +177,7 @@ const command_registrar reg{command{
           "Test only: TROUPE_PERTURB_SEND=rank:step:instruction flips the lowest bit of the\n"
           "first tensor that instruction sends, to show what troupe replay finds (docs/replay.md).\n"
           "Test only: TROUPE_FAULT=drop:RANK:STEP | enospc:STEP | nan:RANK:STEP | slow:RANK:FACTOR\n"
-          "| poison:STEP:SEQ[:LOSS] injects one fault in the first attempt of the job;\n"
+          "| stall:RANK:STEP | poison:STEP:SEQ[:LOSS] injects one fault in the first attempt of the job;\n"
           "kill:RANK:STEP[:ATTEMPT] kills worker RANK at step STEP of attempt ATTEMPT (default 0);\n"
           "several separated by ',', one per attempt (docs/faults.md).\n"
           "Exit status: 0 the job finished; 1 the job failed (the message names the rank);\n"

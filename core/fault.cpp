@@ -32,17 +32,18 @@ result<fault_spec> parse_fault(const std::string& text, const std::string& sourc
   auto bad = [&](const std::string& why) {
     return error::make(source + "='" + text + "' " + why,
                        "test only; one of drop:RANK:STEP, enospc:STEP, nan:RANK:STEP, "
-                       "slow:RANK:FACTOR, poison:STEP:SEQ[:LOSS], kill:RANK:STEP[:ATTEMPT], or several "
+                       "slow:RANK:FACTOR, stall:RANK:STEP, poison:STEP:SEQ[:LOSS], "
+                       "kill:RANK:STEP[:ATTEMPT], or several "
                        "separated by ',' (one per attempt) (docs/faults.md)");
   };
   const auto f = split(text);
   fault_spec s;
   s.text = text;
   std::int64_t rank = 0, step = 0;
-  if (f[0] == "drop" || f[0] == "nan") {
+  if (f[0] == "drop" || f[0] == "nan" || f[0] == "stall") {
     if (f.size() != 3 || !whole(f[1], rank) || !whole(f[2], step))
       return bad("is not " + f[0] + ":RANK:STEP");
-    s.kind = f[0] == "drop" ? fault_kind::drop : fault_kind::nan;
+    s.kind = f[0] == "drop" ? fault_kind::drop : f[0] == "nan" ? fault_kind::nan : fault_kind::stall;
     s.rank = static_cast<int>(rank);
     s.step = step;
     return s;

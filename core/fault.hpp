@@ -13,6 +13,9 @@
 //                      leaves for the optimizer shards
 //   slow:RANK:FACTOR   worker RANK's stage makes every compute instruction take FACTOR times as
 //                      long (it sleeps FACTOR - 1 times the instruction's own time after it)
+//   stall:RANK:STEP    worker RANK's stage stops at the start of step STEP, before its first
+//                      instruction, and does nothing (answers no message) until the job has ended
+//                      — a hung rank whose process is still there, for the watchdog's tests
 //   poison:STEP:SEQ[:LOSS]  global sequence SEQ of step STEP (the loader's numbering) has a bad
 //                      loss every time that step is computed, re-executions included: the stage
 //                      that computes that sequence's loss writes LOSS (default NaN; a large
@@ -40,14 +43,15 @@
 
 namespace troupe::core {
 
-enum class fault_kind { drop, enospc, nan, slow, poison, kill };
+enum class fault_kind { drop, enospc, nan, slow, poison, kill, stall };
 
 /// One injected fault (see the top of this file).
 struct fault_spec {
   std::string text;        // as given, for messages
   fault_kind kind = fault_kind::drop;
-  int rank = -1;           // the worker that acts (drop, nan, slow, kill); -1 for enospc, poison
-  std::int64_t step = -1;  // drop, nan, poison, kill: the step (0-based); enospc: the
+  int rank = -1;           // the worker that acts (drop, nan, slow, kill, stall); -1 for enospc,
+                           // poison
+  std::int64_t step = -1;  // drop, nan, poison, kill, stall: the step (0-based); enospc: the
                            // checkpoint's step
   int attempt = 0;         // the attempt it fires in (TROUPE_RESTARTS); only kill's can be > 0
   std::int64_t sequence = -1;  // poison: the global sequence index within the step

@@ -27,6 +27,14 @@ core::status tensor_parallel_supported(const core::config& cfg) {
   return {};
 }
 
+/// How long a tensor-parallel group's receive waits for a peer: the watchdog's limit and 10 s
+/// more. The watchdog asks every stage once nothing progressed for its limit and reports 3 s
+/// later, naming what each blocked stage waits for (actors/tp_wait.hpp); a receive that gave up
+/// at the limit itself would stop the job first, with only its own timeout to say.
+std::chrono::milliseconds tp_recv_timeout(std::chrono::milliseconds watchdog) {
+  return watchdog + std::chrono::seconds(10);
+}
+
 const char* recompute_name(core::recompute_mode m) {
   return m == core::recompute_mode::none ? "none" : m == core::recompute_mode::full ? "full" : "selective";
 }
@@ -166,10 +174,11 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
       b->group = std::make_unique<tp_group>(
           [jp, w]() -> transport::transport& { return jp->endpoint(w); }, w, std::move(ranks),
           *b->be, cfg.parallel.sequence_parallel, model::kv_replicas(cfg.model, layout.tp),
-          j.recv_timeout);
+          tp_recv_timeout(j.recv_timeout));
       // The group's collectives are messages between workers too: logged (and replay-checked)
       // like the stage's other sends, their received bytes stored under record_tensors.
       b->group->record_to(j.sink.get(), address{role::stage, d, p, t});
+      j.tp_waits[{d, p, t}] = b->group->wait_slot();
       tp = model::chunk_tp{layout.tp, t, b->group.get()};
     }
     auto chunks = build_stage_chunks(cfg, layout, p, *b->be, from, tp);

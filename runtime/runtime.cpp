@@ -29,13 +29,17 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg, const 
 
   auto done = std::make_shared<std::promise<core::result<model::train_summary>>>();
   auto future = done->get_future();
+  std::optional<core::result<model::train_summary>> outcome;
   {
     actor_config acfg(h.threads);
     caf::actor_system sys{acfg};
     spawn_hosted(sys, h, opt.halt_after_step, done);
     caf::anon_send(h.j->coordinator, start_atom::value);
-    future.wait();
+    outcome = future.get();
     if (h.j->layout.tp > 1) {
+      // A failed job's tensor-parallel stages may be blocked in a collective whose peer will
+      // never come (a stage that failed or hung): their receives give up now.
+      if (!outcome->ok()) hub->close("the job stopped (" + outcome->err().message + ")");
       // Tensor-parallel stages run detached (actors/stage.cpp): the system's end waits until
       // their handles are gone, and the directory holds them. Once every actor is done nothing
       // reads the directory any more.
@@ -43,7 +47,7 @@ core::result<model::train_summary> run_actor_job(const core::config& cfg, const 
       h.j->clear_directory();
     }
   }
-  auto result = future.get();
+  auto result = std::move(*outcome);
   h.j->clear_directory();
   close_recorder(h);
   print_summary(opt.log, result);

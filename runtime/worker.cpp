@@ -121,7 +121,17 @@ caf::behavior node_actor(node_t* self, std::shared_ptr<job> j, int rank, local_a
                   self->send(j->coordinator,
                              worker_heartbeat{rank, static_cast<std::int32_t>(::getpid()), line});
                 },
-                [](caf::error&) {});
+                [=](caf::error&) {
+                  // A tensor-parallel stage blocked in a collective cannot answer: its group's
+                  // slot (actors/tp_wait.hpp) says what it waits for, and the coordinator's
+                  // watchdog reports that in its place.
+                  const address at{role::stage, j->layout.dp_of(rank), j->layout.pp_of(rank),
+                                   j->layout.tp_of(rank)};
+                  if (auto b = j->tp_blocked(at))
+                    self->send(j->coordinator,
+                               worker_heartbeat{rank, static_cast<std::int32_t>(::getpid()),
+                                                b->first, b->second.count()});
+                });
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
       },
       [=](stop_atom, bool ok, std::string& message, std::string& hint) {
@@ -443,6 +453,7 @@ core::result<model::train_summary> run_worker(const core::config& cfg_in, const 
       future.wait();
       if (auto st = future.get(); !st.ok()) result = st.err();
     }
+    j.over = true;  // a stalled stage (TROUPE_FAULT=stall) may stop waiting
     guard_shutdown(rank, result.ok(), std::chrono::seconds(45));
     stop_local();
     shutdown_phase = "stopping the actor system";

@@ -39,7 +39,12 @@ void local_hub::put(int src, int dst, const tag& tg, tensor t) {
 tensor local_hub::take(int src, int dst, const tag& tg, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lk(mu_);
   auto k = key{src, dst, tg};
-  if (!cv_.wait_for(lk, timeout, [&] { return slots_.count(k) > 0; }))
+  const bool there =
+      cv_.wait_for(lk, timeout, [&] { return slots_.count(k) > 0 || !closed_.empty(); });
+  if (there && slots_.count(k) == 0)
+    throw core::failure("rank " + std::to_string(dst) + " stopped waiting for a tensor from rank " +
+                        std::to_string(src) + " (" + tg.to_string() + "): " + closed_);
+  if (!there)
     throw core::failure("rank " + std::to_string(dst) + " waited " +
                         std::to_string(timeout.count()) + " ms for a tensor from rank " +
                         std::to_string(src) + " (" + tg.to_string() + ") that never came");
@@ -55,6 +60,14 @@ bool local_hub::has(int src, int dst, const tag& tg) {
 std::size_t local_hub::in_flight() {
   std::lock_guard<std::mutex> lk(mu_);
   return slots_.size();
+}
+
+void local_hub::close(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    closed_ = why.empty() ? "closed" : why;
+  }
+  cv_.notify_all();
 }
 
 void local_transport::send(int dst, tensor t, const tag& tg) { hub_->put(rank_, dst, tg, std::move(t)); }

@@ -21,12 +21,16 @@ class local_hub {
   bool has(int src, int dst, const tag& tg);
   /// Tensors sent but not yet received (for end-of-job leak checks and hang reports).
   std::size_t in_flight();
+  /// Every take() waiting now or later for a tensor that is not there throws at once, saying
+  /// `why`: a job that failed ends without waiting out the receives of its blocked stages.
+  void close(const std::string& why);
 
  private:
   using key = std::tuple<int, int, tag>;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<key, tensor> slots_;
+  std::string closed_;  // why close() was called; "" while open
 };
 
 class local_transport final : public transport {

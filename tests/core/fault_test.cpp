@@ -32,6 +32,11 @@ TEST_CASE("TROUPE_FAULT forms parse into kind, rank, step and factor") {
   CHECK(slow->rank == 2);
   CHECK(slow->factor == 5.0);
   CHECK(parse_fault("slow:0:2.5", "X")->factor == 2.5);
+  auto stall = parse_fault("stall:1:2", "TROUPE_FAULT");
+  REQUIRE(stall.ok());
+  CHECK(stall->kind == fault_kind::stall);
+  CHECK(stall->rank == 1);
+  CHECK(stall->step == 2);
   auto poison = parse_fault("poison:2:5", "TROUPE_FAULT");
   REQUIRE(poison.ok());
   CHECK(poison->kind == fault_kind::poison);
@@ -107,7 +112,8 @@ TEST_CASE("a malformed TROUPE_FAULT is refused naming the text and the forms") {
   for (const char* bad : {"", "drop", "drop:1", "drop:1:2:3", "drop:-1:2", "drop:a:2", "nan:1:",
                           "enospc:0", "enospc:1:2", "slow:1:0.5", "slow:1:x", "slow:1:1e9",
                           "slow:1:nan", "melt:1:2", "drop:1234567890:1", "poison:1",
-                          "poison:1:x", "poison:1:2:x", "poison:1:2:", "poison:1:2:3:4", "poison:-1:2"}) {
+                          "poison:1:x", "poison:1:2:x", "poison:1:2:", "poison:1:2:3:4", "poison:-1:2",
+                          "stall:1", "stall:1:2:3", "stall:x:2"}) {
     CAPTURE(bad);
     auto r = parse_fault(bad, "TROUPE_FAULT");
     REQUIRE_FALSE(r.ok());

@@ -290,3 +290,33 @@ TEST_CASE("per rank at model_parallel 2 and 4: parameters and, with sequence par
     CHECK(sp.acts < plain.acts);
   }
 }
+
+TEST_CASE("the watchdog names the collective, op, layer, micro-batch and peer a tensor-parallel "
+          "stage is blocked on (TROUPE_FAULT=stall)") {
+  scratch_dir tmp("rt_tp_watchdog");
+  // The vocabulary-parallel embedding sums the ranks' rows: an all-reduce, a reduce-scatter under
+  // sequence parallel (docs/model.md). Worker 1 (tp rank 1) stalls as step 1 begins, so its peer,
+  // worker 0, waits in the embedding's first collective of that step for rank 1's part.
+  for (bool sp : {false, true}) {
+    INFO("sequence_parallel ", sp);
+    auto cfg = tp_config(tmp, core::arch_kind::gpt2, 2, sp, 1, 1, 4);
+    cfg.runtime.watchdog_s = 1;
+    auto fault = core::parse_fault("stall:1:1", "TROUPE_FAULT");
+    REQUIRE(fault.ok());
+    actors::run_options opt;
+    opt.log = nullptr;
+    opt.fault = fault.value();
+    auto r = actors::run_actor_job(cfg, opt);
+    REQUIRE_FALSE(r.ok());
+    const std::string m = r.err().to_string();
+    INFO(m);
+    CHECK(m.find("at step 1; who waits on whom:") != std::string::npos);
+    const std::string collective = sp ? "reduce_scatter (" : "all_reduce (its reduce-scatter half, ";
+    CHECK(m.find("stage(dp=0, pp=0, tp=0) (rank 0): blocked in the tensor-parallel " + collective +
+                 "collective 0 of embedding_forward) of the embedding, micro-batch 0, step 1: "
+                 "waiting to receive from rank 1 (stage(dp=0, pp=0, tp=1)) for ") !=
+          std::string::npos);
+    // The stalled stage itself answers nothing and is in no collective.
+    CHECK(m.find("stage(dp=0, pp=0, tp=1) (rank 1): no answer within 2 s") != std::string::npos);
+  }
+}
