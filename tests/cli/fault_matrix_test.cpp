@@ -450,6 +450,34 @@ TEST_CASE("fault matrix: a worker 5x slower is reported as a straggler with its 
   require_same_result(tmp.path / "whole", run);
 }
 
+TEST_CASE("fault matrix: a tensor-parallel rank that stalls: the watchdog names the collective, op, layer, micro-batch and peer its partner in another process waits for") {
+  scratch_dir tmp("fault_tp_stall");
+  const fs::path run = tmp.path / "stalled";
+  // model_parallel 2 × pipeline_stage 2: workers 0 and 1 are pipeline stage 0's group. Worker 0
+  // (which hosts the coordinator) stalls as step 1 begins; worker 1, in its own process, waits in
+  // the vocabulary-parallel embedding's sum (an all-reduce without sequence parallel,
+  // docs/model.md) for worker 0's part, and its node actor's heartbeat says so.
+  const std::string tp = "--set parallel.model_parallel=2 --set parallel.data_parallel=1 --set runtime.watchdog_s=1";
+  child l(tmp.path, "launch", launch_args(free_port()) + sets(tmp, "stalled", 4, tp), "TROUPE_FAULT=stall:0:1");
+  const auto started = clock_type::now();
+  const auto reported = wait_for_text(run / "logs" / "worker_0.log", "who waits on whom", l);
+  MESSAGE("tp stall: reported " << seconds_between(started, reported) << " s after the launch");
+  const int code = l.wait();
+  MESSAGE("tp stall: the launcher exited " << seconds_between(reported, clock_type::now())
+                                           << " s after the report");
+  CHECK(code == 1);
+  require_gone(worker_pids(run));
+  const std::string log0 = slurp(run / "logs" / "worker_0.log");
+  const auto line = log0.find("no progress for");
+  REQUIRE_MESSAGE(line != std::string::npos, log0);
+  MESSAGE("tp stall: worker 0 said:\n" << log0.substr(line, log0.find("hint:", line) - line));
+  CHECK_MESSAGE(contains(log0, "stage(dp=0, pp=0, tp=1) (rank 1): blocked in the tensor-parallel all_reduce "
+                               "(its reduce-scatter half, collective 0 of embedding_forward) of the embedding, "
+                               "micro-batch 0, step 1: waiting to receive from rank 0 (stage(dp=0, pp=0, tp=0)) for "),
+                log0);
+  CHECK_MESSAGE(contains(log0, "stage(dp=0, pp=0) (rank 0): no answer within 2 s"), log0);
+}
+
 TEST_CASE("fault matrix: step forensics: a one-off NaN in one rank's gradient is classified transient, the step is retried, and the run ends bit-identical without a restart") {
   scratch_dir tmp("fault_forensics_transient");
   const int steps = 6;
