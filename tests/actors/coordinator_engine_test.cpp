@@ -354,6 +354,30 @@ TEST_CASE("the watchdog counts a stage that moved on as progress, and withdraws 
   CHECK(has(m, "who waits on whom:\n    stage(dp=0, pp=1) (rank 1) step 0 at 1RECV_F0"));
 }
 
+TEST_CASE("a heartbeat of a stage blocked in a tensor-parallel collective answers for it, with the time waited, "
+          "while it is fresh; the same wait again is no progress") {
+  scratch_dir tmp("ce_watch_tp");
+  const auto cfg = engine_config(tmp);
+  coordinator_engine e(cfg, two_stages(), steps(0, 2), nullptr, std::chrono::seconds(60));
+  e.start({{0, "hostA"}, {1, "hostB"}});
+  const auto t0 = coordinator_engine::clock::now();
+  const std::string blocked =
+      "stage(dp=0, pp=1, tp=0) (rank 1): blocked in the tensor-parallel all_gather (collective 2 of "
+      "forward) of layer 1, micro-batch 3, step 0: waiting to receive from rank 0 (stage(dp=0, pp=0, tp=0))";
+  CHECK(e.blocked_line(1, t0).empty());  // no heartbeat yet
+  e.on_heartbeat(worker_heartbeat{1, 42, "stage(dp=0, pp=1) (rank 1) step 0 at 1F0: computing"}, t0);
+  CHECK(e.blocked_line(1, t0 + std::chrono::seconds(1)).empty());  // it answered itself
+  e.on_heartbeat(worker_heartbeat{1, 42, blocked, 1500}, t0 + std::chrono::seconds(10));
+  // Waited 1.5 s when its worker wrote, 2 s more since.
+  CHECK(e.blocked_line(1, t0 + std::chrono::seconds(12)) == blocked + " for 3.5 s");
+  // The same wait, a second later: no progress, so the watchdog asks after its limit.
+  e.on_heartbeat(worker_heartbeat{1, 42, blocked, 2500}, t0 + std::chrono::seconds(11));
+  CHECK(e.on_tick(t0 + std::chrono::seconds(71)) == watchdog_action::ask);
+  // A heartbeat older than 3 s says nothing about now.
+  CHECK(e.blocked_line(1, t0 + std::chrono::seconds(15)).empty());
+  CHECK(e.blocked_line(0, t0 + std::chrono::seconds(12)).empty());  // another rank's
+}
+
 TEST_CASE("a replica computing far longer than the others of its pipeline stage is reported as a straggler with its skew") {
   scratch_dir tmp("ce_skew");
   const auto cfg = engine_config(tmp);
