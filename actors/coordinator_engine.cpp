@@ -651,9 +651,17 @@ watchdog_action coordinator_engine::on_tick(clock::time_point now) {
     std::string text = "no progress for " + std::to_string(static_cast<int>(idle)) +
                        " s at step " + std::to_string(step_) + "; who waits on whom:";
     std::sort(hang_lines_.begin(), hang_lines_.end());
-    for (auto& l : hang_lines_) text += "\n    " + l;
-    fail(core::error::make(text, "a peer never sent what the schedule expects; check a custom "
-                                 "schedule with `troupe schedule check`"));
+    bool collective = false;
+    for (auto& l : hang_lines_) {
+      text += "\n    " + l;
+      collective = collective || l.find(": blocked in the tensor-parallel ") != std::string::npos;
+    }
+    fail(core::error::make(
+        text, collective ? "a tensor-parallel stage waits in a collective for a peer that has not "
+                           "reached it: that peer's line says what it does (no answer: stopped, "
+                           "hung, or inside one long instruction), its worker's log may say why"
+                         : "a peer never sent what the schedule expects; check a custom "
+                           "schedule with `troupe schedule check`"));
     return watchdog_action::wait;
   }
   // Waiting for an evaluation's snapshot is not a hang of the pipeline.

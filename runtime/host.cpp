@@ -143,6 +143,13 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
     j.sink = h.rec;
   }
   j.perturb = opt.perturb;
+  if (opt.fault && opt.fault->kind == core::fault_kind::stall && cfg.parallel.model_parallel == 1)
+    // A stage that shares the scheduler's threads would hold one of them while it stalls.
+    return core::error::make(opt.fault->label() + " stalls a tensor-parallel stage, which runs on "
+                                                  "a thread of its own, but parallel.model_parallel "
+                                                  "is 1",
+                             "test only; set parallel.model_parallel >= 2, or stop a worker "
+                             "process with SIGSTOP to hang one (docs/faults.md)");
   j.fault = opt.fault;
   j.recv_timeout = std::chrono::seconds(cfg.runtime.watchdog_s);
   j.epoch = std::chrono::steady_clock::now();

@@ -318,5 +318,15 @@ TEST_CASE("the watchdog names the collective, op, layer, micro-batch and peer a 
           std::string::npos);
     // The stalled stage itself answers nothing and is in no collective.
     CHECK(m.find("stage(dp=0, pp=0, tp=1) (rank 1): no answer within 2 s") != std::string::npos);
+    CHECK(m.find("waits in a collective for a peer that has not reached it") != std::string::npos);
   }
+  // Only a tensor-parallel stage has a thread of its own to stall on.
+  auto one = tp_config(tmp, core::arch_kind::gpt2, 1, false, 1, 1, 4);
+  actors::run_options opt;
+  opt.log = nullptr;
+  opt.fault = core::parse_fault("stall:0:1", "TROUPE_FAULT").value();
+  auto r = actors::run_actor_job(one, opt);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().message.find("TROUPE_FAULT=stall:0:1 stalls a tensor-parallel stage") == 0);
+  CHECK(r.err().message.find("parallel.model_parallel is 1") != std::string::npos);
 }
