@@ -2,8 +2,9 @@
 // worker processes (pipeline_stage 2 × data_parallel 2, a small GPT-2 so that each test takes
 // seconds), through the test-only TROUPE_FAULT (core/fault.hpp) or a signal: a connection cut
 // mid-transfer, the disk filling during a checkpoint write, worker 0 (the coordinator's host)
-// killed, a NaN in one rank's gradient under both non-finite policies, a 5× straggler, and two
-// workers killed (TROUPE_FAULT=kill) in two attempts of one `--max-restarts 2` job. Each
+// killed, a NaN in one rank's gradient under both non-finite policies, a 5× straggler, a
+// tensor-parallel rank that stalls (TROUPE_FAULT=stall, the watchdog names what its partner waits
+// for), and two workers killed (TROUPE_FAULT=kill) in two attempts of one `--max-restarts 2` job. Each
 // test checks what is said, that every worker process is gone, and — where the job recovers —
 // that its final weights and losses equal an uninterrupted `troupe train` of the same config bit
 // for bit. The time from the fault to the job's reaction is printed (MESSAGE), never asserted:
