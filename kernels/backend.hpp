@@ -284,6 +284,39 @@ class backend {
   virtual void cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
                              float grad_scale) = 0;
 
+  // --- vocabulary-parallel embedding and cross-entropy (model/tensor_parallel.hpp) -------------
+  // A rank holds vocabulary rows [first, first + valid) of the embedding and the head; its block
+  // of logits z is fp32 [n, cols], of which columns [0, valid) are real (cols − valid padding).
+  // targets int32 [n], a negative one ignored. The defaults compute on host copies
+  // (kernels/vocab_parallel.cpp: the CPU backend's ops, the reference of the CUDA kernels).
+  /// out [n, C] (fp32) = wte[tok − first] for tokens this rank holds, else 0; plus wpe[r % seq]
+  /// when wpe is defined. A token outside [0, vocab): an error on the CPU, NaN rows on the GPU.
+  virtual void vp_embedding_forward(const tensor& tokens, const tensor& wte, std::int64_t first,
+                                    std::int64_t valid, std::int64_t vocab, const tensor& wpe,
+                                    int seq, tensor& out);
+  /// dwte[tok − first] += dout rows of the tokens this rank holds (in row order), when dwte is
+  /// defined; dwpe[r % seq] += every dout row, when dwpe is defined.
+  virtual void vp_embedding_backward(const tensor& dout, const tensor& tokens, std::int64_t first,
+                                     std::int64_t valid, int seq, tensor& dwte, tensor& dwpe);
+  /// row_max [n] = the largest real logit of each row.
+  virtual void vp_row_max(const tensor& z, std::int64_t valid, tensor& row_max);
+  /// maxima [tp·n]: every rank's row_max in rank order; m_i is their largest. stats [2n]:
+  /// Σ_{j<valid} exp(z_ij − m_i) (accumulated in fp64) and the target's logit where this rank
+  /// holds it (else 0); 0 and 0 on ignored rows. A target ≥ vocab: an error on the CPU, NaN on
+  /// the GPU.
+  virtual void vp_row_stats(const tensor& z, std::int64_t valid, const tensor& maxima,
+                            const tensor& targets, std::int64_t first, std::int64_t vocab,
+                            tensor& stats);
+  /// sums: stats summed over the group. losses [n] = log sums[i] + m_i − sums[n + i]; 0 on
+  /// ignored rows.
+  virtual void vp_losses(const tensor& maxima, const tensor& sums, const tensor& targets,
+                         tensor& losses);
+  /// z := d loss / d z · grad_scale, in place: exp(z_ij − m_i) · grad_scale / sums[i] on the real
+  /// columns, minus grad_scale at the target's column; padding columns and ignored rows 0.
+  virtual void vp_softmax_grad(tensor& z, std::int64_t valid, const tensor& maxima,
+                               const tensor& sums, const tensor& targets, std::int64_t first,
+                               float grad_scale);
+
   // --- optimizer ------------------------------------------------------------------------------
   /// Per-block sums of squares (fp64) of x (fp32), blocks of `norm_block` elements, in order:
   /// out[i] = Σ x[i*norm_block .. (i+1)*norm_block)². out: f64 [ceil(n / norm_block)].

@@ -100,6 +100,16 @@ class meta_backend final : public backend {
   void attention_backward(const tensor&, const tensor&, const tensor&, const tensor&,
                           const attention_dims&, tensor&) override {}
   void cross_entropy(tensor&, const tensor&, tensor&, float) override {}
+  void vp_embedding_forward(const tensor&, const tensor&, std::int64_t, std::int64_t,
+                            std::int64_t, const tensor&, int, tensor&) override {}
+  void vp_embedding_backward(const tensor&, const tensor&, std::int64_t, std::int64_t, int,
+                             tensor&, tensor&) override {}
+  void vp_row_max(const tensor&, std::int64_t, tensor&) override {}
+  void vp_row_stats(const tensor&, std::int64_t, const tensor&, const tensor&, std::int64_t,
+                    std::int64_t, tensor&) override {}
+  void vp_losses(const tensor&, const tensor&, const tensor&, tensor&) override {}
+  void vp_softmax_grad(tensor&, std::int64_t, const tensor&, const tensor&, const tensor&,
+                       std::int64_t, float) override {}
   void sumsq_blocks(const tensor&, tensor&) override {}
   void exact_sum_add(const tensor&, tensor&) override {}
   void clip_factor(const tensor&, const tensor&, double, tensor&) override {}

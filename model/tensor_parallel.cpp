@@ -69,14 +69,6 @@ core::shape_t with_dim(core::shape_t s, int d, std::int64_t v) {
   return s;
 }
 
-// The host copy of a backend tensor (the tensor itself on the CPU).
-tensor host_of(kernels::backend& be, const tensor& x) { return x.dev().is_cpu() ? x : be.to_host(x); }
-
-// A backend tensor holding host tensor h (h itself on the CPU).
-tensor device_of(kernels::backend& be, const tensor& h) {
-  return be.dev().is_cpu() ? h : be.from_host(h);
-}
-
 }  // namespace
 
 int kv_replicas(const core::model_config& cfg, int tp) {
@@ -288,142 +280,67 @@ tensor unshard_tensor(const core::model_config& cfg, const std::string& name,
 tensor vp_embedding_forward(layer_comm& comm, kernels::backend& be, const embedding_tensors& w,
                             const tensor& tokens, std::int64_t vocab, int seq) {
   const vocab_range v = vocab_range_of(vocab, comm.size(), comm.rank());
-  const tensor tok = host_of(be, tokens), wte = host_of(be, w.wte);
-  TROUPE_CHECK(wte.type() == core::dtype::f32 && wte.dim(0) == v.rows,
+  TROUPE_CHECK(w.wte.type() == core::dtype::f32 && w.wte.dim(0) == v.rows,
                "vp_embedding_forward: this rank's wte must be fp32 [" + std::to_string(v.rows) +
-                   ", C], got " + core::shape_string(wte.shape()));
-  const std::int64_t n = tok.numel(), c = wte.dim(1);
-  tensor out = tensor::zeros({n, c});
-  const std::int32_t* t = tok.data<std::int32_t>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    TROUPE_CHECK(t[i] >= 0 && t[i] < vocab, "token " + std::to_string(t[i]) + " at row " +
-                                                std::to_string(i) + " is outside the vocabulary [0, " +
-                                                std::to_string(vocab) + ")");
-    const std::int64_t local = t[i] - v.first;
-    if (local >= 0 && local < v.valid) copy_rows(wte, local, out, i, 1);
-  }
-  if (comm.rank() == 0 && w.wpe.defined()) {
-    const tensor wpe = host_of(be, w.wpe);
-    float* o = out.data<float>();
-    for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t j = 0; j < c; ++j) o[i * c + j] += wpe.data<float>()[(i % seq) * c + j];
-  }
-  return comm.reduce_rows(device_of(be, out));
+                   ", C], got " + core::shape_string(w.wte.shape()));
+  tensor out = be.empty({tokens.numel(), w.wte.dim(1)}, core::dtype::f32);
+  // Rank 0 adds the positions, so the group's sum holds them once.
+  be.vp_embedding_forward(tokens, w.wte, v.first, v.valid, vocab,
+                          comm.rank() == 0 ? w.wpe : tensor{}, seq, out);
+  return comm.reduce_rows(out);
 }
 
 void vp_embedding_backward(layer_comm& comm, kernels::backend& be, const tensor& dout,
                            const tensor& tokens, std::int64_t vocab, int seq,
                            embedding_tensors& g) {
   const vocab_range v = vocab_range_of(vocab, comm.size(), comm.rank());
-  const tensor d = host_of(be, comm.gather_rows(dout));
-  const tensor tok = host_of(be, tokens);
-  const std::int64_t n = tok.numel(), c = d.dim(1);
-  TROUPE_CHECK(d.dim(0) == n, "vp_embedding_backward: " + std::to_string(d.dim(0)) +
-                                  " gradient rows for " + std::to_string(n) + " tokens");
-  const std::int32_t* t = tok.data<std::int32_t>();
-  const float* dp = d.data<float>();
-  // Rows are added in row order, as embedding_backward adds them.
-  if (g.wte.defined()) {
-    tensor dw = host_of(be, g.wte);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t local = t[i] - v.first;
-      if (local < 0 || local >= v.valid) continue;
-      float* row = dw.data<float>() + local * c;
-      for (std::int64_t j = 0; j < c; ++j) row[j] += dp[i * c + j];
-    }
-    if (!g.wte.dev().is_cpu()) be.copy(dw, g.wte);
-  }
-  if (g.wpe.defined()) {
-    tensor dw = host_of(be, g.wpe);
-    for (std::int64_t i = 0; i < n; ++i) {
-      float* row = dw.data<float>() + (i % seq) * c;
-      for (std::int64_t j = 0; j < c; ++j) row[j] += dp[i * c + j];
-    }
-    if (!g.wpe.dev().is_cpu()) be.copy(dw, g.wpe);
-  }
+  const tensor d = comm.gather_rows(dout);
+  TROUPE_CHECK(d.dim(0) == tokens.numel(), "vp_embedding_backward: " + std::to_string(d.dim(0)) +
+                                               " gradient rows for " +
+                                               std::to_string(tokens.numel()) + " tokens");
+  be.vp_embedding_backward(d, tokens, v.first, v.valid, seq, g.wte, g.wpe);
 }
 
 vp_loss vp_cross_entropy(layer_comm& comm, kernels::backend& be, const tensor& h,
                          const tensor& head_w, const tensor& targets, std::int64_t vocab,
                          float grad_scale, tensor& dw) {
-  const int tp = comm.size();
-  const vocab_range v = vocab_range_of(vocab, tp, comm.rank());
+  const vocab_range v = vocab_range_of(vocab, comm.size(), comm.rank());
   TROUPE_CHECK(head_w.dim(0) == v.rows, "vp_cross_entropy: this rank's lm_head has " +
                                             std::to_string(head_w.dim(0)) + " rows, expected " +
                                             std::to_string(v.rows));
   const tensor hf = comm.gather_rows(h);  // every row meets this rank's vocabulary columns
   const std::int64_t n = hf.dim(0), cols = v.rows;
-  tensor logits = be.empty({n, cols}, core::dtype::f32);
-  be.linear_forward(hf, head_w, {}, logits);
-  tensor z = host_of(be, logits);  // written over with d logits below
-  const tensor tgt = host_of(be, targets);
-  TROUPE_CHECK(tgt.numel() == n, "vp_cross_entropy: " + std::to_string(tgt.numel()) +
-                                     " targets for " + std::to_string(n) + " rows");
-  const std::int32_t* t = tgt.data<std::int32_t>();
-  float* zp = z.data<float>();
+  TROUPE_CHECK(targets.numel() == n, "vp_cross_entropy: " + std::to_string(targets.numel()) +
+                                         " targets for " + std::to_string(n) + " rows");
+  tensor z = be.empty({n, cols}, core::dtype::f32);  // the logits, then d logits
+  be.linear_forward(hf, head_w, {}, z);
 
-  // 1. The row maxima over this rank's real columns; the global max is the largest of every
-  // rank's (all-gathered, so every rank takes the max of the same numbers).
-  tensor local_max = tensor::zeros({n});
-  for (std::int64_t i = 0; i < n; ++i) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (std::int64_t j = 0; j < v.valid; ++j) m = std::max(m, zp[i * cols + j]);
-    local_max.data<float>()[i] = m;
-  }
-  const tensor maxima = host_of(be, comm.all_gather(device_of(be, local_max)));
-  std::vector<float> m(static_cast<std::size_t>(n), -std::numeric_limits<float>::infinity());
-  for (int k = 0; k < tp; ++k)
-    for (std::int64_t i = 0; i < n; ++i) m[i] = std::max(m[i], maxima.data<float>()[k * n + i]);
-
+  // 1. The row maxima over this rank's real columns, all-gathered: every rank takes the largest
+  // of the same numbers.
+  tensor local_max = be.empty({n}, core::dtype::f32);
+  be.vp_row_max(z, v.valid, local_max);
+  const tensor maxima = comm.all_gather(local_max);
   // 2. Σ exp(z - m) over this rank's columns and the target's logit where this rank holds it;
   // one sum over the group for both.
-  tensor stats = tensor::zeros({2 * n});
-  float* sp = stats.data<float>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (t[i] < 0) continue;
-    TROUPE_CHECK(t[i] < vocab, "target " + std::to_string(t[i]) + " at row " + std::to_string(i) +
-                                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-    double s = 0;
-    for (std::int64_t j = 0; j < v.valid; ++j) s += std::exp(static_cast<double>(zp[i * cols + j]) - m[i]);
-    sp[i] = static_cast<float>(s);
-    const std::int64_t local = t[i] - v.first;
-    if (local >= 0 && local < v.valid) sp[n + i] = zp[i * cols + local];
-  }
-  const tensor sum = host_of(be, comm.all_reduce(device_of(be, stats)));
-  const float* sum_p = sum.data<float>();
+  tensor stats = be.empty({2 * n}, core::dtype::f32);
+  be.vp_row_stats(z, v.valid, maxima, targets, v.first, vocab, stats);
+  const tensor sums = comm.all_reduce(stats);
 
   vp_loss out;
-  tensor losses = tensor::zeros({n});
-  for (std::int64_t i = 0; i < n; ++i)
-    if (t[i] >= 0)
-      losses.data<float>()[i] = static_cast<float>(std::log(static_cast<double>(sum_p[i])) +
-                                                   (static_cast<double>(m[i]) - sum_p[n + i]));
-  out.losses = device_of(be, losses);
+  out.losses = be.empty({n}, core::dtype::f32);
+  be.vp_losses(maxima, sums, targets, out.losses);
   if (grad_scale == 0.0f) return out;
 
   // 3. d logits = (softmax - onehot) * grad_scale on this rank's columns; padded columns 0.
-  for (std::int64_t i = 0; i < n; ++i) {
-    float* row = zp + i * cols;
-    if (t[i] < 0) {
-      std::fill(row, row + cols, 0.0f);
-      continue;
-    }
-    const double f = grad_scale / static_cast<double>(sum_p[i]);
-    for (std::int64_t j = 0; j < v.valid; ++j)
-      row[j] = static_cast<float>(std::exp(static_cast<double>(row[j]) - m[i]) * f);
-    std::fill(row + v.valid, row + cols, 0.0f);
-    const std::int64_t local = t[i] - v.first;
-    if (local >= 0 && local < v.valid) row[local] -= grad_scale;
-  }
-  const tensor dz = device_of(be, z);
+  be.vp_softmax_grad(z, v.valid, maxima, sums, targets, v.first, grad_scale);
   tensor dh = be.empty({n, hf.dim(1)}, hf.type());
-  be.linear_backward_input_write(dz, head_w, dh);
+  be.linear_backward_input_write(z, head_w, dh);
   out.dh = comm.reduce_rows(dh);
   if (dw.defined()) {
     tensor none;
-    be.linear_backward_weight(dz, hf, dw, none);
+    be.linear_backward_weight(z, hf, dw, none);
   } else {
-    out.dlogits = dz;
+    out.dlogits = z;
     out.input = hf;
   }
   return out;

@@ -116,6 +116,19 @@ class cuda_backend final : public backend {
 
   void cross_entropy(tensor& logits, const tensor& targets, tensor& losses,
                      float grad_scale) override;
+  void vp_embedding_forward(const tensor& tokens, const tensor& wte, std::int64_t first,
+                            std::int64_t valid, std::int64_t vocab, const tensor& wpe, int seq,
+                            tensor& out) override;
+  void vp_embedding_backward(const tensor& dout, const tensor& tokens, std::int64_t first,
+                             std::int64_t valid, int seq, tensor& dwte, tensor& dwpe) override;
+  void vp_row_max(const tensor& z, std::int64_t valid, tensor& row_max) override;
+  void vp_row_stats(const tensor& z, std::int64_t valid, const tensor& maxima,
+                    const tensor& targets, std::int64_t first, std::int64_t vocab,
+                    tensor& stats) override;
+  void vp_losses(const tensor& maxima, const tensor& sums, const tensor& targets,
+                 tensor& losses) override;
+  void vp_softmax_grad(tensor& z, std::int64_t valid, const tensor& maxima, const tensor& sums,
+                       const tensor& targets, std::int64_t first, float grad_scale) override;
 
   void sumsq_blocks(const tensor& x, tensor& out) override;
   void sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out) override;

@@ -80,6 +80,34 @@ __global__ void embedding_position_kernel(const void* dout, int dout_code, void*
   store_f(dwpe, dwpe_code, i, load_f(dwpe, dwpe_code, i) + acc);
 }
 
+/// Vocabulary-parallel lookup: out[r] = wte[tok − first] where this rank holds the token (rows
+/// [first, first + valid)), else 0; + wpe[r % seq] when wpe is given. A token outside [0, vocab)
+/// gives a NaN row.
+__global__ void vp_embedding_forward_kernel(const int* tokens, const float* wte, std::int64_t first,
+                                            std::int64_t valid, std::int64_t vocab,
+                                            const float* wpe, int seq, float* out, int C) {
+  const std::int64_t row = blockIdx.x;
+  const int tok = tokens[row];
+  const std::int64_t local = tok - first;
+  const bool bad = tok < 0 || tok >= vocab, mine = !bad && local >= 0 && local < valid;
+  const std::int64_t t = row % seq;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float v = bad ? __int_as_float(0x7fc00000) : mine ? wte[local * C + c] : 0.0f;
+    if (wpe) v += wpe[t * C + c];
+    out[row * C + c] = v;
+  }
+}
+
+/// The rows of the embedding a rank holds: tok − first, or −1 (skipped by scatter_rows).
+__global__ void vp_local_tokens_kernel(const int* tokens, std::int64_t first, std::int64_t valid,
+                                       int* local, std::int64_t n) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t l = tokens[i] - first;
+    local[i] = l >= 0 && l < valid ? static_cast<int>(l) : -1;
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // the backend's methods
 
@@ -201,6 +229,67 @@ void cuda_backend::embedding_backward_at(const tensor& dout, const tensor& token
   const int C = static_cast<int>(dwte.dim(1));
   scatter_rows(ctx, tokens, dout, dwte, N, C);
   if (dwpe.defined()) scatter_rows(ctx, positions, dout, dwpe, N, C);
+}
+
+void cuda_backend::vp_embedding_forward(const tensor& tokens, const tensor& wte,
+                                        std::int64_t first, std::int64_t valid,
+                                        std::int64_t vocab, const tensor& wpe, int seq,
+                                        tensor& out) {
+  activate();
+  const char* op = "cuda vp_embedding_forward";
+  check_embedding(tokens, wte, wpe, seq, out, op, "out");
+  require_type(wte, dtype::f32, op, "wte");
+  require_type(out, dtype::f32, op, "out");
+  if (wpe.defined()) require_type(wpe, dtype::f32, op, "wpe");
+  require(valid >= 0 && valid <= wte.dim(0), op,
+          std::to_string(valid) + " real rows of wte " + core::shape_string(wte.shape()));
+  const std::int64_t N = tokens.numel();
+  if (N == 0) return;
+  vp_embedding_forward_kernel<<<static_cast<unsigned>(N), 256, 0, ctx_->stream>>>(
+      tokens.data<int>(), wte.data<float>(), first, valid, vocab,
+      wpe.defined() ? wpe.data<float>() : nullptr, seq, out.data<float>(),
+      static_cast<int>(wte.dim(1)));
+  TROUPE_CUDA_CHECK_LAUNCH();
+}
+
+void cuda_backend::vp_embedding_backward(const tensor& dout, const tensor& tokens,
+                                         std::int64_t first, std::int64_t valid, int seq,
+                                         tensor& dwte, tensor& dwpe) {
+  activate();
+  context& ctx = *ctx_;
+  const char* op = "cuda vp_embedding_backward";
+  require_type(tokens, dtype::i32, op, "tokens");
+  require_float(dout, op, "dout");
+  const std::int64_t N = tokens.numel();
+  if (N == 0) return;
+  require(N <= std::numeric_limits<int>::max(), op, "more than 2^31 rows");
+  require(dout.numel() % N == 0, op, "dout " + core::shape_string(dout.shape()) + " for " +
+                                         std::to_string(N) + " tokens");
+  const int C = static_cast<int>(dout.numel() / N);
+  require(seq > 0 && N % seq == 0, op,
+          "tokens (" + std::to_string(N) + ") are not a whole number of sequences of " +
+              std::to_string(seq));
+  if (dwte.defined()) {
+    require_float(dwte, op, "dwte");
+    require(dwte.rank() == 2 && dwte.dim(1) == C && valid <= dwte.dim(0), op,
+            "dwte " + core::shape_string(dwte.shape()) + " for " + std::to_string(valid) +
+                " rows of " + std::to_string(C));
+    tensor local = empty({N}, dtype::i32);
+    vp_local_tokens_kernel<<<grid_for(N, 256), 256, 0, ctx.stream>>>(tokens.data<int>(), first,
+                                                                    valid, local.data<int>(), N);
+    TROUPE_CUDA_CHECK_LAUNCH();
+    scatter_rows(ctx, local, dout, dwte, N, C);
+  }
+  if (dwpe.defined()) {
+    require_float(dwpe, op, "dwpe");
+    require(dwpe.rank() == 2 && dwpe.dim(1) == C && dwpe.dim(0) >= seq, op,
+            "dwpe " + core::shape_string(dwpe.shape()) + " does not cover seq " +
+                std::to_string(seq) + " x C " + std::to_string(C));
+    const std::int64_t cells = static_cast<std::int64_t>(seq) * C;
+    embedding_position_kernel<<<static_cast<unsigned>((cells + 255) / 256), 256, 0, ctx.stream>>>(
+        dout.raw(), code_of(dout.type()), dwpe.raw(), code_of(dwpe.type()), seq, N / seq, C);
+    TROUPE_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace troupe::kernels::cuda
