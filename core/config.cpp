@@ -648,6 +648,13 @@ status check_tensor_parallel(const config& c) {
                                     m.lora.rank, tp),
                         "fine-tune with adapters at parallel.model_parallel = 1, or train in full "
                         "(remove lora.rank)");
+  if (tp > 1 && c.precision.compute != precision_kind::fp32)
+    return config_error(c, "precision.compute",
+                        fmt::format("parallel.model_parallel = {} sums its partial results in "
+                                    "fp32 only",
+                                    tp),
+                        "set precision.compute = \"fp32\", or set parallel.model_parallel = 1 "
+                        "(remove parallel.sequence_parallel)");
   if (p.sequence_parallel && tp == 1)
     return config_error(c, "parallel.sequence_parallel",
                         "sequence_parallel = true needs model_parallel > 1: it splits the tokens "

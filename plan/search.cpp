@@ -180,7 +180,7 @@ core::result<search_result> search(const core::config& base, const search_option
 std::string render_search(const search_result& r, const search_options& o) {
   std::ostringstream s;
   s << "search: " << o.gpus << " device(s) of " << format_bytes(o.device_memory) << ", "
-    << r.considered << " layouts considered (tensor parallel: not implemented; offload: tried "
+    << r.considered << " layouts considered (tensor parallel: not searched; offload: tried "
     << "where a layout does not fit without it)\n";
   int i = 0;
   char line[512];
