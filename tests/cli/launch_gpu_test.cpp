@@ -22,12 +22,23 @@ using troupe::model::testing::file_bytes;
 
 namespace {
 
-[[maybe_unused]] int sh(const std::string& cmd) {
+int sh(const std::string& cmd) {
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-#ifdef TROUPE_HAVE_NCCL
+/// True where this build has NCCL and a GPU is visible; otherwise says why the test skips.
+bool nccl_gpu_or_skip() {
+#ifndef TROUPE_HAVE_NCCL
+  MESSAGE("skipped: this build has no NCCL");
+  return false;
+#else
+  if (troupe::kernels::cuda_available()) return true;
+  MESSAGE("skipped: no GPU");
+  return false;
+#endif
+}
+
 /// `cfg` (runtime.device = "cuda") run by `troupe train` in one process and by `troupe launch`
 /// with `workers` processes on GPU 0 (each its own NCCL host id): the final checkpoint files and
 /// every loss must be the same bytes.
@@ -63,38 +74,22 @@ void check_launch_equals_train(const troupe::model::testing::scratch_dir& tmp,
   }
   CHECK(files > 0);
 }
-#endif
 
 }  // namespace
 
 TEST_CASE("gpu: a launched pipeline (2 worker processes, nccl) on one GPU equals troupe train bit for bit") {
-#ifndef TROUPE_HAVE_NCCL
-  MESSAGE("skipped: this build has no NCCL");
-  return;
-#else
-  if (!troupe::kernels::cuda_available()) {
-    MESSAGE("skipped: no GPU");
-    return;
-  }
+  if (!nccl_gpu_or_skip()) return;
   troupe::model::testing::scratch_dir tmp("launch_gpu");
   auto cfg = troupe::model::testing::tiny_run(tmp);
   cfg.parallel.pipeline_stage = 2;
   cfg.train.steps = 4;
   cfg.runtime.device = "cuda";
   check_launch_equals_train(tmp, cfg, 2, 29731);
-#endif
 }
 
 TEST_CASE("gpu: a launched model_parallel 2 × pipeline_stage 2 job (4 worker processes, nccl) on one "
           "GPU equals troupe train bit for bit") {
-#ifndef TROUPE_HAVE_NCCL
-  MESSAGE("skipped: this build has no NCCL");
-  return;
-#else
-  if (!troupe::kernels::cuda_available()) {
-    MESSAGE("skipped: no GPU");
-    return;
-  }
+  if (!nccl_gpu_or_skip()) return;
   for (bool sp : {false, true}) {
     INFO("sequence_parallel ", sp);
     troupe::model::testing::scratch_dir tmp(std::string("launch_gpu_tp") + (sp ? "_sp" : ""));
@@ -107,5 +102,4 @@ TEST_CASE("gpu: a launched model_parallel 2 × pipeline_stage 2 job (4 worker pr
     cfg.runtime.device = "cuda";
     check_launch_equals_train(tmp, cfg, 4, sp ? 29733 : 29732);
   }
-#endif
 }

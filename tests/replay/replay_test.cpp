@@ -59,6 +59,31 @@ std::vector<actors::message_record> records(const core::config& cfg, std::int64_
   return out;
 }
 
+/// Replays every worker of the recorded run in cfg alone: each must match and send as many
+/// messages as its log holds (snapshots aside). Returns, per worker, how many of them were
+/// tensor-parallel collective slices.
+std::vector<std::int64_t> check_every_worker_replays_alone(const core::config& cfg) {
+  const int workers =
+      cfg.parallel.data_parallel * cfg.parallel.pipeline_stage * cfg.parallel.model_parallel;
+  const auto all = records(cfg);
+  std::vector<std::int64_t> slices(static_cast<std::size_t>(workers), 0);
+  for (int rank = 0; rank < workers; ++rank) {
+    INFO("rank ", rank);
+    actors::replay_options opt;
+    opt.rank = rank;
+    auto rep = replay(cfg.runtime.run_dir, opt);
+    CHECK_MESSAGE(rep.matched, rep.mismatch);
+    std::int64_t own = 0;
+    for (const auto& r : all)
+      if (r.src == rank && r.op != "snapshot" && r.op != "shard snapshot") {
+        ++own;
+        if (actors::is_tp_kind(r.tag.kind)) ++slices[static_cast<std::size_t>(rank)];
+      }
+    CHECK(rep.messages == own);
+  }
+  return slices;
+}
+
 /// The activation and gradient records of the run's logs; each must name an instruction of its
 /// sender's list in `sched` (the test fails otherwise).
 int scheduled_transfers(const core::config& cfg, const schedules::schedule& sched, int pp) {
@@ -311,17 +336,7 @@ TEST_CASE("one worker replays alone, fed by its neighbours' recorded tensors") {
   cfg.optimizer.zero_stage = 2;
   cfg.runtime.record_tensors = true;
   train(cfg);
-  for (int rank = 0; rank < 4; ++rank) {
-    INFO("rank ", rank);
-    actors::replay_options opt;
-    opt.rank = rank;
-    auto rep = replay(cfg.runtime.run_dir, opt);
-    CHECK_MESSAGE(rep.matched, rep.mismatch);
-    std::int64_t own = 0;
-    for (const auto& r : records(cfg))
-      if (r.src == rank && r.op != "snapshot" && r.op != "shard snapshot") ++own;
-    CHECK(rep.messages == own);
-  }
+  check_every_worker_replays_alone(cfg);
   // A difference in worker 3's own output is found by replaying worker 3 alone.
   int line = 0;
   for (const auto& r : records(cfg))
@@ -366,17 +381,7 @@ TEST_CASE("a tensor-parallel run logs its group's collectives; each rank replays
   CHECK_MESSAGE(whole.matched, whole.mismatch);
   CHECK(whole.messages == static_cast<std::int64_t>(records(cfg).size()));
 
-  for (int rank = 0; rank < 4; ++rank) {
-    INFO("rank ", rank);
-    actors::replay_options opt;
-    opt.rank = rank;
-    auto rep = replay(cfg.runtime.run_dir, opt);
-    CHECK_MESSAGE(rep.matched, rep.mismatch);
-    std::int64_t own = 0;
-    for (const auto& r : records(cfg))
-      if (r.src == rank && r.op != "snapshot" && r.op != "shard snapshot") ++own;
-    CHECK(rep.messages == own);
-  }
+  check_every_worker_replays_alone(cfg);
 
   // A slice rank 1 sent in a forward collective of step 1, its hash changed in rank 1's log:
   // replaying rank 1 alone names that slice.
@@ -440,20 +445,11 @@ TEST_CASE("at model_parallel 2 × data_parallel 2 under ZeRO-2 every worker repl
   REQUIRE_MESSAGE(parsed.ok(), (parsed.ok() ? "" : parsed.err().to_string()));
   const core::config cfg = parsed.value();
   train(cfg);
-  for (int rank = 0; rank < 4; ++rank) {
+  const auto slices = check_every_worker_replays_alone(cfg);
+  REQUIRE(slices.size() == 4);
+  for (std::size_t rank = 0; rank < slices.size(); ++rank) {
     INFO("rank ", rank);
-    actors::replay_options opt;
-    opt.rank = rank;
-    auto rep = replay(cfg.runtime.run_dir, opt);
-    CHECK_MESSAGE(rep.matched, rep.mismatch);
-    std::int64_t own = 0, slices = 0;
-    for (const auto& r : records(cfg))
-      if (r.src == rank && r.op != "snapshot" && r.op != "shard snapshot") {
-        ++own;
-        if (actors::is_tp_kind(r.tag.kind)) ++slices;
-      }
-    CHECK(slices > 0);
-    CHECK(rep.messages == own);
+    CHECK(slices[rank] > 0);
   }
 }
 
