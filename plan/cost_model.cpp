@@ -84,21 +84,47 @@ int forward_ops_per_layer(const core::model_config& m) {
   return m.arch == core::arch_kind::gpt2 ? 7 : 10;
 }
 
+double tp_comm_seconds(const core::config& cfg, const calibration& cal, int layers,
+                       bool embedding, bool head) {
+  const int n = cfg.parallel.model_parallel;
+  if (n == 1) return 0;
+  const bool sp = cfg.parallel.sequence_parallel;
+  const double rows = static_cast<double>(cfg.parallel.micro_batch_size) * cfg.model.seq_length;
+  const double a = rows * cfg.model.hidden_size * 4;  // one fp32 activation [rows, C]
+  const double share = static_cast<double>(n - 1) / n;
+  const double half = share * a, whole = 2 * share * a;  // a gather or scatter / an all-reduce
+  double bytes = layers * 2 * whole;  // per layer: attention and MLP, each an all-reduce or its halves
+  if (embedding) bytes += sp ? half : whole;
+  if (head) {
+    // The final norm's rows gathered (sequence parallel), the loss's row maxima all-gathered, its
+    // two row sums all-reduced, and the final norm's gradient summed.
+    bytes += (sp ? half : 0) + share * rows * 4 * n + 2 * share * rows * 8 + (sp ? half : whole);
+  }
+  return bytes / cal.link_bytes_per_s;
+}
+
 schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal,
                                   schedules::placement place) {
   const std::vector<int> split = core::chunk_layers(cfg);
   const std::vector<bool> recomputed = core::recompute_layers(cfg);
   const std::int64_t rows =
       static_cast<std::int64_t>(cfg.parallel.micro_batch_size) * cfg.model.seq_length;
+  const int tp = cfg.parallel.model_parallel;
+  // Tensor parallel: each rank does 1/tp of the arithmetic but launches every op.
   const auto forward_time = [&](int layers, bool head) {
     const double ops = forward_ops_per_layer(cfg.model) * layers;
-    return forward_flops(cfg.model, layers, head, rows) / cal.flops_per_s + ops * cal.op_overhead_s;
+    return forward_flops(cfg.model, layers, head, rows) / tp / cal.flops_per_s +
+           ops * cal.op_overhead_s;
   };
   // The slowest chunk sets the pipeline's pace (the embedding is a lookup; the head is not):
-  // with an uneven split, the chunk whose layers (and head) cost most.
-  double f = 0, extra = 0;  // extra: recomputed forward work inside the backward
+  // with an uneven split, the chunk whose layers (and head) cost most. Per chunk: forward compute
+  // fi, the collectives of its forward ci (its backward moves as much again), and xi, the
+  // recomputed forward inside the backward (with its collectives under full recompute).
+  double f = 0, comm = 0, extra = 0;
+  const auto cost = [](double fi, double ci, double xi) { return 3 * fi + 2 * ci + xi; };
   const int pp = cfg.parallel.pipeline_stage, v = cfg.parallel.virtual_pipeline;
-  std::vector<double> rank_f(static_cast<std::size_t>(pp), 0), rank_x(rank_f.size(), 0);
+  std::vector<double> rank_f(static_cast<std::size_t>(pp), 0), rank_c(rank_f.size(), 0),
+      rank_x(rank_f.size(), 0);
   int first = 0;
   for (std::size_t i = 0; i < split.size(); ++i) {
     const int layers = split[i];
@@ -107,33 +133,40 @@ schedules::cost_model chunk_costs(const core::config& cfg, const calibration& ca
     for (int l = first; l < first + layers; ++l) again += recomputed[static_cast<std::size_t>(l)];
     first += layers;
     const double fi = forward_time(layers, head);
+    const double ci = tp_comm_seconds(cfg, cal, layers, i == 0, head);
     double xi = 0;
     if (cfg.recompute.mode == core::recompute_mode::full) {
       // Every layer recomputing reruns the chunk, head included; otherwise only those layers.
-      xi = again == layers ? fi : forward_time(again, false);
+      xi = again == layers ? fi + ci
+                           : forward_time(again, false) + tp_comm_seconds(cfg, cal, again, false, false);
     } else if (cfg.recompute.mode == core::recompute_mode::selective) {
       xi = again * 2.0 * static_cast<double>(rows) * cfg.model.seq_length *
-           cfg.model.hidden_size / cal.flops_per_s;
+           cfg.model.hidden_size / tp / cal.flops_per_s;
     }
-    if (3 * fi + xi > 3 * f + extra) f = fi, extra = xi;  // forward + backward time
+    if (cost(fi, ci, xi) > cost(f, comm, extra)) f = fi, comm = ci, extra = xi;
     const auto r = static_cast<std::size_t>(schedules::chunk_rank(place, pp, static_cast<int>(i)));
     rank_f[r] += fi;
+    rank_c[r] += ci;
     rank_x[r] += xi;
   }
   if (place == schedules::placement::v) {
-    f = extra = 0;
+    f = comm = extra = 0;
     for (std::size_t r = 0; r < rank_f.size(); ++r)
-      if (3 * rank_f[r] + rank_x[r] > 3 * f + extra) f = rank_f[r], extra = rank_x[r];
+      if (cost(rank_f[r], rank_c[r], rank_x[r]) > cost(f, comm, extra))
+        f = rank_f[r], comm = rank_c[r], extra = rank_x[r];
     f /= v;
+    comm /= v;
     extra /= v;
   }
   schedules::cost_model c;
-  c.f = f;
-  c.b = 2 * f + extra;
-  c.i = f + extra;
+  c.f = f + comm;
+  c.b = 2 * f + comm + extra;
+  c.i = f + comm + extra;  // the input gradient carries the backward's collectives
   c.w = f;
   const std::size_t act = cfg.precision.compute == core::precision_kind::fp32 ? 4 : 2;
-  c.comm = static_cast<double>(rows) * cfg.model.hidden_size * act / cal.link_bytes_per_s;
+  // Under sequence parallel a rank sends its rows of the activation to the next stage.
+  const std::int64_t sent = cfg.parallel.sequence_parallel ? rows / tp : rows;
+  c.comm = static_cast<double>(sent) * cfg.model.hidden_size * act / cal.link_bytes_per_s;
   return c;
 }
 

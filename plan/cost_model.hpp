@@ -46,8 +46,22 @@ double forward_flops(const core::model_config& m, int layers, bool head, std::in
 /// Ops one layer's forward launches (for the per-op overhead).
 int forward_ops_per_layer(const core::model_config& m);
 
+/// Seconds of the tensor-parallel collectives (parallel.model_parallel > 1) of one rank in one
+/// chunk's forward of one micro-batch, at the calibration's link_bytes_per_s; the backward moves
+/// as much again. With A = rows x hidden_size x 4 bytes (tensor parallel sums in fp32) and n ranks,
+/// a rank sends (n-1)/n A in an all-gather or a reduce-scatter and twice that in an all-reduce.
+/// Per layer two all-reduces (attention and MLP outputs; under sequence parallel an all-gather
+/// before and a reduce-scatter after each, the same bytes); the embedding's sum (a reduce-scatter
+/// under sequence parallel); the head's vocabulary-parallel loss gathers the final norm's rows
+/// (sequence parallel), sums its row maxima and sums (a few bytes per row) and sums the final
+/// norm's gradient (a reduce-scatter under sequence parallel). The key/value
+/// replicas' weight-gradient sums (num_kv_heads < model_parallel) are left out. 0 at tp 1.
+double tp_comm_seconds(const core::config& cfg, const calibration& cal, int layers,
+                       bool embedding, bool head);
+
 /// Per-kind simulator costs (seconds) of one chunk: F, B (with recompute), I, W, and comm for one
-/// activation between ranks. The simulator charges every chunk the same, so: with chunks
+/// activation between ranks. Tensor parallel divides the arithmetic (not the per-op overhead) by
+/// model_parallel and adds tp_comm_seconds to F and to B and I. The simulator charges every chunk the same, so: with chunks
 /// interleaved, cfg's slowest chunk; with chunks in a V (`place` v, zb_v's), the slowest rank's
 /// work spread evenly over its chunks (a V pairs the head's chunk with the embedding's on rank 0,
 /// and the search splits each rank's layers over its pair, so the rank, not the chunk, sets the

@@ -5,11 +5,17 @@
 // is released. So the planned bytes are the runtime's own allocations by construction: nothing is
 // a formula that could drift from the code (tests/plan/memory_test.cpp compares them with a real
 // CPU run, bench/plan_check.sh with a GPU run).
+//
+// Tensor parallel (parallel.model_parallel > 1): every (dp, pp, tp) worker gets its own stage with
+// its shard of the weights (model::chunk_tp) and its own optimizer shards, as runtime/host.cpp
+// builds them; their collectives are plan::meta_comm's (meta_comm.hpp), which allocate what
+// actors::tp_group allocates and need no peer to return, so one thread steps every rank.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/config.hpp"
@@ -26,14 +32,20 @@ struct backend_peak {
   std::map<std::string, std::uint64_t> split;  // label -> bytes at the peak
 };
 
-/// What a dry run measured for each worker (dp, pp).
+/// (dp, pp, tp) of a stage, (pp, part, tp) of an optimizer shard.
+using rank_key = std::tuple<int, int, int>;
+
+/// What a dry run measured for each worker (dp, pp, tp).
 struct dry_run_result {
-  std::map<std::pair<int, int>, backend_peak> stages;  // (dp, pp)
-  std::map<std::pair<int, int>, backend_peak> shards;  // (pp, part); shard (pp, k) is on worker (k, pp)
-  /// optimizer.offload: peak host bytes of each shard's offloaded state (pp, part); empty without.
-  std::map<std::pair<int, int>, std::uint64_t> shard_host;
-  /// Static bytes of a stage (per pipeline rank): fp32 parameters, fp32 gradients, the
-  /// low-precision working copy (0 in fp32), as the chunks allocate them.
+  std::map<rank_key, backend_peak> stages;  // (dp, pp, tp)
+  /// (pp, part, tp); shard (pp, k, t) is on worker (k, pp, t)
+  std::map<rank_key, backend_peak> shards;
+  /// optimizer.offload: peak host bytes of each shard's offloaded state (pp, part, tp); empty
+  /// without.
+  std::map<rank_key, std::uint64_t> shard_host;
+  /// Static bytes of a stage (per pipeline rank; tensor-parallel ranks hold equal shards, these
+  /// are rank 0's): fp32 parameters, fp32 gradients, the low-precision working copy (0 in fp32),
+  /// as the chunks allocate them.
   std::vector<std::uint64_t> params, grads, low;
   /// Per pipeline rank: bytes of the frozen base weights ([lora]) and their low-precision copy.
   std::vector<std::uint64_t> frozen;

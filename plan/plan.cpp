@@ -45,7 +45,9 @@ void add_term(std::vector<memory_term>& terms, const std::string& name, std::uin
 
 std::string describe(const job_plan& p) {
   std::ostringstream s;
-  s << "dp " << p.dp << " × pp " << p.pp;
+  s << "dp " << p.dp;
+  if (p.tp > 1) s << " × tp " << p.tp << (p.sequence_parallel ? " (sequence parallel)" : "");
+  s << " × pp " << p.pp;
   if (p.v > 1) s << " (virtual " << p.v << ")";
   const auto& cl = p.chunk_layers;
   if (std::any_of(cl.begin(), cl.end(), [&](int n) { return n != cl.front(); })) {
@@ -60,6 +62,12 @@ std::string describe(const job_plan& p) {
 }
 
 }  // namespace
+
+std::string rank_name(const job_plan& p, const rank_plan& r) {
+  std::string s = "dp" + std::to_string(r.dp);
+  if (p.tp > 1) s += "/tp" + std::to_string(r.tp);
+  return s + "/pp" + std::to_string(r.pp);
+}
 
 std::string format_bytes(std::uint64_t b) {
   char buf[64];
@@ -111,7 +119,8 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
 
   job_plan p;
   p.device = cuda ? "cuda" : "cpu";
-  p.dp = l.dp, p.pp = l.pp, p.v = l.v, p.microbatches = l.microbatches;
+  p.dp = l.dp, p.tp = l.tp, p.pp = l.pp, p.v = l.v, p.microbatches = l.microbatches;
+  p.sequence_parallel = cfg.parallel.sequence_parallel;
   p.micro_batch_size = cfg.parallel.micro_batch_size;
   p.zero_stage = l.zero_stage;
   p.schedule = sched.value().name;
@@ -133,56 +142,57 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
   p.calibration = o.cal.source;
 
   for (int dp = 0; dp < l.dp; ++dp)
-    for (int pp = 0; pp < l.pp; ++pp) {
-      rank_plan r;
-      r.dp = dp, r.pp = pp;
-      const backend_peak& st = d.stages.at({dp, pp});
-      const backend_peak& sh = d.shards.at({pp, dp});
-      r.stage_peak = st.peak + (cuda ? cuda_workspace : 0);
-      r.shard_peak = sh.peak + (cuda ? cuda_workspace : 0);
-      for (const auto& [label, bytes] : st.split) {
-        if (label == "parameters and gradients") {
-          add_term(r.terms, "fp32 parameters", d.params[pp]);
-          add_term(r.terms, "fp32 gradients", d.grads[pp]);
-          add_term(r.terms, "low-precision weights", d.low[pp]);
-          add_term(r.terms, "frozen base weights", d.frozen[pp]);
-        } else if (label == "logits") {
-          add_term(r.terms, "logits and cross-entropy", bytes);
-        } else if (label == "communication") {
-          add_term(r.terms, "communication buffers", bytes);
-        } else {
-          add_term(r.terms, "activations and scratch", bytes);
+    for (int tp = 0; tp < l.tp; ++tp)
+      for (int pp = 0; pp < l.pp; ++pp) {
+        rank_plan r;
+        r.dp = dp, r.tp = tp, r.pp = pp;
+        const backend_peak& st = d.stages.at({dp, pp, tp});
+        const backend_peak& sh = d.shards.at({pp, dp, tp});
+        r.stage_peak = st.peak + (cuda ? cuda_workspace : 0);
+        r.shard_peak = sh.peak + (cuda ? cuda_workspace : 0);
+        for (const auto& [label, bytes] : st.split) {
+          if (label == "parameters and gradients") {
+            add_term(r.terms, "fp32 parameters", d.params[pp]);
+            add_term(r.terms, "fp32 gradients", d.grads[pp]);
+            add_term(r.terms, "low-precision weights", d.low[pp]);
+            add_term(r.terms, "frozen base weights", d.frozen[pp]);
+          } else if (label == "logits") {
+            add_term(r.terms, "logits and cross-entropy", bytes);
+          } else if (label == "communication") {
+            add_term(r.terms, "communication buffers", bytes);
+          } else {
+            add_term(r.terms, "activations and scratch", bytes);
+          }
         }
-      }
-      if (cfg.optimizer.offload) r.host_bytes = d.shard_host.at({pp, dp});
-      for (const auto& [label, bytes] : sh.split) {
-        if (label == "optimizer state" && cfg.optimizer.offload) {
-          // master slice and moments are host memory (r.host_bytes): the summed-gradient slice
-          // is what stays on the device
-          add_term(r.terms, "reduced gradient slice", bytes);
-        } else if (label == "optimizer state") {
-          // master slice, summed-gradient slice, two moments: four equal fp32 buffers
-          add_term(r.terms, "fp32 master weights", bytes / 4);
-          add_term(r.terms, "AdamW moments", bytes / 2);
-          add_term(r.terms, "reduced gradient slice", bytes / 4);
-        } else if (label == "communication") {
-          add_term(r.terms, "communication buffers", bytes);
-        } else {
-          add_term(r.terms, "optimizer scratch", bytes);
+        if (cfg.optimizer.offload) r.host_bytes = d.shard_host.at({pp, dp, tp});
+        for (const auto& [label, bytes] : sh.split) {
+          if (label == "optimizer state" && cfg.optimizer.offload) {
+            // master slice and moments are host memory (r.host_bytes): the summed-gradient slice
+            // is what stays on the device
+            add_term(r.terms, "reduced gradient slice", bytes);
+          } else if (label == "optimizer state") {
+            // master slice, summed-gradient slice, two moments: four equal fp32 buffers
+            add_term(r.terms, "fp32 master weights", bytes / 4);
+            add_term(r.terms, "AdamW moments", bytes / 2);
+            add_term(r.terms, "reduced gradient slice", bytes / 4);
+          } else if (label == "communication") {
+            add_term(r.terms, "communication buffers", bytes);
+          } else {
+            add_term(r.terms, "optimizer scratch", bytes);
+          }
         }
+        if (cuda) {
+          add_term(r.terms, "GEMM workspace", 2 * cuda_workspace);
+          r.reserve = static_cast<std::uint64_t>(cuda_slack * static_cast<double>(r.stage_peak + r.shard_peak));
+          if (!o.one_device) r.reserve += cuda_context;
+          add_term(r.terms, "allocator reserve and context", r.reserve);
+        }
+        std::sort(r.terms.begin(), r.terms.end(),
+                  [](const memory_term& a, const memory_term& b) { return a.bytes > b.bytes; });
+        r.saved_per_microbatch = d.saved_per_microbatch[pp];
+        r.peak_in_flight = in_flight.at(pp);
+        p.ranks.push_back(std::move(r));
       }
-      if (cuda) {
-        add_term(r.terms, "GEMM workspace", 2 * cuda_workspace);
-        r.reserve = static_cast<std::uint64_t>(cuda_slack * static_cast<double>(r.stage_peak + r.shard_peak));
-        if (!o.one_device) r.reserve += cuda_context;
-        add_term(r.terms, "allocator reserve and context", r.reserve);
-      }
-      std::sort(r.terms.begin(), r.terms.end(),
-                [](const memory_term& a, const memory_term& b) { return a.bytes > b.bytes; });
-      r.saved_per_microbatch = d.saved_per_microbatch[pp];
-      r.peak_in_flight = in_flight.at(pp);
-      p.ranks.push_back(std::move(r));
-    }
 
   for (const auto& r : p.ranks) p.host_need += r.host_bytes;
 
@@ -215,7 +225,7 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
   if (o.one_device && l.workers() > 1) {
     // One device runs every worker's work and its streams fill each other's bubbles: the step is
     // the whole model's forward and backward (every layer once, the head once) for every
-    // micro-batch of every replica, back to back.
+    // micro-batch of every replica and tensor-parallel rank, back to back.
     core::config whole = cfg;
     whole.parallel.pipeline_stage = 1;
     whole.parallel.virtual_pipeline = 1;
@@ -230,16 +240,17 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
         if (again[i]) whole.recompute.layer_list.push_back(static_cast<int>(i));
       if (whole.recompute.layer_list.empty()) whole.recompute.mode = core::recompute_mode::none;
     }
+    // Tensor parallel: the device runs every rank's share (and its collectives) one after another.
     const schedules::cost_model w = chunk_costs(whole, o.cal);
-    p.pipeline_s = (w.f + w.b) * l.microbatches * l.dp;
+    p.pipeline_s = (w.f + w.b) * l.microbatches * l.dp * l.tp;
   }
   std::int64_t stage_elems = 0, shard_elems = 0;
   for (int pp = 0; pp < l.pp; ++pp) {
     stage_elems = std::max<std::int64_t>(stage_elems, d.params[pp] / 4);
-    const auto& split = d.shards.at({pp, 0}).split;
+    const auto& split = d.shards.at({pp, 0, 0}).split;
     auto it = split.find("optimizer state");
     if (cfg.optimizer.offload)  // host: master slice and two moments (and a few staging pieces)
-      shard_elems = std::max<std::int64_t>(shard_elems, d.shard_host.at({pp, 0}) / 12);
+      shard_elems = std::max<std::int64_t>(shard_elems, d.shard_host.at({pp, 0, 0}) / 12);
     else if (it != split.end())
       shard_elems = std::max<std::int64_t>(shard_elems, it->second / 16);
   }
@@ -298,20 +309,20 @@ std::string render_text(const job_plan& p) {
   s << "plan: " << p.name << " on " << p.device
     << (p.one_device ? " (every worker in one process on one device)" : " (one device per worker)")
     << "\n";
-  std::snprintf(line, sizeof line, "%-8s %12s %12s %12s %12s  %s\n", "rank", "stage", "optimizer",
+  std::snprintf(line, sizeof line, "%-12s %12s %12s %12s %12s  %s\n", "rank", "stage", "optimizer",
                 "reserve", "total", "largest terms");
   s << line;
   for (const auto& r : p.ranks) {
     std::string top;
     for (std::size_t i = 0; i < r.terms.size() && i < 3; ++i)
       top += (i ? ", " : "") + r.terms[i].name + " " + format_bytes(r.terms[i].bytes);
-    std::snprintf(line, sizeof line, "dp%d/pp%-3d %12s %12s %12s %12s  %s\n", r.dp, r.pp,
+    std::snprintf(line, sizeof line, "%-12s %12s %12s %12s %12s  %s\n", rank_name(p, r).c_str(),
                   format_bytes(r.stage_peak).c_str(), format_bytes(r.shard_peak).c_str(),
                   format_bytes(r.reserve).c_str(), format_bytes(r.total()).c_str(), top.c_str());
     s << line;
   }
   for (const auto& r : p.ranks) {
-    if (r.dp != 0) continue;
+    if (r.dp != 0 || r.tp != 0) continue;
     // With v chunks a rank the simulator counts (chunk, micro-batch) passes, and a micro-batch's
     // activations are its v chunks' together: say so rather than multiply the two.
     if (p.v > 1)
@@ -339,7 +350,7 @@ std::string render_text(const job_plan& p) {
          "page-locked): "
       << format_bytes(p.host_need) << " in all";
     for (const auto& r : p.ranks)
-      s << (r.dp == 0 && r.pp == 0 ? "; " : ", ") << "dp" << r.dp << "/pp" << r.pp << " "
+      s << (&r == &p.ranks.front() ? "; " : ", ") << rank_name(p, r) << " "
         << format_bytes(r.host_bytes);
     s << "\n";
   }
@@ -359,6 +370,8 @@ std::string render_json(const job_plan& p) {
   j["layout"] = p.name;
   j["device"] = p.device;
   j["data_parallel"] = p.dp;
+  j["model_parallel"] = p.tp;
+  j["sequence_parallel"] = p.sequence_parallel;
   j["pipeline_stage"] = p.pp;
   j["virtual_pipeline"] = p.v;
   j["microbatches"] = p.microbatches;
@@ -372,6 +385,7 @@ std::string render_json(const job_plan& p) {
   for (const auto& r : p.ranks) {
     nlohmann::ordered_json jr;
     jr["dp"] = r.dp;
+    jr["tp"] = r.tp;
     jr["pp"] = r.pp;
     jr["stage_peak_bytes"] = r.stage_peak;
     jr["optimizer_peak_bytes"] = r.shard_peak;

@@ -38,9 +38,9 @@ struct memory_term {
   std::uint64_t bytes = 0;
 };
 
-/// What one worker (dp, pp) holds at its peak.
+/// What one worker (dp, pp, tp) holds at its peak.
 struct rank_plan {
-  int dp = 0, pp = 0;
+  int dp = 0, pp = 0, tp = 0;
   std::uint64_t stage_peak = 0;  // the stage backend's allocator peak (what metrics report)
   std::uint64_t shard_peak = 0;  // its optimizer shard's
   std::uint64_t reserve = 0;     // device context and allocator slack, beyond both peaks
@@ -62,7 +62,8 @@ struct suggestion {
 struct job_plan {
   std::string name;              // a one-line description of the layout
   std::string device;            // cpu | cuda
-  int dp = 1, pp = 1, v = 1, microbatches = 1, micro_batch_size = 1, zero_stage = 0;
+  int dp = 1, tp = 1, pp = 1, v = 1, microbatches = 1, micro_batch_size = 1, zero_stage = 0;
+  bool sequence_parallel = false;
   std::string schedule, recompute, precision;
   std::vector<int> chunk_layers;  // layers of each model chunk (core::chunk_layers)
   bool one_device = true;
@@ -107,6 +108,9 @@ struct search_result {
 /// stage for cfg's model, one process per device; keeps the fastest that fit.
 core::result<search_result> search(const core::config& cfg, const search_options& o);
 std::string render_search(const search_result& r, const search_options& o);
+
+/// A rank's name in the plan: "dp0/pp1", with its tensor-parallel rank "dp0/tp1/pp1".
+std::string rank_name(const job_plan& p, const rank_plan& r);
 
 /// "1.50 GiB" etc.
 std::string format_bytes(std::uint64_t bytes);

@@ -1,7 +1,8 @@
 // `troupe plan`'s memory against reality: the planned peak bytes of every stage and optimizer
 // shard (a dry run of the job on meta backends) next to what the CPU backend counted in a real
 // run of the same config (metrics.jsonl: peak_device_bytes, optimizer_peak_device_bytes), for a
-// tiny GPT-2 and a tiny LLaMA over pipeline stages, recompute modes and ZeRO stages.
+// tiny GPT-2 and a tiny LLaMA over pipeline stages, recompute modes, ZeRO stages and tensor
+// parallel (with and without sequence parallel).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -21,7 +22,7 @@ using model::testing::scratch_dir;
 using model::testing::tiny_run;
 
 struct measured {
-  std::map<std::pair<int, int>, std::uint64_t> stage, shard;  // (dp, pp)
+  std::map<std::tuple<int, int, int>, std::uint64_t> stage, shard;  // (dp, pp, tp)
 };
 
 /// Peaks of the last step's metrics line.
@@ -38,7 +39,8 @@ measured run_and_measure(const core::config& cfg) {
   auto j = nlohmann::json::parse(last);
   measured m;
   for (const auto& s : j.at("stages")) {
-    const std::pair<int, int> k{s.at("dp").get<int>(), s.at("pp").get<int>()};
+    const std::tuple<int, int, int> k{s.at("dp").get<int>(), s.at("pp").get<int>(),
+                                      s.value("tp", 0)};
     m.stage[k] = s.at("peak_device_bytes").get<std::uint64_t>();
     m.shard[k] = s.at("optimizer_peak_device_bytes").get<std::uint64_t>();
   }
@@ -73,8 +75,8 @@ void compare(const core::config& cfg) {
   const measured m = run_and_measure(cfg);
   REQUIRE(p->ranks.size() == m.stage.size());
   for (const auto& r : p->ranks) {
-    const std::pair<int, int> k{r.dp, r.pp};
-    INFO("stage (dp ", r.dp, ", pp ", r.pp, "): planned ", r.stage_peak, " measured ",
+    const std::tuple<int, int, int> k{r.dp, r.pp, r.tp};
+    INFO("stage (dp ", r.dp, ", pp ", r.pp, ", tp ", r.tp, "): planned ", r.stage_peak, " measured ",
          m.stage.at(k), "; shard planned ", r.shard_peak, " measured ", m.shard.at(k));
     REQUIRE(m.stage.at(k) > 0);
     CHECK(rel(r.stage_peak, m.stage.at(k)) <= 0.10);
@@ -207,5 +209,68 @@ TEST_CASE("the plan follows uneven stages and per-layer recompute, and matches a
     compare(with(base, {"parallel.stage_layers=[1,3]", "recompute.mode=full", "recompute.layers=1"}));
     compare(with(base, {"parallel.stage_layers=[3,1]", "recompute.mode=selective",
                         "recompute.layer_list=[1,3]"}));
+  }
+}
+
+TEST_CASE("planned peak bytes per tensor-parallel stage and shard match a CPU run within 10 %") {
+  // tp 2: every rank its shard of the weights, vocabulary-parallel logits, and (sequence
+  // parallel) its rows of the norms and residuals; LLaMA with 2 key/value heads splits them.
+  struct tp_case {
+    core::arch_kind arch;
+    bool sp;
+    int pp, dp;
+  };
+  for (const tp_case& t : {tp_case{core::arch_kind::gpt2, false, 1, 1},
+                           tp_case{core::arch_kind::gpt2, true, 2, 1},
+                           tp_case{core::arch_kind::llama, false, 1, 2},
+                           tp_case{core::arch_kind::llama, true, 1, 1}}) {
+    const bool gpt2 = t.arch == core::arch_kind::gpt2, sp = t.sp;
+    const int pp = t.pp, dp = t.dp;
+    INFO((gpt2 ? "gpt2" : "llama"), " sequence_parallel ", sp, " pp ", pp, " dp ", dp);
+    scratch_dir tmp("plan_tp");
+    core::config c = layout(tmp, t.arch, pp, dp, core::recompute_mode::none, dp > 1 ? 1 : 0);
+    c.parallel.model_parallel = 2;
+    c.parallel.sequence_parallel = sp;
+    auto p = plan::make_plan(c, {});
+    REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.err().to_string()));
+    CHECK(p->ranks.size() == static_cast<std::size_t>(2 * pp * dp));
+    compare(c);
+  }
+}
+
+TEST_CASE("tensor parallel halves a rank's split weights and sequence parallel its saved activations") {
+  // Against the plan of the same model at tp 1: tp 2 takes away half of every split tensor, by
+  // the sharding rules of model/tensor_parallel.hpp counted here from the model's sizes (the
+  // norms, wpe and GPT-2's row-parallel biases stay whole). Within 2 %: the flat buffers pad
+  // each tensor to a block (kernels::norm_block), and the model is wide enough for that to be
+  // small.
+  for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama}) {
+    INFO((arch == core::arch_kind::gpt2 ? "gpt2" : "llama"));
+    scratch_dir tmp("plan_tp_half");
+    const core::config base = with(layout(tmp, arch, 1, 1, core::recompute_mode::none, 0),
+                                   {"model.hidden_size=256", "model.ffn_hidden_size=1024"});
+    auto one = plan::make_plan(base, {});
+    auto two = plan::make_plan(with(base, {"parallel.model_parallel=2"}), {});
+    auto seq = plan::make_plan(
+        with(base, {"parallel.model_parallel=2", "parallel.sequence_parallel=true"}), {});
+    REQUIRE(one.ok());
+    REQUIRE(two.ok());
+    REQUIRE(seq.ok());
+    const core::model_config& m = base.model;
+    const std::uint64_t C = m.hidden_size, F = m.ffn_size(), V = m.vocab_size, L = m.num_layers;
+    const std::uint64_t kv = static_cast<std::uint64_t>(m.kv_heads()) * m.head_dim();
+    REQUIRE(V % 2 == 0);  // no vocabulary padding at tp 2
+    const std::uint64_t split =
+        arch == core::arch_kind::gpt2
+            ? L * (3 * C * C + 3 * C + C * C + F * C + F + C * F) + 2 * V * C  // wte, lm_head
+            : L * (2 * C * C + 2 * kv * C + 3 * F * C) + 2 * V * C;
+    const double halved = static_cast<double>(term(one->ranks[0], "fp32 parameters") -
+                                              term(two->ranks[0], "fp32 parameters"));
+    CHECK(halved == doctest::Approx(static_cast<double>(split / 2 * 4)).epsilon(0.02));
+    CHECK(term(two->ranks[0], "fp32 parameters") == term(two->ranks[1], "fp32 parameters"));
+    CHECK(two->ranks[0].saved_per_microbatch < one->ranks[0].saved_per_microbatch);
+    CHECK(seq->ranks[0].saved_per_microbatch < two->ranks[0].saved_per_microbatch);
+    CHECK(plan::rank_name(*two, two->ranks[1]) == "dp0/tp1/pp0");
+    CHECK(plan::rank_name(*one, one->ranks[0]) == "dp0/pp0");
   }
 }
