@@ -14,8 +14,7 @@
 //  - host (a dry run for the CPU): the CPU backend's collectives sum in host tensors the transport
 //    allocates, outside the backend's count (what metrics.jsonl reports); their results are
 //    handed out from `uncounted`.
-// tests/plan/meta_comm_test.cpp runs the real tp_group on meta backends over the in-process
-// transport and checks that both give the same peaks.
+// tests/plan/memory_test.cpp checks the CPU path's plans against real tensor-parallel CPU runs.
 #pragma once
 
 #include "kernels/meta_backend.hpp"

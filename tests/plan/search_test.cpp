@@ -199,3 +199,54 @@ TEST_CASE("zb_v's simulator costs: the slowest rank's work over its two chunks, 
   REQUIRE(sim.ok());
   CHECK(p->pipeline_s == doctest::Approx(sim.value().makespan).epsilon(1e-12));
 }
+
+TEST_CASE("plan --search tries tensor parallel, and rejects what the config check refuses with its reason") {
+  scratch_dir tmp("plan_search_tp");
+  const core::config base = tiny(tmp, 4);
+  plan::search_options o;
+  o.gpus = 2;
+  o.top = 1000;  // every layout that fits
+  o.micro_batch_sizes = {2};
+  auto r = plan::search(base, o);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
+  const std::string text = plan::render_search(r.value(), o);
+  INFO(text);
+  // On 2 devices tp 2 leaves dp 1 × pp 1, with sequence parallel off and on.
+  int tp2 = 0, tp2_sp = 0;
+  for (const auto& p : r.value().best) {
+    if (p.tp != 2) continue;
+    CHECK(p.dp * p.pp == 1);
+    REQUIRE(p.ranks.size() == 2);
+    CHECK(plan::rank_name(p, p.ranks[1]) == "dp0/tp1/pp0");
+    CHECK(p.name.find("tp 2") != std::string::npos);
+    ++(p.sequence_parallel ? tp2_sp : tp2);
+  }
+  CHECK(tp2 > 0);
+  CHECK(tp2_sp > 0);
+  CHECK(text.find("not searched") == std::string::npos);
+
+  // Compute below fp32 with tensor parallel is refused by the config check: every tp 2 layout is
+  // rejected with the check's key and words, counted, and none is planned.
+  auto bf16 = [&] {
+    auto c = core::parse_config(core::to_toml(base), "search_test",
+                                {"runtime.device=\"cuda\"", "precision.compute=\"bf16\""});
+    REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.err().to_string()));
+    return c.value();
+  }();
+  auto low = plan::search(bf16, o);
+  REQUIRE(low.ok());
+  const std::string low_text = plan::render_search(low.value(), o);
+  INFO(low_text);
+  REQUIRE_FALSE(low.value().best.empty());
+  for (const auto& p : low.value().best) CHECK(p.tp == 1);
+  int refused = 0;
+  for (const auto& [why, n] : low.value().rejected)
+    if (why.rfind("model_parallel 2", 0) == 0) {
+      CHECK(why.find("refused by the config check (precision.compute: ") != std::string::npos);
+      CHECK(why.find("fp32 only") != std::string::npos);
+      refused += n;
+    }
+  // dp 1 × pp 1: one schedule × three recompute modes, sequence parallel off and on.
+  CHECK(refused == 6);
+  CHECK(low_text.find("precision.compute") != std::string::npos);
+}
