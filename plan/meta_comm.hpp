@@ -14,7 +14,10 @@
 //  - host (a dry run for the CPU): the CPU backend's collectives sum in host tensors the transport
 //    allocates, outside the backend's count (what metrics.jsonl reports); their results are
 //    handed out from `uncounted`.
-// tests/plan/memory_test.cpp checks the CPU path's plans against real tensor-parallel CPU runs.
+// tests/plan/meta_comm_test.cpp runs the real tp_group's device path on meta backends over the
+// in-process transport (a thread per rank) and checks that each rank keeps the same bytes and
+// peaks within one phase's send buffers; tests/plan/memory_test.cpp checks the CPU path's plans
+// against real tensor-parallel CPU runs.
 #pragma once
 
 #include "kernels/meta_backend.hpp"

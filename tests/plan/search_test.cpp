@@ -250,3 +250,52 @@ TEST_CASE("plan --search tries tensor parallel, and rejects what the config chec
   CHECK(refused == 6);
   CHECK(low_text.find("precision.compute") != std::string::npos);
 }
+
+TEST_CASE("tensor parallel's simulator costs: the arithmetic over the ranks, the collectives at the link rate") {
+  scratch_dir tmp("plan_tp_costs");
+  core::config c = tiny(tmp, 4);  // one chunk: the embedding, 4 layers, the head
+  const plan::calibration cal = plan::default_calibration("cpu", core::precision_kind::fp32);
+  const std::int64_t rows = static_cast<std::int64_t>(c.parallel.micro_batch_size) * c.model.seq_length;
+  const double compute = plan::forward_flops(c.model, 4, true, rows) / cal.flops_per_s;
+  const double overhead = plan::forward_ops_per_layer(c.model) * 4 * cal.op_overhead_s;
+  const auto one = plan::chunk_costs(c, cal);
+  CHECK(one.f == doctest::Approx(compute + overhead).epsilon(1e-12));
+  CHECK(plan::tp_comm_seconds(c, cal, 4, true, true) == 0);
+
+  // tp 2: a rank computes half; it sends half of an fp32 activation A in each all-gather or
+  // reduce-scatter and all of it in each all-reduce (two halves). Without sequence parallel:
+  // two all-reduces a layer, one for the embedding, one for the final norm's gradient, the
+  // loss's row maxima (rows floats to one peer) and row sums (2 rows floats, all-reduced).
+  c.parallel.model_parallel = 2;
+  const double A = static_cast<double>(rows) * c.model.hidden_size * 4;
+  const double loss_small = rows * 4.0 + 2 * rows * 4.0;
+  const double plain = (4 * 2 * A + A + A + loss_small) / cal.link_bytes_per_s;
+  CHECK(plan::tp_comm_seconds(c, cal, 4, true, true) == doctest::Approx(plain).epsilon(1e-12));
+  const auto two = plan::chunk_costs(c, cal);
+  CHECK(two.f == doctest::Approx(compute / 2 + overhead + plain).epsilon(1e-12));
+  CHECK(two.b == doctest::Approx(compute + 2 * overhead + plain).epsilon(1e-12));
+  CHECK(two.w == doctest::Approx(compute / 2 + overhead).epsilon(1e-12));
+  CHECK(two.comm == doctest::Approx(one.comm).epsilon(1e-12));
+  // Sequence parallel: a layer's all-gathers and reduce-scatters move as much as its all-reduces;
+  // the embedding's sum becomes a reduce-scatter, the head gathers the norm's rows and
+  // reduce-scatters its gradient; the activation between pipeline ranks is a rank's rows.
+  c.parallel.sequence_parallel = true;
+  const double seq = (4 * 2 * A + A / 2 + A / 2 + A / 2 + loss_small) / cal.link_bytes_per_s;
+  CHECK(plan::tp_comm_seconds(c, cal, 4, true, true) == doctest::Approx(seq).epsilon(1e-12));
+  CHECK(plan::chunk_costs(c, cal).comm == doctest::Approx(one.comm / 2).epsilon(1e-12));
+  // Full recompute repeats the forward's collectives inside the backward.
+  c.parallel.sequence_parallel = false;
+  c.recompute.mode = core::recompute_mode::full;
+  const auto full = plan::chunk_costs(c, cal);
+  CHECK(full.b - two.b == doctest::Approx(compute / 2 + overhead + plain).epsilon(1e-9));
+
+  // On one device (troupe train) every rank's share runs there: tp ranks times one rank's work.
+  c.recompute.mode = core::recompute_mode::none;
+  c.parallel.data_parallel = 2;  // more than one worker besides the tp group
+  plan::plan_options po;
+  po.suggest = false;
+  auto p = plan::make_plan(c, po);
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.err().to_string()));
+  CHECK(p->pipeline_s ==
+        doctest::Approx((two.f + two.b) * c.parallel.micro_batch_num * 2 * 2).epsilon(1e-12));
+}
