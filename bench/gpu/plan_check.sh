@@ -6,11 +6,13 @@
 # writes $O/plan_check.jsonl; the ratios are planned / measured.
 #
 #   bash bench/gpu/pack.sh build-cuda        # where troupe was built with CUDA: stage build-gpu/
-#   bash bench/gpu/plan_check.sh [124m|1.5b|llama|all|oom] [--calibrate]   # on the GPU machine
+#   bash bench/gpu/plan_check.sh [124m|1.5b|llama|all|tp|oom] [--calibrate]   # on the GPU machine
 #
 # ONLY=REGEX runs only the runs whose "model-tag" matches (e.g. ONLY='pp1-none|dp2-zero1').
 # --calibrate first measures the GPU on each model's config (`troupe plan CONFIG --calibrate`) and
-# plans that model with those rates. Each run's folder is removed once its metrics are read.
+# plans that model with those rates. `tp` runs GPT-2 124M and the LLaMA shape at model_parallel 2
+# (sequence parallel off and on, pipeline_stage 1 and 2) in fp32, the precision tensor parallel
+# sums in (calibrated in fp32 with --calibrate). Each run's folder is removed once its metrics are read.
 # `oom` instead checks the two refusals: `troupe train` of GPT-2 1.5B at micro-batch size 64
 # refused by the plan check before allocation (exit 3), and the same with --no-plan-check running
 # out of device memory and stopping with rank, stage, step, instruction and the plan (exit 1).
@@ -82,11 +84,11 @@ try:
 except Exception as e:
     print(json.dumps({"model": model, "run": tag, "error": str(e)})); sys.exit()
 last = lines[-1]
-meas = {(s["dp"], s["pp"]): (s.get("peak_device_bytes", 0), s.get("optimizer_peak_device_bytes", 0)) for s in last["stages"]}
+meas = {(s["dp"], s["pp"], s.get("tp", 0)): (s.get("peak_device_bytes", 0), s.get("optimizer_peak_device_bytes", 0)) for s in last["stages"]}
 rows = []
 for r in plan["ranks"]:
-    ms, mo = meas[(r["dp"], r["pp"])]
-    rows.append({"dp": r["dp"], "pp": r["pp"], "stage_planned": r["stage_peak_bytes"], "stage_measured": ms,
+    ms, mo = meas[(r["dp"], r["pp"], r.get("tp", 0))]
+    rows.append({"dp": r["dp"], "tp": r.get("tp", 0), "pp": r["pp"], "stage_planned": r["stage_peak_bytes"], "stage_measured": ms,
                  "shard_planned": r["optimizer_peak_bytes"], "shard_measured": mo,
                  "stage_ratio": r["stage_peak_bytes"] / ms if ms else None,
                  "shard_ratio": r["optimizer_peak_bytes"] / mo if mo else None})
@@ -106,7 +108,23 @@ if [ "$which" = oom ]; then
   grep -m3 -E "out of device memory|error" $O/oom_run.log; grep -A12 "the plan of this layout" $O/oom_run.log
   exit 0
 fi
-models=$which; [ "$which" = all ] && models="124m llama 1.5b"
+if [ "$which" = tp ]; then
+  for m in 124m llama; do
+    fp32=precision.compute=\"fp32\"
+    cal_flag=""
+    if [ $calibrate = 1 ]; then
+      $B/troupe plan $O/cfg/$m.toml --set $fp32 --calibrate $O/calibration-$m-fp32.json &&
+        cal_flag="--calibration $O/calibration-$m-fp32.json"
+    fi
+    for pp in 1 2; do
+      for sp in false true; do
+        run $m tp2-pp$pp-sp$sp $fp32 parallel.model_parallel=2 parallel.sequence_parallel=$sp parallel.pipeline_stage=$pp
+      done
+    done
+  done
+  which=none
+fi
+models=$which; [ "$which" = all ] && models="124m llama 1.5b"; [ "$which" = none ] && models=""
 for m in $models; do
   cal_flag=""
   if [ $calibrate = 1 ]; then  # the device's rates measured on this model's own shapes
@@ -123,14 +141,14 @@ for m in $models; do
 done
 python3 - $O/plan_check.jsonl <<'PY'
 import json, sys
-print("%-6s %-18s %5s %12s %12s %6s %10s %10s %6s %9s %9s %6s" % ("model", "run", "rank", "stage plan", "stage real", "ratio",
+print("%-6s %-18s %8s %12s %12s %6s %10s %10s %6s %9s %9s %6s" % ("model", "run", "dp/tp/pp", "stage plan", "stage real", "ratio",
       "shard plan", "shard real", "ratio", "step plan", "step real", "ratio"))
 for l in open(sys.argv[1]):
     j = json.loads(l)
     if "error" in j: print(j["model"], j["run"], "error:", j["error"]); continue
     for r in j["ranks"]:
         g = lambda b: "%.2fG" % (b / 2**30)
-        print("%-6s %-18s %2d/%-2d %12s %12s %6.3f %10s %10s %6.3f %9.4f %9.4f %6.3f" % (j["model"], j["run"], r["dp"], r["pp"],
+        print("%-6s %-18s %2d/%d/%-2d %12s %12s %6.3f %10s %10s %6.3f %9.4f %9.4f %6.3f" % (j["model"], j["run"], r["dp"], r.get("tp", 0), r["pp"],
               g(r["stage_planned"]), g(r["stage_measured"]), r["stage_ratio"] or 0, g(r["shard_planned"]), g(r["shard_measured"]),
               r["shard_ratio"] or 0, j["step_planned_s"], j["step_measured_s"], j["step_ratio"]))
 PY
