@@ -76,11 +76,12 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
   const bool device = dev == device_model::cuda;
   const int kv = model::kv_replicas(cfg.model, l.tp);
   kernels::meta_backend host_results;  // the CPU collectives' results: host tensors, not counted
-  auto tp_of = [&](worker_parts& wp, kernels::meta_backend& be, int t) {
+  // Rank t's chunk_tp on `be`, its collectives kept in `comm` (model_parallel 1: none).
+  auto tp_of = [&](std::unique_ptr<meta_comm>& comm, kernels::meta_backend& be, int t) {
     if (l.tp == 1) return model::chunk_tp{};
-    wp.comm = std::make_unique<meta_comm>(l.tp, t, cfg.parallel.sequence_parallel, kv, be,
-                                          host_results, device);
-    return model::chunk_tp{l.tp, t, wp.comm.get()};
+    comm = std::make_unique<meta_comm>(l.tp, t, cfg.parallel.sequence_parallel, kv, be,
+                                       host_results, device);
+    return model::chunk_tp{l.tp, t, comm.get()};
   };
   std::map<rank_key, worker_parts> w;
   for (int d = 0; d < l.dp; ++d)
@@ -89,7 +90,7 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
         worker_parts& wp = w[{d, p, t}];
         wp.stage_be = std::make_unique<kernels::meta_backend>(mo);
         wp.stage_be->set_device(claimed);
-        const model::chunk_tp tp = tp_of(wp, *wp.stage_be, t);
+        const model::chunk_tp tp = tp_of(wp.comm, *wp.stage_be, t);
         std::vector<model::chunk> chunks;
         {
           kernels::meta_backend::scope s(*wp.stage_be, "parameters and gradients");
@@ -132,8 +133,8 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
   for (int p = 0; p < l.pp; ++p) {
     kernels::meta_backend probe(mo);
     probe.set_device(claimed);
-    worker_parts holder;
-    const model::chunk_tp tp = tp_of(holder, probe, 0);
+    std::unique_ptr<meta_comm> comm;
+    const model::chunk_tp tp = tp_of(comm, probe, 0);
     for (int i = 0; i < l.v; ++i) {
       const model::chunk_spec& spec = specs[l.chunk_of(p, i)];
       model::chunk c(cfg.model, spec, probe, cfg.precision.compute, tp);
