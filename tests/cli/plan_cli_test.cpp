@@ -10,7 +10,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "tests/model/trainer_fixture.hpp"
 
@@ -224,4 +226,34 @@ TEST_CASE("troupe train with optimizer.offload gives the checkpoint and losses o
   run_result single = run_troupe(dir, "train '" + cfg + "' --single-rank --set optimizer.offload=true");
   CHECK(single.code != 0);
   CHECK(contains(single.err, "optimizer.offload"));
+}
+
+TEST_CASE("troupe plan with model_parallel names every (dp, tp, pp) rank, as text and as JSON") {
+  scratch_dir dir("plan_cli_tp");
+  const std::string cfg = write_config(dir);
+  const nlohmann::json one = plan_json(dir, cfg);
+  const nlohmann::json p = plan_json(dir, cfg, "--set parallel.model_parallel=2 --set parallel.sequence_parallel=true");
+  CHECK(p["model_parallel"] == 2);
+  CHECK(p["sequence_parallel"] == true);
+  REQUIRE(p["ranks"].size() == 8);  // dp 2 × tp 2 × pp 2
+  std::set<std::tuple<int, int, int>> seen;
+  for (const auto& r : p["ranks"]) seen.insert({r["dp"].get<int>(), r["tp"].get<int>(), r["pp"].get<int>()});
+  CHECK(seen.size() == 8);
+  // A rank holds its shard: fewer parameters than at model_parallel 1 (tests/plan/memory_test.cpp
+  // checks how many fewer).
+  const auto params = [](const nlohmann::json& j) {
+    return j["ranks"][0]["terms"]["fp32 parameters"].get<double>();
+  };
+  CHECK(params(p) < params(one));
+  const run_result text = run_troupe(dir, "plan '" + cfg + "' --set parallel.model_parallel=2");
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  CHECK(contains(text.out, "dp 2 × tp 2 × pp 2"));
+  for (const char* name : {"dp0/tp0/pp0", "dp0/tp1/pp1", "dp1/tp1/pp0"}) {
+    INFO(name);
+    CHECK(contains(text.out, name));
+  }
+  // A model_parallel the model cannot split is refused naming the key.
+  const run_result bad = run_troupe(dir, "plan '" + cfg + "' --set parallel.model_parallel=3");
+  CHECK(bad.code != 0);
+  CHECK(contains(bad.err, "parallel.model_parallel"));
 }
