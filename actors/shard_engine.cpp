@@ -41,10 +41,18 @@ shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, i
   for (auto& ch : chunks_) {
     auto [lo, hi] = layout_.shard_range(ch.initial.numel(), part_);
     ranges_.emplace_back(lo, hi);
-    core::tensor m = state(hi - lo);
     be_.wait_ready(ch.initial);  // the stage's backend wrote it (stage_engine records it ready)
-    if (hi > lo) be_.copy(ch.initial.slice(lo, {hi - lo}), m);
-    master_.push_back(m);
+    if (adopts_params()) {
+      // The stage's own buffers (one replica: lo = 0, hi = every element).
+      master_.push_back(ch.initial);
+      low_.push_back(ch.low);
+    } else {
+      core::tensor m = state(hi - lo);
+      if (hi > lo) be_.copy(ch.initial.slice(lo, {hi - lo}), m);
+      master_.push_back(m);
+      low_.emplace_back();
+    }
+    const core::tensor& m = master_.back();
     if (host_ && adopts_gradients()) {
       // reduce() adopts the stage's gradient slice before anything reads this one: under offload
       // the device keeps no buffer of its own (the master slice stands in until then).
@@ -58,7 +66,8 @@ shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, i
       for (std::int64_t a = lo; a < hi; a += offload_piece)
         pieces_.push_back(piece{ranges_.size() - 1, a, std::min(hi, a + offload_piece)});
     moments_.push_back(model::optimizer_state{state(hi - lo), state(hi - lo)});
-    ch.initial = {};  // only needed to seed the master slice
+    ch.initial = {};  // only needed to seed the master slice (or held as master_ above)
+    ch.low = {};
   }
   if (host_) {
     std::int64_t largest = 0;
@@ -81,10 +90,10 @@ void shard_engine::rebuild_slots() {
       info.shape = {b - a};
       info.numel = b - a;
       info.offset = a;
-      slots_.push_back(model::param_slot{info, master_[i].slice(a - lo, {b - a}),
-                                         reduced_[i].slice(a - lo, {b - a}),
-                                         moments_[i].exp_avg.slice(a - lo, {b - a}),
-                                         moments_[i].exp_avg_sq.slice(a - lo, {b - a})});
+      slots_.push_back(model::param_slot{
+          info, master_[i].slice(a - lo, {b - a}), reduced_[i].slice(a - lo, {b - a}),
+          moments_[i].exp_avg.slice(a - lo, {b - a}), moments_[i].exp_avg_sq.slice(a - lo, {b - a}),
+          low_[i].defined() ? low_[i].slice(a - lo, {b - a}) : core::tensor{}});
       slot_chunk_.push_back(i);
     }
   }

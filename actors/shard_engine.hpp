@@ -43,6 +43,8 @@ struct shard_chunk {
   std::vector<model::param_info> params;  // the chunk's parameters (offsets into its flat buffer)
   core::tensor initial;                   // the chunk's initial flat params (host or device;
                                           // REQUIRES: record_ready by the backend that wrote it)
+  core::tensor low{};                     // the stage's low-precision copy of them (bf16/fp16),
+                                          // or undefined (fp32)
 };
 
 class shard_engine {
@@ -107,6 +109,11 @@ class shard_engine {
  private:
   /// One replica without returned sums: reduce() takes the stage's gradient slice as the sum.
   bool adopts_gradients() const { return layout_.dp == 1 && !layout_.returns_reduced_grads(); }
+  /// One replica, state on the device: the shard owns every element, and the one stage it updates
+  /// lives on its worker with `initial` its live parameter buffer. The master weights are that
+  /// buffer and AdamW writes the stage's low-precision copy in the same pass (as the single-rank
+  /// trainer's does), so the stage neither copies the update in nor converts it.
+  bool adopts_params() const { return layout_.dp == 1 && !host_; }
   /// Offload: one piece of one chunk's owned range [begin, end) (elements of the chunk buffer).
   struct piece {
     std::size_t chunk;
@@ -127,6 +134,8 @@ class shard_engine {
   std::vector<shard_chunk> chunks_;
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges_;
   std::vector<core::tensor> master_;              // per chunk: owned slice of the params
+  std::vector<core::tensor> low_;                 // per chunk: the stage's low copy AdamW writes
+                                                  // (adopts_params), else undefined
   std::vector<core::tensor> reduced_;             // per chunk: owned slice of the summed grads
   std::vector<model::optimizer_state> moments_;   // per chunk
   std::vector<model::param_slot> slots_;          // every owned parameter piece, in global order

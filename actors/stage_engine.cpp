@@ -458,19 +458,27 @@ bool stage_engine::finish_step() {
   for (int i = 0; i < layout_.v; ++i) {
     int c = layout_.chunk_of(pp_, i);
     auto& ch = chunk_for(c);
+    // A shard that adopted this stage's parameter buffer (shard_engine::adopts_params: one
+    // replica, on this worker) updated it in place and wrote the low-precision copy: what arrives
+    // is the buffer itself (its stream already waited for, by deliver), so nothing is copied or
+    // converted.
+    bool in_place = true;
     for (int k = 0; k < layout_.dp; ++k) {
       if (!layout_.shard_updates(k, dp_)) continue;
       auto [lo, hi] = layout_.shard_range(ch.flat_params().numel(), k);
       core::tensor dst = ch.flat_params().slice(lo, {hi - lo});
-      if (hi > lo) be_.copy(take(tag_of(tensor_kind::param_slice, c, -1, k)), dst);
-      else take(tag_of(tensor_kind::param_slice, c, -1, k));
+      core::tensor src = take(tag_of(tensor_kind::param_slice, c, -1, k));
+      const bool same = src.store() == dst.store() && src.byte_offset() == dst.byte_offset() &&
+                        src.numel() == dst.numel();
+      if (!same) in_place = false;
+      if (hi > lo && !same) be_.copy(src, dst);
       if (layout_.returns_reduced_grads()) {
         core::tensor gdst = ch.flat_grads().slice(lo, {hi - lo});
         core::tensor src = take(tag_of(tensor_kind::reduced_grad, c, -1, k));
         if (hi > lo) be_.copy(src, gdst);
       }
     }
-    ch.trainable_updated();
+    if (!in_place) ch.trainable_updated();
   }
   record("STEP", event_cat::comm, t0, clock::now());
   return true;

@@ -119,7 +119,8 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
     std::vector<actors::shard_chunk> sc;
     auto& chunks = wp.stage->chunks();
     for (int i = 0; i < l.v; ++i)
-      sc.push_back(actors::shard_chunk{l.chunk_of(p, i), chunks[i].params(), chunks[i].flat_params()});
+      sc.push_back(actors::shard_chunk{l.chunk_of(p, i), chunks[i].params(),
+                                         chunks[i].flat_params(), chunks[i].flat_low()});
     kernels::meta_backend::scope s(*wp.shard_be, "optimizer state");
     if (cfg.optimizer.offload) wp.host_be = std::make_unique<kernels::meta_backend>(mo);
     wp.shard = std::make_unique<actors::shard_engine>(cfg, l, p, k, *wp.shard_be, std::move(sc),

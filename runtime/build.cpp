@@ -83,7 +83,7 @@ core::result<std::unique_ptr<shard_engine>> build_shard(const core::config& cfg,
   std::vector<shard_chunk> sc;
   for (int i = 0; i < l.v; ++i) {
     auto& c = owner[i];
-    sc.push_back(shard_chunk{l.chunk_of(pp, i), c.params(), c.flat_params()});
+    sc.push_back(shard_chunk{l.chunk_of(pp, i), c.params(), c.flat_params(), c.flat_low()});
   }
   auto e = std::make_unique<shard_engine>(cfg, l, pp, part, be, std::move(sc), host);
   e->set_tp(tp);

@@ -10,6 +10,7 @@
 #
 #   bash bench/gpu/pack.sh build-cuda     # where troupe was built with CUDA
 #   bash bench/gpu/product.sh [steps]     # on the GPU machine, from the repository root
+#   PARTS="gpt2 llama" bash bench/gpu/product.sh 25   # only some parts (default: gpt2 llama cpu)
 #
 # Results: $RESULTS/results.jsonl, $RESULTS/llama.jsonl, $RESULTS/cpu.jsonl and the tables in $RESULTS/product.md.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -19,6 +20,8 @@ STEPS=${1:-30}
 B=$BIN
 O=$RESULTS
 W=$WORK
+PARTS=${PARTS:-gpt2 llama cpu}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 date -u | tee $O/date.txt
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee -a $O/date.txt
 
@@ -32,6 +35,7 @@ if [ -x $B/test_runtime ]; then
   grep -B3 -A14 "ERROR\|FAILED" $O/test_runtime.log | head -40
 fi
 
+if part gpt2; then
 python3 $S/train_bench.py data $W/data --tokens 3000000 --vocab 50257 >/dev/null
 RUN="python3 $S/train_bench.py run --troupe $B/troupe $S/configs/gpt2_124m_1gpu.toml --steps $STEPS --out $O/results.jsonl
      --set data.train=$W/data/train.bin --set data.val=$W/data/val.bin"
@@ -42,16 +46,21 @@ $RUN --mode train --label "train (record off)" --set runtime.record=false
 $RUN --mode launch --workers 1 --label "launch (1 worker)"
 timeout 100 $B/gpu_gpt2_bench --tag gpu_gpt2_bench --steps 20 2>&1 | tail -1 | tee -a $O/results.jsonl
 timeout 200 python3 $S/torch_gpt2.py --compile --tag torch.compile 2>&1 | tail -1 | tee -a $O/results.jsonl
+fi
 
+if part llama; then
 echo "== LLaMA-3-style 1B (16 x 2048, 32/8 heads, vocabulary 128,256), B 4, T 2048, bf16, one GPU"
 python3 $S/train_bench.py data $W/llama --tokens 3000000 --vocab 128256 >/dev/null
 LRUN="python3 $S/train_bench.py run --troupe $B/troupe $S/configs/llama3_1b_1gpu.toml --steps $STEPS
       --out $O/llama.jsonl --set data.train=$W/llama/train.bin --set data.val=$W/llama/val.bin"
 $LRUN --mode single-rank --label "llama train --single-rank"
 $LRUN --mode train --label "llama train (record off)" --set runtime.record=false
+$LRUN --mode train --label "llama train (defaults)"
 timeout 300 python3 $S/torch_gpt2.py --compile --tag torch.compile --arch llama --layers 16 --embd 2048 \
   --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --seq 2048 --batch 4 2>&1 | tail -1 | tee -a $O/llama.jsonl
+fi
 
+if part cpu; then
 echo "== CPU: configs/tiny.toml pinned to 2 cores, recording on and off"
 mkdir -p $W/tiny && python3 $S/train_bench.py data $W/tiny --tokens 400000 --vocab 50257 >/dev/null
 CPU="python3 $S/train_bench.py run --troupe $B/troupe configs/tiny.toml --steps 7 --skip 2 --out $O/cpu.jsonl
@@ -60,7 +69,9 @@ for i in 1 2; do
   taskset -c 0,1 $CPU --label "tiny cpu record on ($i)"
   taskset -c 0,1 $CPU --label "tiny cpu record off ($i)" --set runtime.record=false
 done
+fi
 
-python3 $S/train_bench.py table $O/results.jsonl --baseline torch.compile | tee $O/product.md
-python3 $S/train_bench.py table $O/llama.jsonl --baseline torch.compile | tee -a $O/product.md
-python3 $S/train_bench.py table $O/cpu.jsonl | tee -a $O/product.md
+: > $O/product.md
+part gpt2 && python3 $S/train_bench.py table $O/results.jsonl --baseline torch.compile | tee -a $O/product.md
+part llama && python3 $S/train_bench.py table $O/llama.jsonl --baseline torch.compile | tee -a $O/product.md
+part cpu && python3 $S/train_bench.py table $O/cpu.jsonl | tee -a $O/product.md
