@@ -47,9 +47,12 @@ std::uint64_t static_bound(const core::config& c) {
     n /= static_cast<std::uint64_t>(tp);
     frozen /= static_cast<std::uint64_t>(tp);
     const std::uint64_t shard = c.optimizer.zero_stage == 0 ? n : n / c.parallel.data_parallel;
-    // under offload only the shard's summed-gradient slice stays on the device
-    worst = std::max(worst, n * (8 + low) + frozen * (4 + low) +
-                                shard * (c.optimizer.offload ? 4 : 16));
+    // Per owned element: master weights, moments and the summed-gradient slice; under offload
+    // only that slice stays on the device. With one replica the shard uses its stage's gradient
+    // and parameter buffers (shard_engine::adopts_gradients / adopts_params), counted above.
+    const bool one = c.parallel.data_parallel == 1;
+    const std::uint64_t per = c.optimizer.offload ? (one ? 0 : 4) : (one ? 8 : 16);
+    worst = std::max(worst, n * (8 + low) + frozen * (4 + low) + shard * per);
   }
   return worst;
 }
