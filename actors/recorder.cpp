@@ -325,6 +325,9 @@ core::result<message_log> read_log(const std::string& dir, int rank) {
   message_log out;
   std::string line;
   int n = 0;
+  // the definition the records follow: their invocation's header says (a run resumed by a newer
+  // troupe holds segments of both formats)
+  kernels::message_hash_def hash_def = kernels::message_hash_current;
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
@@ -333,13 +336,16 @@ core::result<message_log> read_log(const std::string& dir, int rank) {
       return log_error(path, n, "line " + std::to_string(n) + " is not a JSON object");
     try {
       if (j.contains("troupe_messages")) {
-        if (j.at("troupe_messages").get<int>() != message_log_version)
+        const auto format = j.at("troupe_messages");
+        const auto def = format.is_number_integer() ? hash_def_of_log_format(format.get<int>())
+                                                    : std::nullopt;
+        if (!def)
           return core::error::at_key(
               path, "", n, 0,
-              "message log format " + j.at("troupe_messages").dump() + ", this troupe reads " +
-                  std::to_string(message_log_version),
+              "message log format " + format.dump() + ", this troupe reads formats 2 and 3",
               "the run was recorded by another version of troupe (format 1 held plain xxh64 "
-              "hashes); record it again");
+              "hashes of whole tensors); replay it with that version, or record it again");
+        hash_def = *def;
         segment_header h;
         h.rank = j.at("rank").get<int>();
         h.workers = j.at("workers").get<int>();
@@ -387,6 +393,7 @@ core::result<message_log> read_log(const std::string& dir, int rank) {
       if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
         return log_error(path, n, "hash '" + h + "' is not 16 hex digits");
       r.hash = std::stoull(h, nullptr, 16);
+      r.hash_def = hash_def;
       if (j.contains("sample")) {
         const auto& s = j["sample"];
         r.sample = sample_key{s.at("seed").get<std::uint64_t>(), s.at("step").get<std::int64_t>(),
@@ -438,9 +445,15 @@ core::result<std::vector<stored_tensor>> read_tensors(const std::string& dir, in
   return out;
 }
 
-std::uint64_t tensor_hash(const core::tensor& t) {
-  if (!t.defined() || t.bytes() == 0) return kernels::message_hash(nullptr, 0);
-  return kernels::message_hash(t.raw(), t.bytes());
+std::optional<kernels::message_hash_def> hash_def_of_log_format(int format) {
+  if (format == 2) return kernels::message_hash_def::xxh64;
+  if (format == 3) return kernels::message_hash_def::xxh3;
+  return std::nullopt;
+}
+
+std::uint64_t tensor_hash(const core::tensor& t, kernels::message_hash_def def) {
+  if (!t.defined() || t.bytes() == 0) return kernels::message_hash(nullptr, 0, def);
+  return kernels::message_hash(t.raw(), t.bytes(), def);
 }
 
 core::tensor host_view(const core::tensor& t, kernels::backend* be) {

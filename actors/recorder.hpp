@@ -35,6 +35,7 @@
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/message_hash.hpp"
 #include "transport/transport.hpp"
 
 namespace troupe::actors {
@@ -59,6 +60,8 @@ struct message_record {
   core::dtype dtype = core::dtype::f32;
   core::shape_t shape;
   std::uint64_t hash = 0;  // message hash of the bytes (kernels/message_hash.hpp)
+  // the definition `hash` follows: the current one, or the one its log's format names
+  kernels::message_hash_def hash_def = kernels::message_hash_current;
   std::optional<sample_key> sample;
   // where a parsed record came from
   std::string file;
@@ -75,9 +78,13 @@ struct message_key {
 };
 inline message_key key_of(const message_record& r) { return {r.src, r.dst, r.tag}; }
 
-/// The format of message logs this troupe writes and reads (the header's "troupe_messages"): 2
-/// holds message hashes (kernels/message_hash.hpp) in the "hash" field.
-inline constexpr int message_log_version = 2;
+/// The format of message logs this troupe writes (the header's "troupe_messages"): 3 holds message
+/// hashes (kernels/message_hash.hpp) with XXH3 leaves in the "hash" field. Logs of format 2 (XXH64
+/// leaves) are read too, their records marked so (message_record::hash_def).
+inline constexpr int message_log_version = 3;
+
+/// The message hash definition of a log format, or nothing for a format this troupe cannot read.
+std::optional<kernels::message_hash_def> hash_def_of_log_format(int format);
 
 /// One invocation of the job (a fresh run or a resume), as the header line of each log says.
 struct segment_header {
@@ -175,8 +182,10 @@ class message_sink {
   virtual void flush(int /*worker*/) {}
 };
 
-/// The message hash of a host tensor's bytes, as the logs hold it.
-std::uint64_t tensor_hash(const core::tensor& t);
+/// The message hash of a host tensor's bytes, as the logs hold it (under `def`: the current
+/// definition, or the one an older log's records follow).
+std::uint64_t tensor_hash(const core::tensor& t,
+                          kernels::message_hash_def def = kernels::message_hash_current);
 
 /// A record naming the message (who sent what to whom, under which tag and op); no tensor facts.
 message_record header_of(const address& from, int src, const address& to, int dst,

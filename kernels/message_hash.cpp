@@ -1,14 +1,26 @@
 #include "kernels/message_hash.hpp"
 
 #include <xxhash.h>
+#if defined(__x86_64__)
+// libxxhash's XXH3 with the widest vectors the processor has (AVX-512, AVX2 or SSE2), chosen once
+// at run time; the plain entry points use SSE2 only.
+#define XXH_DISPATCH_DISABLE_REPLACE
+#include <xxh_x86dispatch.h>
+#define TROUPE_XXH3_SEEDED XXH3_64bits_withSeed_dispatch
+#else
+#define TROUPE_XXH3_SEEDED XXH3_64bits_withSeed
+#endif
 
 #include <algorithm>
 #include <vector>
 
 namespace troupe::kernels {
 
-std::uint64_t message_hash(const void* data, std::size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
+namespace {
+
+/// The message hash's levels (kernels/message_hash.hpp) over the leaf hash `leaf(p, n, seed)`.
+template <class Leaf>
+std::uint64_t levels(const unsigned char* p, std::size_t n, Leaf leaf) {
   std::uint64_t seed = 0;
   std::vector<std::uint64_t> digests;  // the next level (little-endian words on every host we build for)
   std::vector<std::uint64_t> held;     // the level being read, once it is made of digests
@@ -17,14 +29,25 @@ std::uint64_t message_hash(const void* data, std::size_t n) {
     digests.resize(count);
     for (std::size_t i = 0; i < count; ++i) {
       const std::size_t off = i * message_hash_block;
-      digests[i] = XXH64(p + off, std::min(message_hash_block, n - off), seed);
+      digests[i] = leaf(p + off, std::min(message_hash_block, n - off), seed);
     }
     seed = n;
     held.swap(digests);
     p = reinterpret_cast<const unsigned char*>(held.data());
     n = count * sizeof(std::uint64_t);
   }
-  return XXH64(p, n, seed);
+  return leaf(p, n, seed);
+}
+
+}  // namespace
+
+std::uint64_t message_hash(const void* data, std::size_t n, message_hash_def def) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  if (def == message_hash_def::xxh64)
+    return levels(p, n, [](const void* q, std::size_t m, std::uint64_t s) { return XXH64(q, m, s); });
+  return levels(p, n, [](const void* q, std::size_t m, std::uint64_t s) {
+    return TROUPE_XXH3_SEEDED(q, m, s);
+  });
 }
 
 }  // namespace troupe::kernels

@@ -154,10 +154,17 @@ message_checker::message_checker(const recorded_run& run, std::int64_t lo, std::
                                  std::function<bool(const message_record&)> in_scope)
     : run_(run), lo_(lo), hi_(hi), keep_(keep_tensors), in_scope_(std::move(in_scope)) {}
 
-bool message_checker::check(const message_record& r, const core::tensor& bytes) {
-  if (r.tag.step < lo_ || r.tag.step >= hi_) return true;  // outside the steps compared
-  keep(r, bytes);
-  auto it = run_.records.find(key_of(r));
+bool message_checker::check(const message_record& sent, const core::tensor& bytes) {
+  if (sent.tag.step < lo_ || sent.tag.step >= hi_) return true;  // outside the steps compared
+  keep(sent, bytes);
+  auto it = run_.records.find(key_of(sent));
+  // A record of an older log format holds the hash under that format's definition: the replayed
+  // bytes are hashed the same way.
+  message_record r = sent;
+  if (it != run_.records.end() && it->second.hash_def != r.hash_def) {
+    r.hash_def = it->second.hash_def;
+    r.hash = tensor_hash(bytes, r.hash_def);
+  }
   if (it == run_.records.end()) {
     fail(r.tag.step, "the replay sent a tensor the recorded run did not: " + describe(r) +
                          ", hash " + hex(r.hash) + "; no such line in " +

@@ -105,7 +105,7 @@ core::result<replay_report> replay_one_rank(const recorded_run& run, const repla
                                   "holds the " + what + ", which rank " + std::to_string(s.src) +
                                       "'s log does not record",
                                   "the files are from different runs; record the run again");
-    if (tensor_hash(s.value) != it->second.hash)
+    if (tensor_hash(s.value, it->second.hash_def) != it->second.hash)
       return core::error::at_file(mdir + "/rank_" + std::to_string(me) + ".tensors",
                                   "the stored bytes of the " + what +
                                       " do not match the hash in " + it->second.file + " line " +

@@ -1,8 +1,9 @@
-// message_hash: the message logs' hash of a tensor (kernels/message_hash.hpp has the definition),
-// computed on the GPU so that recording needs no copy of the tensor to the host. One thread hashes
-// one 4 KiB block of a level; a level of n bytes gives n / 512 bytes of digests for the next, so a
-// 500 MB gradient takes three launches (122,000 blocks, 239, then one). The last launch writes the
-// hash into page-locked host memory; an event after it tells the host when to read it.
+// message_hash: the message logs' hash of a tensor (kernels/message_hash.hpp has the definition:
+// XXH3-64 over 4 KiB blocks, level by level), computed on the GPU so that recording needs no copy
+// of the tensor to the host. One thread hashes one 4 KiB block of a level with the header's XXH3
+// code; a level of n bytes gives n / 512 bytes of digests for the next, so a 500 MB gradient takes
+// three launches (122,000 blocks, 239, then one). The last launch writes the hash into page-locked
+// host memory; an event after it tells the host when to read it.
 #include <mutex>
 #include <vector>
 
@@ -19,16 +20,38 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // CUDA kernels
 
-/// A reader of 16-byte aligned bytes: each 32-byte stripe is two 16-byte loads.
-struct aligned_reader {
+/// XXH3's default secret, read by every thread of a warp at the same offsets (a broadcast).
+__constant__ xxh3::secret c_secret = xxh3::default_secret;
+
+/// Little-endian words at any byte address, from the aligned words that hold them: each holds at
+/// least one byte asked for, so no read leaves the (aligned) allocation.
+__device__ __forceinline__ std::uint64_t load_u64(const unsigned char* a) {
+  const unsigned s = static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(a) & 7);
+  const auto* w = reinterpret_cast<const std::uint64_t*>(a - s);
+  if (s == 0) return __ldg(w);
+  return (__ldg(w) >> (8 * s)) | (__ldg(w + 1) << (64 - 8 * s));
+}
+__device__ __forceinline__ std::uint32_t load_u32(const unsigned char* a) {
+  const unsigned s = static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(a) & 3);
+  const auto* w = reinterpret_cast<const std::uint32_t*>(a - s);
+  if (s == 0) return __ldg(w);
+  return (__ldg(w) >> (8 * s)) | (__ldg(w + 1) << (32 - 8 * s));
+}
+
+/// A reader of bytes that start at any address: whole words where they are aligned.
+struct word_reader {
   const unsigned char* p;
-  __device__ __forceinline__ std::uint64_t u64(std::uint64_t off) const {
-    return *reinterpret_cast<const std::uint64_t*>(p + off);
+  __device__ __forceinline__ std::uint64_t u64(std::uint64_t off) const { return load_u64(p + off); }
+  __device__ __forceinline__ std::uint32_t u32(std::uint64_t off) const { return load_u32(p + off); }
+  __device__ __forceinline__ std::uint8_t u8(std::uint64_t off) const { return __ldg(p + off); }
+  __device__ __forceinline__ void stripe(std::uint64_t off, std::uint64_t* w) const {
+    for (int i = 0; i < 4; ++i) w[i] = load_u64(p + off + 8 * i);
   }
-  __device__ __forceinline__ std::uint32_t u32(std::uint64_t off) const {
-    return *reinterpret_cast<const std::uint32_t*>(p + off);
-  }
-  __device__ __forceinline__ std::uint8_t u8(std::uint64_t off) const { return p[off]; }
+};
+
+/// A reader of bytes that start 16-byte aligned: each 32-byte stripe (at multiples of 32) is two
+/// 16-byte loads.
+struct aligned_reader : word_reader {
   __device__ __forceinline__ void stripe(std::uint64_t off, std::uint64_t* w) const {
     const ulonglong2 a = __ldg(reinterpret_cast<const ulonglong2*>(p + off));
     const ulonglong2 b = __ldg(reinterpret_cast<const ulonglong2*>(p + off + 16));
@@ -39,7 +62,7 @@ struct aligned_reader {
   }
 };
 
-/// out[i] = XXH64(block i of in[0, n), seed) for i < blocks.
+/// out[i] = XXH3-64(block i of in[0, n), seed) for i < blocks.
 template <class Reader>
 __global__ void hash_level_kernel(const unsigned char* in, std::uint64_t n, std::uint64_t seed,
                                   std::uint64_t blocks, std::uint64_t* out) {
@@ -47,7 +70,7 @@ __global__ void hash_level_kernel(const unsigned char* in, std::uint64_t n, std:
   if (i >= blocks) return;
   const std::uint64_t off = i * message_hash_block;
   const std::uint64_t len = n - off < message_hash_block ? n - off : message_hash_block;
-  out[i] = xxh::xxh64(Reader{in + off}, len, seed);
+  out[i] = xxh3::xxh3_64(Reader{in + off}, len, seed, c_secret);
 }
 
 void launch_level(const unsigned char* in, std::uint64_t n, std::uint64_t seed,
@@ -57,7 +80,7 @@ void launch_level(const unsigned char* in, std::uint64_t n, std::uint64_t seed,
   if (reinterpret_cast<std::uintptr_t>(in) % 16 == 0)
     hash_level_kernel<aligned_reader><<<grid, threads, 0, s>>>(in, n, seed, blocks, out);
   else
-    hash_level_kernel<xxh::byte_reader><<<grid, threads, 0, s>>>(in, n, seed, blocks, out);
+    hash_level_kernel<word_reader><<<grid, threads, 0, s>>>(in, n, seed, blocks, out);
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 

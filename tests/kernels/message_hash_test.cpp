@@ -1,11 +1,14 @@
-// The message hash (kernels/message_hash.hpp): the XXH64 core the CUDA kernel runs, compiled for
-// the host here, against libxxhash; the CPU twin against the definition written out again below;
-// and, with a GPU, the CUDA backend's message_hash_async against the CPU twin bit for bit (sizes
-// around every level boundary, unaligned views, hashes queued behind the writes they must see).
+// The message hash (kernels/message_hash.hpp): the XXH3-64 core the CUDA kernel runs, compiled for
+// the host here, against libxxhash on every length of every path; the CPU twin against the
+// definition written out again below (both leaf hashes: XXH3 for the logs written now, XXH64 for
+// logs of format 2); and, with a GPU, the CUDA backend's message_hash_async against the CPU twin
+// bit for bit (sizes around every level boundary, odd lengths, unaligned views, hashes queued
+// behind the writes they must see).
 #include <doctest/doctest.h>
 #include <xxhash.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/rng.hpp"
@@ -25,18 +28,39 @@ std::vector<unsigned char> random_bytes(std::size_t n, std::uint64_t seed) {
 }
 
 /// The definition, level by level, with libxxhash only.
-std::uint64_t reference_hash(std::vector<unsigned char> data) {
+std::uint64_t reference_hash(std::vector<unsigned char> data, message_hash_def def) {
+  auto leaf = [def](const unsigned char* p, std::size_t n, std::uint64_t seed) {
+    return def == message_hash_def::xxh64 ? XXH64(p, n, seed) : XXH3_64bits_withSeed(p, n, seed);
+  };
   std::uint64_t seed = 0;
   while (data.size() > 4096) {
     std::vector<unsigned char> next;
     for (std::size_t off = 0; off < data.size(); off += 4096) {
-      const std::uint64_t d = XXH64(data.data() + off, std::min<std::size_t>(4096, data.size() - off), seed);
+      const std::uint64_t d = leaf(data.data() + off, std::min<std::size_t>(4096, data.size() - off), seed);
       for (int k = 0; k < 8; ++k) next.push_back(static_cast<unsigned char>(d >> (8 * k)));
     }
     seed = data.size();
     data.swap(next);
   }
-  return XXH64(data.data(), data.size(), seed);
+  return leaf(data.data(), data.size(), seed);
+}
+
+/// The current definition as the CUDA kernel computes it (its XXH3 core over a byte reader, level
+/// by level), run on the host.
+std::uint64_t kernel_code_hash(const unsigned char* p, std::size_t n) {
+  std::uint64_t seed = 0;
+  std::vector<std::uint64_t> level;
+  while (n > 4096) {
+    std::vector<std::uint64_t> next;
+    for (std::size_t off = 0; off < n; off += 4096)
+      next.push_back(xxh3::xxh3_64(xxh3::byte_reader{p + off}, std::min<std::size_t>(4096, n - off),
+                                   seed, xxh3::default_secret));
+    seed = n;
+    level.swap(next);
+    p = reinterpret_cast<const unsigned char*>(level.data());
+    n = level.size() * 8;
+  }
+  return xxh3::xxh3_64(xxh3::byte_reader{p}, n, seed, xxh3::default_secret);
 }
 
 core::tensor host_bytes(const std::vector<unsigned char>& b) {
@@ -48,31 +72,54 @@ core::tensor host_bytes(const std::vector<unsigned char>& b) {
 
 }  // namespace
 
-TEST_CASE("message hash: the XXH64 core the GPU runs equals libxxhash on every tail length") {
-  const auto data = random_bytes(9000 + 2, 1);  // n up to 8999 from offsets up to 2
+TEST_CASE("message hash: the XXH3 core the GPU runs equals libxxhash on every length 0..5000") {
+  // Every path of XXH3-64: 0, 1-3, 4-8, 9-16, 17-128, 129-240 bytes and long inputs (one to four
+  // 1024-byte blocks and a partial one); seed 0 (the default secret), small and large seeds (a
+  // long input derives its secret from the seed), from aligned and unaligned starts.
+  const auto data = random_bytes(5000 + 3, 1);
   core::rng_stream r(core::stream_key(2, 3));
-  for (std::size_t n : {0, 1, 3, 4, 7, 8, 9, 31, 32, 33, 63, 64, 65, 100, 255, 256, 4095, 4096, 8999}) {
-    for (int rep = 0; rep < 3; ++rep) {
-      const std::uint64_t seed = rep == 0 ? 0 : r.next_u64();
-      const std::size_t at = rep;  // unaligned starts too
-      INFO("n = " << n << ", seed = " << seed << ", offset " << at);
-      CHECK(xxh::xxh64(xxh::byte_reader{data.data() + at}, n, seed) == XXH64(data.data() + at, n, seed));
+  const std::uint64_t seeds[] = {0, 1, 4096 * 3 + 5, r.next_u64(), ~0ull};
+  int equal = 0, compared = 0;
+  std::string first_difference;
+  for (std::size_t n = 0; n <= 5000; ++n) {
+    for (int k = 0; k < 5; ++k) {
+      const std::size_t at = (n + static_cast<std::size_t>(k)) % 4;  // starts 0..3 bytes in
+      const std::uint64_t seed = seeds[k];
+      const std::uint64_t want = XXH3_64bits_withSeed(data.data() + at, n, seed);
+      const std::uint64_t got = xxh3::xxh3_64(xxh3::byte_reader{data.data() + at}, n, seed,
+                                              xxh3::default_secret);
+      ++compared;
+      if (got == want)
+        ++equal;
+      else if (first_difference.empty())
+        first_difference = "n = " + std::to_string(n) + ", seed = " + std::to_string(seed) +
+                           ", offset " + std::to_string(at);
     }
   }
+  INFO("first difference: " << first_difference);
+  CHECK(compared == 5001 * 5);
+  CHECK(equal == compared);
+  CHECK(xxh3::xxh3_64(xxh3::byte_reader{data.data()}, 0, 0, xxh3::default_secret) == XXH3_64bits(data.data(), 0));
 }
 
 TEST_CASE("message hash: the CPU twin follows the definition at every level boundary") {
-  for (std::size_t n : {0ul, 1ul, 32ul, 4095ul, 4096ul, 4097ul, 8192ul, 100000ul, 4096ul * 512,
+  for (std::size_t n : {0ul, 1ul, 32ul, 241ul, 4095ul, 4096ul, 4097ul, 8192ul, 100000ul, 4096ul * 512,
                         4096ul * 512 + 1, 4096ul * 512 * 3 + 17}) {
     INFO("n = " << n);
     const auto data = random_bytes(n, n);
     const std::uint64_t h = message_hash(data.data(), n);
-    CHECK(h == reference_hash(data));
-    if (n <= 4096) CHECK(h == XXH64(data.data(), n, 0));  // small tensors: the plain XXH64
+    CHECK(h == reference_hash(data, message_hash_def::xxh3));
+    CHECK(h == kernel_code_hash(data.data(), n));
+    if (n <= 4096) CHECK(h == XXH3_64bits(data.data(), n));  // small tensors: the plain XXH3
+    const std::uint64_t old = message_hash(data.data(), n, message_hash_def::xxh64);
+    CHECK(old == reference_hash(data, message_hash_def::xxh64));
+    if (n <= 4096) CHECK(old == XXH64(data.data(), n, 0));
+    CHECK(old != h);
     if (n > 0) {
       auto changed = data;
       changed[n / 2] ^= 1;  // one bit anywhere changes the hash
       CHECK(message_hash(changed.data(), n) != h);
+      CHECK(message_hash(changed.data(), n, message_hash_def::xxh64) != old);
     }
   }
 }
@@ -81,17 +128,20 @@ TEST_CASE("cuda message hash: equal to the CPU twin bit for bit, aligned or not,
   if (!cuda_test::gpu_or_skip()) return;
   auto be = make_backend("cuda");
   // Sizes around each level boundary (4096 bytes; 4096 * 512 bytes, where the digests outgrow one
-  // block), and one of 96 MiB.
-  for (std::size_t n : {0ul, 2ul, 30ul, 32ul, 4094ul, 4096ul, 4098ul, 65536ul, 4096ul * 512,
-                        4096ul * 512 + 2, 4096ul * 512 * 5 + 6, 96ul << 20}) {
+  // block), one of 96 MiB, and lengths whose last block ends in each of XXH3's paths (2, 6, 10,
+  // 18, 130, 242 and 1026 bytes past a full block: tails not a multiple of 8 or 16).
+  for (std::size_t n : {0ul, 2ul, 6ul, 10ul, 14ul, 30ul, 32ul, 34ul, 130ul, 238ul, 242ul, 1026ul,
+                        4094ul, 4096ul, 4098ul, 4096ul + 6, 4096ul + 18, 4096ul * 3 + 130,
+                        4096ul * 7 + 242, 4096ul * 2 + 1026, 65536ul, 4096ul * 512,
+                        4096ul * 512 + 2, 4096ul * 512 * 5 + 6, (96ul << 20) + 10}) {
     INFO("bytes = " << n);
     const auto data = random_bytes(n, 100 + n);
     const core::tensor host = host_bytes(data);
     const core::tensor dev = be->from_host(host);
     CHECK(be->message_hash_async(dev)->get() == message_hash(data.data(), n));
-    if (n >= 8) {
-      // Views that start 2 and 4 bytes into the buffer (the kernel's unaligned path).
-      for (std::int64_t skip : {1, 2}) {
+    if (n >= 16) {
+      // Views that start 2, 4, 6, 8 and 14 bytes into the buffer (the kernel's unaligned reads).
+      for (std::int64_t skip : {1, 2, 3, 4, 7}) {
         const std::int64_t count = host.numel() - skip;
         const core::tensor view = dev.slice(skip, {count});
         CHECK(be->message_hash_async(view)->get() ==

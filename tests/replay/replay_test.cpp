@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -124,6 +126,49 @@ std::string corrupt_hash(const std::string& path, int line, const std::string& f
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// Sees every tensor a job sends and keeps its message hash under the XXH64 definition (that of
+/// logs of format 2), by (sender, receiver, tag).
+class xxh64_hashes final : public actors::message_sink {
+ public:
+  void sent(const actors::message_record& r, const core::tensor& bytes) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    hashes[actors::key_of(r)] = actors::tensor_hash(bytes, kernels::message_hash_def::xxh64);
+  }
+  std::mutex mu_;
+  std::map<actors::message_key, std::uint64_t> hashes;
+};
+
+/// Rewrites every worker's log of the run in cfg as a troupe of log format 2 wrote it: format 2
+/// in the headers, each record's hash under XXH64 (from `old`, which must know every record).
+void downgrade_to_format_2(const core::config& cfg, const xxh64_hashes& old) {
+  const int workers = cfg.parallel.data_parallel * cfg.parallel.pipeline_stage;
+  for (int w = 0; w < workers; ++w) {
+    auto log = actors::read_log(actors::messages_dir(cfg.runtime.run_dir), w);
+    REQUIRE(log.ok());
+    std::map<int, std::uint64_t> by_line;
+    for (const auto& r : log->records) {
+      auto it = old.hashes.find(actors::key_of(r));
+      REQUIRE_MESSAGE(it != old.hashes.end(), actors::describe(r));
+      CHECK(it->second != r.hash);
+      by_line[r.line] = it->second;
+    }
+    const std::string path = actors::messages_dir(cfg.runtime.run_dir) + "/rank_" + std::to_string(w) + ".log";
+    std::istringstream in(slurp(path));
+    std::string out, l;
+    for (int n = 1; std::getline(in, l); ++n) {
+      if (auto at = l.find("\"troupe_messages\":3"); at != std::string::npos)
+        l.replace(at, 19, "\"troupe_messages\":2");
+      if (auto it = by_line.find(n); it != by_line.end()) {
+        auto at = l.find("\"hash\":\"");
+        REQUIRE(at != std::string::npos);
+        l.replace(at + 8, 16, model::safetensors::hex64(it->second));
+      }
+      out += l + "\n";
+    }
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
+  }
+}
 
 }  // namespace
 
@@ -488,6 +533,81 @@ TEST_CASE("a run recorded with runtime.record = false is refused with a clear er
   CHECK(contains(m, "config.toml"));
   CHECK(contains(m, "runtime.record"));
   CHECK(contains(m, "the run was not recorded"));
+}
+
+TEST_CASE("a log of format 2 (XXH64 hashes) still replays, also resumed by this troupe, whole and one rank") {
+  scratch_dir tmp("rp_format2");
+  auto cfg = recorded_config(tmp, 2, 1);
+  cfg.runtime.record_tensors = true;
+  // The XXH64 hashes of what the first two steps send, from a twin run that is not recorded.
+  auto twin = cfg;
+  twin.runtime.run_dir = tmp / "twin";
+  twin.checkpoint.dir = tmp / "twin" + "/checkpoints";
+  twin.runtime.record = false;
+  twin.runtime.record_tensors = false;
+  auto old = std::make_shared<xxh64_hashes>();
+  actors::run_options twin_opt;
+  twin_opt.max_steps = 2;
+  twin_opt.sink = old;
+  train(twin, twin_opt);
+  // Steps 0-1 recorded as format 2, steps 2-3 appended by this troupe (format 3).
+  actors::run_options first;
+  first.max_steps = 2;
+  train(cfg, first);
+  downgrade_to_format_2(cfg, *old);
+  actors::run_options second;
+  second.resume = cfg.runtime.run_dir;
+  train(cfg, second);
+  auto log = actors::read_log(actors::messages_dir(cfg.runtime.run_dir), 1);
+  REQUIRE(log.ok());
+  REQUIRE(log->segments.size() == 2);
+  for (const auto& r : log->records)
+    CHECK(r.hash_def == (r.tag.step < 2 ? kernels::message_hash_def::xxh64 : kernels::message_hash_def::xxh3));
+  CHECK(slurp(actors::messages_dir(cfg.runtime.run_dir) + "/rank_1.log").find("\"troupe_messages\":3") !=
+        std::string::npos);
+
+  auto rep = replay(cfg.runtime.run_dir);
+  CHECK_MESSAGE(rep.matched, rep.mismatch);
+  CHECK(rep.messages == static_cast<std::int64_t>(records(cfg).size()));
+  check_every_worker_replays_alone(cfg);
+
+  // A changed hash on a format-2 line is found, the replayed hash given under XXH64.
+  int line = 0;
+  for (const auto& r : records(cfg))
+    if (r.src == 1 && r.tag.step == 1 && r.tag.mb == 1 &&
+        r.tag.kind == static_cast<std::uint32_t>(actors::tensor_kind::gradient))
+      line = r.line;
+  REQUIRE(line > 0);
+  const std::string original =
+      corrupt_hash(actors::messages_dir(cfg.runtime.run_dir) + "/rank_1.log", line, "0123456789abcdef");
+  auto bad = replay(cfg.runtime.run_dir);
+  CHECK_FALSE(bad.matched);
+  INFO(bad.mismatch);
+  CHECK(contains(bad.mismatch, "rank 1, step 1, micro-batch 1, instruction 1SEND_B1->0"));
+  CHECK(contains(bad.mismatch, "replayed hash " + original));
+}
+
+TEST_CASE("a log of a format this troupe cannot read is refused, naming the file, the format and what to do") {
+  scratch_dir tmp("rp_format1");
+  auto cfg = recorded_config(tmp, 2, 1);
+  cfg.train.steps = 1;
+  train(cfg);
+  const std::string path = actors::messages_dir(cfg.runtime.run_dir) + "/rank_0.log";
+  std::string text = slurp(path);
+  const auto at = text.find("\"troupe_messages\":3");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 19, "\"troupe_messages\":1");
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  actors::replay_options opt;
+  opt.run_dir = cfg.runtime.run_dir;
+  opt.log = nullptr;
+  auto r = actors::replay_run(opt);
+  REQUIRE_FALSE(r.ok());
+  const std::string m = r.err().to_string();
+  CHECK(contains(m, "rank_0.log"));
+  CHECK(contains(m, "message log format 1"));
+  CHECK(contains(m, "reads formats 2 and 3"));
+  CHECK(contains(m, "record it again"));
 }
 
 TEST_CASE("a directory that is not a run, or logs from another config, are refused") {
