@@ -14,9 +14,13 @@
 // steps is reported, after warm-up steps that also fill the allocator's cache.
 //
 // Usage: gpu_gpt2_bench [--layers 12] [--embd 768] [--heads 12] [--seq 1024] [--batch 16]
-//                       [--vocab 50304] [--steps 10] [--warmup 3] [--fp32] [--profile]
+//                       [--vocab 50304] [--arch gpt2|llama] [--kv-heads N] [--ffn N]
+//                       [--rope-theta X] [--steps 10] [--warmup 3] [--fp32] [--profile]
 //                       [--phases] [--gemm-tune FILE] [--gemm-log] [--no-gelu-epilogue]
 //                       [--no-clip] [--no-graph] [--tag NAME]
+// --arch llama trains the LLaMA architecture instead (RMSNorm, RoPE with base --rope-theta,
+// grouped-query attention with --kv-heads key/value heads, SwiGLU of width --ffn, untied head),
+// as `troupe train --single-rank` does for such a config (bench/configs/llama3_1b_1gpu.toml).
 // --no-clip does the work of the PyTorch baseline, which does not clip (torch_gpt2.py: forward,
 // backward, fused AdamW): no global norm. The default step is the one troupe trains with (the clip
 // at 1.0).
@@ -59,6 +63,9 @@ namespace {
 
 struct options {
   int layers = 12, embd = 768, heads = 12, seq = 1024, batch = 16, vocab = 50304;
+  bool llama = false;
+  int kv_heads = 0, ffn = 0;
+  double rope_theta = 10000.0;
   int steps = 10, warmup = 3;
   bool fp32 = false;
   bool profile = false;
@@ -87,6 +94,17 @@ options parse(int argc, char** argv) {
     else if (a == "--seq") o.seq = std::stoi(next());
     else if (a == "--batch") o.batch = std::stoi(next());
     else if (a == "--vocab") o.vocab = std::stoi(next());
+    else if (a == "--arch") {
+      const std::string v = next();
+      if (v != "gpt2" && v != "llama") {
+        std::fprintf(stderr, "gpu_gpt2_bench: --arch %s: expected gpt2 or llama\n", v.c_str());
+        std::exit(2);
+      }
+      o.llama = v == "llama";
+    }
+    else if (a == "--kv-heads") o.kv_heads = std::stoi(next());
+    else if (a == "--ffn") o.ffn = std::stoi(next());
+    else if (a == "--rope-theta") o.rope_theta = std::stod(next());
     else if (a == "--steps") o.steps = std::stoi(next());
     else if (a == "--warmup") o.warmup = std::stoi(next());
     else if (a == "--fp32") o.fp32 = true;
@@ -101,7 +119,7 @@ options parse(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "gpu_gpt2_bench: unknown option %s (options: --layers --embd --heads --seq "
-                   "--batch --vocab --steps --warmup --fp32 --profile --phases --gemm-tune "
+                   "--batch --vocab --arch --kv-heads --ffn --rope-theta --steps --warmup --fp32 --profile --phases --gemm-tune "
                    "--gemm-log --no-gelu-epilogue --no-clip --no-graph --tag)\n",
                    a.c_str());
       std::exit(2);
@@ -306,13 +324,18 @@ int main(int argc, char** argv) {
     kernels::backend& be = prof;
 
     core::model_config cfg;
-    cfg.arch = core::arch_kind::gpt2;
+    cfg.arch = o.llama ? core::arch_kind::llama : core::arch_kind::gpt2;
     cfg.num_layers = o.layers;
     cfg.hidden_size = o.embd;
     cfg.num_heads = o.heads;
     cfg.seq_length = o.seq;
     cfg.vocab_size = o.vocab;
-    cfg.tie_embeddings = true;
+    cfg.tie_embeddings = !o.llama;
+    if (o.llama) {
+      cfg.num_kv_heads = o.kv_heads;
+      cfg.ffn_hidden_size = o.ffn;
+      cfg.rope_theta = o.rope_theta;
+    }
     const auto precision = o.fp32 ? core::precision_kind::fp32 : core::precision_kind::bf16;
     model::chunk c(cfg, model::partition(cfg, 1).at(0), be, precision);
     c.init(1234);
@@ -462,12 +485,14 @@ int main(int argc, char** argv) {
         tok_s, tflops, ms.peak_in_use / gib, ms.peak_reserved / gib,
         static_cast<unsigned long long>(ms.device_mallocs - mallocs_before));
     std::printf(
-        "{\"tag\": \"%s\", \"engine\": \"troupe\", \"precision\": \"%s\", \"params\": %lld, \"B\": %d, "
+        "{\"tag\": \"%s\", \"engine\": \"troupe\", \"arch\": \"%s\", \"precision\": \"%s\", "
+        "\"params\": %lld, \"B\": %d, "
         "\"T\": %d, \"L\": %d, \"C\": %d, \"step_ms\": %.2f, \"tok_s\": %.0f, \"tflops\": %.1f, "
         "\"peak_gib\": %.2f, \"reserved_gib\": %.2f, \"timed_mallocs\": %llu, \"clip\": %s, "
         "\"graph\": %s, "
         "\"loss\": %.4f}\n",
-        o.tag.c_str(), o.fp32 ? "fp32" : "bf16", static_cast<long long>(params), o.batch, o.seq,
+        o.tag.c_str(), o.llama ? "llama" : "gpt2", o.fp32 ? "fp32" : "bf16",
+        static_cast<long long>(params), o.batch, o.seq,
         o.layers, o.embd, med * 1e3, tok_s, tflops, ms.peak_in_use / gib, ms.peak_reserved / gib,
         static_cast<unsigned long long>(ms.device_mallocs - mallocs_before),
         o.no_clip ? "false" : "true", graph_ready ? "true" : "false", last_loss);
