@@ -6,8 +6,8 @@
 //
 // The angle is computed exactly as the CPU reference does (kernels/cpu/rope.cpp): in double, with
 // cos/sin rounded once to float. In fp32 the product t·inv_freq alone is off by up to ~1e-4 rad at
-// t ~ 1000, which would break the 1e-5 agreement. One thread per (row, head, pair); the fp64 math is
-// a small cost next to the memory traffic on Hopper's full-rate fp64 units.
+// t ~ 1000, which would break the 1e-5 agreement. A block computes its row's angles once and every
+// head of the row uses them, so the fp64 math is a small cost next to the memory traffic.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_context.hpp"
@@ -26,59 +26,64 @@ __device__ __forceinline__ void rope_angle(std::int64_t t, int i, int head_dim,
   s = static_cast<float>(sd);
 }
 
-/// Row r at position positions[r] when positions is given (generation, packed documents), else
-/// r % seq.
-__global__ void rope_forward_kernel(const void* x, void* y, int code, int seq, int heads_total,
-                                    int rot_heads, int head_dim, rope_spec rope, std::int64_t rows,
-                                    const int* positions) {
+/// One block per row at a time (row r at position positions[r] when positions is given, for
+/// generation and packed documents, else r % seq). The angle of pair i depends on the position and
+/// i alone, so the block computes cos and sin of its row's head_dim / 2 angles once, into shared
+/// memory, and every head of the row reads them: the same values the per-pair computation gave,
+/// at 1 / heads_total of its fp64 work. Forward: y = R x on the first rot_heads heads, the others
+/// copied (when y is not x). Backward: dx += Rᵀ dy, the others dx += dy.
+template <bool Backward>
+__global__ void rope_kernel(const void* in, void* out, int code, int seq, int heads_total,
+                            int rot_heads, int head_dim, rope_spec rope, std::int64_t rows,
+                            const int* positions) {
+  extern __shared__ float cs[];  // cos of pair i at cs[i], sin at cs[half + i]
   const int half = head_dim / 2;
-  const std::int64_t pairs_per_row = static_cast<std::int64_t>(heads_total) * half;
-  const std::int64_t n = rows * pairs_per_row;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
-       idx += stride) {
-    const std::int64_t row = idx / pairs_per_row;
-    const int rem = static_cast<int>(idx % pairs_per_row);
-    const int h = rem / half, i = rem % half;
-    const std::int64_t base = row * heads_total * head_dim + static_cast<std::int64_t>(h) * head_dim;
-    const float x1 = load_f(x, code, base + i), x2 = load_f(x, code, base + i + half);
-    if (h < rot_heads) {
-      float c, s;
-      rope_angle(positions ? positions[row] : row % seq, i, head_dim, rope, c, s);
-      store_f(y, code, base + i, x1 * c - x2 * s);
-      store_f(y, code, base + i + half, x2 * c + x1 * s);
-    } else if (x != y) {
-      store_f(y, code, base + i, x1);
-      store_f(y, code, base + i + half, x2);
+  const int pairs = heads_total * half;
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const std::int64_t t = positions ? positions[row] : row % seq;
+    __syncthreads();  // the previous row's readers are done with cs
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_angle(t, i, head_dim, rope, cs[i], cs[half + i]);
+    __syncthreads();
+    const std::int64_t row_base = row * heads_total * head_dim;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+      const int h = p / half, i = p - h * half;
+      const std::int64_t base = row_base + static_cast<std::int64_t>(h) * head_dim;
+      const float a1 = load_f(in, code, base + i), a2 = load_f(in, code, base + i + half);
+      if constexpr (!Backward) {
+        if (h < rot_heads) {
+          const float c = cs[i], s = cs[half + i];
+          store_f(out, code, base + i, a1 * c - a2 * s);
+          store_f(out, code, base + i + half, a2 * c + a1 * s);
+        } else if (in != out) {
+          store_f(out, code, base + i, a1);
+          store_f(out, code, base + i + half, a2);
+        }
+      } else {
+        const float d1 = load_f(out, code, base + i), d2 = load_f(out, code, base + i + half);
+        if (h < rot_heads) {
+          const float c = cs[i], s = cs[half + i];
+          store_f(out, code, base + i, d1 + (a1 * c + a2 * s));
+          store_f(out, code, base + i + half, d2 + (a2 * c - a1 * s));
+        } else {
+          store_f(out, code, base + i, d1 + a1);
+          store_f(out, code, base + i + half, d2 + a2);
+        }
+      }
     }
   }
 }
 
-__global__ void rope_backward_kernel(const void* dy, void* dx, int code, int seq, int heads_total,
-                                     int rot_heads, int head_dim, rope_spec rope, std::int64_t rows,
-                                     const int* positions) {
-  const int half = head_dim / 2;
-  const std::int64_t pairs_per_row = static_cast<std::int64_t>(heads_total) * half;
-  const std::int64_t n = rows * pairs_per_row;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
-       idx += stride) {
-    const std::int64_t row = idx / pairs_per_row;
-    const int rem = static_cast<int>(idx % pairs_per_row);
-    const int h = rem / half, i = rem % half;
-    const std::int64_t base = row * heads_total * head_dim + static_cast<std::int64_t>(h) * head_dim;
-    const float g1 = load_f(dy, code, base + i), g2 = load_f(dy, code, base + i + half);
-    const float d1 = load_f(dx, code, base + i), d2 = load_f(dx, code, base + i + half);
-    if (h < rot_heads) {
-      float c, s;
-      rope_angle(positions ? positions[row] : row % seq, i, head_dim, rope, c, s);
-      store_f(dx, code, base + i, d1 + (g1 * c + g2 * s));
-      store_f(dx, code, base + i + half, d2 + (g2 * c - g1 * s));
-    } else {
-      store_f(dx, code, base + i, d1 + g1);
-      store_f(dx, code, base + i + half, d2 + g2);
-    }
-  }
+/// Launches rope_kernel over `rows` rows: one block of 128 threads per row, at most 65,536 blocks
+/// (each then takes every 65,536th row).
+template <bool Backward>
+void launch_rope(const void* in, void* out, int code, int seq, int heads_total, int rot_heads,
+                 int head_dim, const rope_spec& rope, std::int64_t rows, const int* positions,
+                 cudaStream_t s) {
+  const auto blocks = static_cast<unsigned>(rows < 65536 ? rows : 65536);
+  const std::size_t shared = sizeof(float) * static_cast<std::size_t>(head_dim);
+  rope_kernel<Backward><<<blocks, 128, shared, s>>>(in, out, code, seq, heads_total, rot_heads,
+                                                   head_dim, rope, rows, positions);
+  TROUPE_CUDA_CHECK_LAUNCH();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -116,11 +121,8 @@ void cuda_backend::rope_forward(const tensor& x, int seq, int heads_total, int r
       check_rope(x, "x", y, "y", seq, heads_total, rot_heads, head_dim, "cuda rope_forward");
   const std::int64_t n = rows * heads_total * (head_dim / 2);
   if (n == 0) return;
-  rope_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(x.raw(), y.raw(), code_of(x.type()), seq,
-                                                       heads_total, rot_heads, head_dim,
-                                                       rope, rows,
-                                                       nullptr);
-  TROUPE_CUDA_CHECK_LAUNCH();
+  launch_rope<false>(x.raw(), y.raw(), code_of(x.type()), seq, heads_total, rot_heads, head_dim,
+                     rope, rows, nullptr, s);
 }
 
 void cuda_backend::rope_forward_at(const tensor& x, const tensor& positions, int heads_total,
@@ -133,11 +135,8 @@ void cuda_backend::rope_forward_at(const tensor& x, const tensor& positions, int
   require_numel(positions, rows, op, "positions");
   const std::int64_t n = rows * heads_total * (head_dim / 2);
   if (n == 0) return;
-  rope_forward_kernel<<<grid_for(n, 256), 256, 0, s>>>(x.raw(), y.raw(), code_of(x.type()), 1,
-                                                       heads_total, rot_heads, head_dim,
-                                                       rope, rows,
-                                                       positions.data<int>());
-  TROUPE_CUDA_CHECK_LAUNCH();
+  launch_rope<false>(x.raw(), y.raw(), code_of(x.type()), 1, heads_total, rot_heads, head_dim,
+                     rope, rows, positions.data<int>(), s);
 }
 
 void cuda_backend::rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
@@ -148,10 +147,8 @@ void cuda_backend::rope_backward(const tensor& dy, int seq, int heads_total, int
       check_rope(dy, "dy", dx, "dx", seq, heads_total, rot_heads, head_dim, "cuda rope_backward");
   const std::int64_t n = rows * heads_total * (head_dim / 2);
   if (n == 0) return;
-  rope_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dy.raw(), dx.raw(), code_of(dy.type()),
-                                                        seq, heads_total, rot_heads, head_dim,
-                                                        rope, rows, nullptr);
-  TROUPE_CUDA_CHECK_LAUNCH();
+  launch_rope<true>(dy.raw(), dx.raw(), code_of(dy.type()), seq, heads_total, rot_heads, head_dim,
+                    rope, rows, nullptr, s);
 }
 
 void cuda_backend::rope_backward_at(const tensor& dy, const tensor& positions, int heads_total,
@@ -165,10 +162,8 @@ void cuda_backend::rope_backward_at(const tensor& dy, const tensor& positions, i
   require_numel(positions, rows, op, "positions");
   const std::int64_t n = rows * heads_total * (head_dim / 2);
   if (n == 0) return;
-  rope_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(dy.raw(), dx.raw(), code_of(dy.type()), 1,
-                                                        heads_total, rot_heads, head_dim, rope,
-                                                        rows, positions.data<int>());
-  TROUPE_CUDA_CHECK_LAUNCH();
+  launch_rope<true>(dy.raw(), dx.raw(), code_of(dy.type()), 1, heads_total, rot_heads, head_dim,
+                    rope, rows, positions.data<int>(), s);
 }
 
 }  // namespace troupe::kernels::cuda
