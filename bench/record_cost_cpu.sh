@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Recording's cost on the CPU in CPU time: `troupe train CONFIG` (the actors in one process) with
-# runtime.record on and off, CPU seconds per step = (user + system time of an 8-step run - that of a
-# 2-step run) / 6, so start-up, the final checkpoint and the first steps cancel out. The runs
-# alternate (each troupe given, recording on, then off) for ROUNDS rounds; the table shows every
-# round and the medians. CPU time rather than wall time: on a loaded machine the wall clock
-# measures the load. With two executables (--troupe A --troupe B) one run compares builds.
+# runtime.record on and off, CPU seconds per step = (user + system time of an N-step run - that of a
+# 2-step run) / (N - 2), N = 8 unless --steps says, so start-up, the final checkpoint and the first
+# steps cancel out. The runs alternate (each troupe given, recording on, then off) for ROUNDS
+# rounds; the table shows every round and the medians. CPU time rather than wall time: on a loaded
+# machine the wall clock measures the load. With two executables (--troupe A --troupe B) one run
+# compares builds.
 #
 #   bash bench/record_cost_cpu.sh [--troupe build/troupe]... [--config configs/tiny.toml]
-#                                 [--rounds 3] [--out DIR]
+#                                 [--rounds 3] [--steps 8] [--out DIR]
 #
 # The config's token shards must exist (configs/tiny.toml: `troupe data prepare --input data/raw
 # --out data/tokens`, as scripts/demo.sh does). Results: OUT/record_cost_cpu.jsonl (one JSON line
@@ -16,12 +17,13 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-troupes=() config=configs/tiny.toml rounds=3 out=""
+troupes=() config=configs/tiny.toml rounds=3 steps=8 out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --troupe) troupes+=("$2"); shift 2 ;;
     --config) config=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "record_cost_cpu.sh: unknown argument $1 (see the header of bench/record_cost_cpu.sh)" >&2; exit 2 ;;
   esac
@@ -30,6 +32,7 @@ done
 for t in "${troupes[@]}"; do
   [ -x "$t" ] || { echo "record_cost_cpu.sh: no troupe executable at $t (--troupe PATH)" >&2; exit 2; }
 done
+[ "$steps" -gt 2 ] 2>/dev/null || { echo "record_cost_cpu.sh: --steps must be more than 2" >&2; exit 2; }
 [ -f "$config" ] || { echo "record_cost_cpu.sh: no config $config (--config FILE)" >&2; exit 2; }
 [ -n "$out" ] || out="$(mktemp -d "${TMPDIR:-/tmp}/record_cost_cpu.XXXXXX")"
 mkdir -p "$out"
@@ -54,11 +57,11 @@ cpu_of() {
 for ((r = 1; r <= rounds; r++)); do
   for t in "${troupes[@]}"; do
     for record in true false; do
-      long=$(cpu_of "$t" "$record" 8) || exit 1
+      long=$(cpu_of "$t" "$record" "$steps") || exit 1
       short=$(cpu_of "$t" "$record" 2) || exit 1
-      per=$(awk -v a="$long" -v b="$short" 'BEGIN { printf "%.4f", (a - b) / 6 }')
-      printf '{"round":%d,"troupe":"%s","record":%s,"cpu_8":%s,"cpu_2":%s,"cpu_per_step":%s}\n' \
-        "$r" "$t" "$record" "$long" "$short" "$per" | tee -a "$results"
+      per=$(awk -v a="$long" -v b="$short" -v n="$steps" 'BEGIN { printf "%.4f", (a - b) / (n - 2) }')
+      printf '{"round":%d,"troupe":"%s","record":%s,"steps":%d,"cpu_long":%s,"cpu_2":%s,"cpu_per_step":%s}\n' \
+        "$r" "$t" "$record" "$steps" "$long" "$short" "$per" | tee -a "$results"
     done
   done
 done

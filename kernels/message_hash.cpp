@@ -29,6 +29,13 @@ std::uint64_t levels(const unsigned char* p, std::size_t n, Leaf leaf) {
     digests.resize(count);
     for (std::size_t i = 0; i < count; ++i) {
       const std::size_t off = i * message_hash_block;
+      // The hardware prefetchers stop at page (4 KiB) boundaries, and a large tensor sent comes
+      // from memory: ask for the block after next while this one is hashed.
+      if (i + 2 < count) {
+        const std::size_t ahead = off + 2 * message_hash_block;
+        const std::size_t len = std::min(message_hash_block, n - ahead);
+        for (std::size_t l = 0; l < len; l += 64) __builtin_prefetch(p + ahead + l);
+      }
       digests[i] = leaf(p + off, std::min(message_hash_block, n - off), seed);
     }
     seed = n;
