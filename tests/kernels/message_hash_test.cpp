@@ -8,6 +8,9 @@
 #include <xxhash.h>
 
 #include <cstring>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <string>
 #include <vector>
 
@@ -122,6 +125,35 @@ TEST_CASE("message hash: the CPU twin follows the definition at every level boun
       CHECK(message_hash(changed.data(), n, message_hash_def::xxh64) != old);
     }
   }
+}
+
+TEST_CASE("message hash: the CPU twin leaves no wide vector state in use behind it") {
+  // libxxhash's AVX2 / AVX-512 code returns without vzeroupper; left so, every legacy-SSE
+  // instruction after it (glibc's exp among them) pays a transition penalty. XGETBV(1) tells which
+  // register states are in use: bit 2 the upper halves of ymm0-15, bit 6 those of zmm0-15.
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(0xD, 1, &a, &b, &c, &d) || !(a & 4u)) {
+    MESSAGE("XGETBV(1) is not available: nothing to check");
+    return;
+  }
+  auto in_use = [] {
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(1));
+    return lo;
+  };
+  std::vector<unsigned char> data(64 * 1024 + 123);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 31 + 7);
+  for (std::size_t n : {std::size_t{100}, std::size_t{4096}, data.size()}) {
+    const std::uint64_t h = message_hash(data.data(), n);
+    const unsigned state = in_use();
+    CHECK(h != 0);
+    CHECK_MESSAGE((state & (1u << 2)) == 0, "ymm upper halves in use after hashing " << n << " bytes");
+    CHECK_MESSAGE((state & (1u << 6)) == 0, "zmm upper halves in use after hashing " << n << " bytes");
+  }
+#else
+  MESSAGE("not an x86-64 build: nothing to check");
+#endif
 }
 
 TEST_CASE("cuda message hash: equal to the CPU twin bit for bit, aligned or not, after queued writes") {
