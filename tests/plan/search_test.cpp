@@ -63,6 +63,15 @@ int rejected(const plan::search_result& r, const std::string& why) {
   return 0;
 }
 
+/// Search options for `gpus` devices at micro-batch size 2 that list every layout that fits.
+plan::search_options every_fit(int gpus) {
+  plan::search_options o;
+  o.gpus = gpus;
+  o.top = 1000;
+  o.micro_batch_sizes = {2};
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("plan --search tries zb_v with each rank's share split over its two chunks, placed in a V") {
@@ -71,10 +80,7 @@ TEST_CASE("plan --search tries zb_v with each rank's share split over its two ch
   // rank r 2 layers in chunk r (down) and 1 in chunk 3 - r (back, the head's chunk 3 the smaller
   // on rank 0): [2, 2, 1, 1].
   const core::config base = tiny(tmp, 6);
-  plan::search_options o;
-  o.gpus = 2;
-  o.top = 1000;  // every layout that fits
-  o.micro_batch_sizes = {2};
+  const plan::search_options o = every_fit(2);
   auto r = plan::search(base, o);
   REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
   const plan::job_plan* v = find(r.value(), "zb_v");
@@ -106,8 +112,7 @@ TEST_CASE("plan --search tries zb_v with each rank's share split over its two ch
 
   // 4 layers on 4 ranks: one layer each cannot fill two chunks; the rejected list says so (at
   // pp 2, 2 layers a rank, zb_v runs its even split).
-  o.gpus = 4;
-  auto few = plan::search(tiny(tmp, 4), o);
+  auto few = plan::search(tiny(tmp, 4), every_fit(4));
   REQUIRE(few.ok());
   for (const auto& p : few.value().best) CHECK_FALSE((p.schedule == "zb_v" && p.pp == 4));
   REQUIRE(find(few.value(), "zb_v") != nullptr);
@@ -203,10 +208,7 @@ TEST_CASE("zb_v's simulator costs: the slowest rank's work over its two chunks, 
 TEST_CASE("plan --search tries tensor parallel, and rejects what the config check refuses with its reason") {
   scratch_dir tmp("plan_search_tp");
   const core::config base = tiny(tmp, 4);
-  plan::search_options o;
-  o.gpus = 2;
-  o.top = 1000;  // every layout that fits
-  o.micro_batch_sizes = {2};
+  const plan::search_options o = every_fit(2);
   auto r = plan::search(base, o);
   REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().to_string()));
   const std::string text = plan::render_search(r.value(), o);

@@ -61,6 +61,16 @@ std::vector<actors::message_record> records(const core::config& cfg, std::int64_
   return out;
 }
 
+/// The log line of the input gradient worker 1 sent for micro-batch `mb` of `step` (0: none).
+int gradient_line_of_worker_1(const core::config& cfg, std::int64_t step, int mb) {
+  int line = 0;
+  for (const auto& r : records(cfg))
+    if (r.src == 1 && r.tag.step == step && r.tag.mb == mb &&
+        r.tag.kind == static_cast<std::uint32_t>(actors::tensor_kind::gradient))
+      line = r.line;
+  return line;
+}
+
 /// Replays every worker of the recorded run in cfg alone: each must match and send as many
 /// messages as its log holds (snapshots aside). Returns, per worker, how many of them were
 /// tensor-parallel collective slices.
@@ -230,11 +240,7 @@ TEST_CASE("a corrupted hash in the log is reported as exactly that message") {
   train(cfg);
   // Worker 1 (replica 0, pipeline rank 1): its gradient of micro-batch 2 at step 2.
   const std::string log = actors::messages_dir(cfg.runtime.run_dir) + "/rank_1.log";
-  int line = 0;
-  for (const auto& r : records(cfg))
-    if (r.src == 1 && r.tag.step == 2 && r.tag.mb == 2 &&
-        r.tag.kind == static_cast<std::uint32_t>(actors::tensor_kind::gradient))
-      line = r.line;
+  const int line = gradient_line_of_worker_1(cfg, 2, 2);
   REQUIRE(line > 0);
   const std::string original = corrupt_hash(log, line, "0123456789abcdef");
   auto rep = replay(cfg.runtime.run_dir);
@@ -572,11 +578,7 @@ TEST_CASE("a log of format 2 (XXH64 hashes) still replays, also resumed by this 
   check_every_worker_replays_alone(cfg);
 
   // A changed hash on a format-2 line is found, the replayed hash given under XXH64.
-  int line = 0;
-  for (const auto& r : records(cfg))
-    if (r.src == 1 && r.tag.step == 1 && r.tag.mb == 1 &&
-        r.tag.kind == static_cast<std::uint32_t>(actors::tensor_kind::gradient))
-      line = r.line;
+  const int line = gradient_line_of_worker_1(cfg, 1, 1);
   REQUIRE(line > 0);
   const std::string original =
       corrupt_hash(actors::messages_dir(cfg.runtime.run_dir) + "/rank_1.log", line, "0123456789abcdef");
