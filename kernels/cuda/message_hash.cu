@@ -1,9 +1,11 @@
 // message_hash: the message logs' hash of a tensor (kernels/message_hash.hpp has the definition:
 // XXH3-64 over 4 KiB blocks, level by level), computed on the GPU so that recording needs no copy
-// of the tensor to the host. One thread hashes one 4 KiB block of a level with the header's XXH3
-// code; a level of n bytes gives n / 512 bytes of digests for the next, so a 500 MB gradient takes
-// three launches (122,000 blocks, 239, then one). The last launch writes the hash into page-locked
-// host memory; an event after it tells the host when to read it.
+// of the tensor to the host. A level of n bytes gives n / 512 bytes of digests for the next, so a
+// 500 MB gradient takes three launches (122,000 blocks, 239, then one). Where a level starts
+// 16-byte aligned, four lanes hash each full block together (hash_blocks_kernel), so that a warp's
+// loads cover whole 64-byte stripes; elsewhere one thread hashes one block with the header's XXH3
+// code. The last launch writes the hash into page-locked host memory; an event after it tells the
+// host when to read it.
 #include <mutex>
 #include <vector>
 
@@ -73,14 +75,97 @@ __global__ void hash_level_kernel(const unsigned char* in, std::uint64_t n, std:
   out[i] = xxh3::xxh3_64(Reader{in + off}, len, seed, c_secret);
 }
 
+/// The lanes of a warp that hash one full block together, and the threads of a block of
+/// hash_blocks_kernel.
+constexpr unsigned lanes_per_block = 4;
+constexpr unsigned hash_threads = 256;
+
+/// out[i] = XXH3-64(block i of in[0, n), seed) for i < blocks, with `in` 16-byte aligned. Every
+/// full 4096-byte block is hashed by four consecutive lanes: lane q loads bytes [16q, 16q + 16) of
+/// each 64-byte stripe and keeps accumulators 2q and 2q + 1 (XXH3's accumulator i takes stripe word
+/// i's product and word i ^ 1's value, so the pair needs no other lane's words); the four merge
+/// terms are summed by shuffles. The same steps as xxh3::xxh3_64's long path for n = 4096: three
+/// blocks of 16 stripes, each followed by the scramble, 15 stripes, then the stripe of the last 64
+/// bytes with the secret at byte 121. A last, shorter block is hashed by its group's first lane
+/// with xxh3::xxh3_64.
+__global__ void __launch_bounds__(hash_threads)
+    hash_blocks_kernel(const unsigned char* in, std::uint64_t n, std::uint64_t seed,
+                       std::uint64_t blocks, std::uint64_t* out) {
+  // The secret derived from the seed, as words (xxh3::key::word).
+  __shared__ std::uint64_t kw[24];
+  if (threadIdx.x < 24) {
+    const unsigned i = threadIdx.x;
+    kw[i] = c_secret.w[i] + ((i & 1) ? 0 - seed : seed);
+  }
+  __syncthreads();
+  const std::uint64_t block = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) /
+                              lanes_per_block;
+  if (block >= blocks) return;
+  const unsigned q = threadIdx.x % lanes_per_block;
+  const std::uint64_t off = block * message_hash_block;
+  if (n - off < message_hash_block) {
+    if (q == 0) out[block] = xxh3::xxh3_64(aligned_reader{{in + off}}, n - off, seed, c_secret);
+    return;
+  }
+  // Key words at any byte offset (xxh3::key::u64), from shared memory.
+  auto key = [&](unsigned o) -> std::uint64_t {
+    const unsigned i = o >> 3, b = o & 7;
+    return b == 0 ? kw[i] : (kw[i] >> (8 * b)) | (kw[i + 1] << (64 - 8 * b));
+  };
+  const auto* p = reinterpret_cast<const ulonglong2*>(in + off) + q;  // 16 bytes per lane per stripe
+  std::uint64_t a0 = q == 0 ? xxh3::p32_3 : q == 1 ? xxh3::p64_2 : q == 2 ? xxh3::p64_4 : xxh3::p64_5;
+  std::uint64_t a1 = q == 0 ? xxh3::p64_1 : q == 1 ? xxh3::p64_3 : q == 2 ? xxh3::p32_2 : xxh3::p32_1;
+  // Stripe s of the block (64 bytes = 4 ulonglong2) with the key words at 8 * ks.
+  auto stripe = [&](ulonglong2 w, unsigned ks) {
+    const std::uint64_t v0 = w.x ^ kw[ks + 2 * q];
+    const std::uint64_t v1 = w.y ^ kw[ks + 2 * q + 1];
+    a0 += w.y + (v0 & 0xFFFFFFFFull) * (v0 >> 32);
+    a1 += w.x + (v1 & 0xFFFFFFFFull) * (v1 >> 32);
+  };
+  for (unsigned b = 0; b < 3; ++b) {
+    ulonglong2 w[16];
+#pragma unroll
+    for (unsigned i = 0; i < 16; ++i) w[i] = __ldcs(p + 4 * (16 * b + i));
+#pragma unroll
+    for (unsigned i = 0; i < 16; ++i) stripe(w[i], i);
+    a0 ^= a0 >> 47;
+    a0 ^= kw[16 + 2 * q];
+    a0 *= xxh3::p32_1;
+    a1 ^= a1 >> 47;
+    a1 ^= kw[17 + 2 * q];
+    a1 *= xxh3::p32_1;
+  }
+  {
+    ulonglong2 w[16];
+#pragma unroll
+    for (unsigned i = 0; i < 16; ++i) w[i] = __ldcs(p + 4 * (48 + i));
+#pragma unroll
+    for (unsigned i = 0; i < 15; ++i) stripe(w[i], i);
+    // The last 64 bytes are stripe 15 itself, with the secret at byte 121.
+    const std::uint64_t v0 = w[15].x ^ key(121 + 16 * q);
+    const std::uint64_t v1 = w[15].y ^ key(129 + 16 * q);
+    a0 += w[15].y + (v0 & 0xFFFFFFFFull) * (v0 >> 32);
+    a1 += w[15].x + (v1 & 0xFFFFFFFFull) * (v1 >> 32);
+  }
+  std::uint64_t h = xxh3::mul_fold(a0 ^ key(11 + 16 * q), a1 ^ key(19 + 16 * q));
+  const unsigned lane = threadIdx.x % 32;
+  const unsigned mask = 0xFu << (lane & ~(lanes_per_block - 1));
+  h += __shfl_xor_sync(mask, h, 1, lanes_per_block);
+  h += __shfl_xor_sync(mask, h, 2, lanes_per_block);
+  if (q == 0) out[block] = xxh3::avalanche(message_hash_block * xxh3::p64_1 + h);
+}
+
 void launch_level(const unsigned char* in, std::uint64_t n, std::uint64_t seed,
                   std::uint64_t blocks, std::uint64_t* out, cudaStream_t s) {
-  constexpr unsigned threads = 128;
-  const auto grid = static_cast<unsigned>((blocks + threads - 1) / threads);
-  if (reinterpret_cast<std::uintptr_t>(in) % 16 == 0)
-    hash_level_kernel<aligned_reader><<<grid, threads, 0, s>>>(in, n, seed, blocks, out);
-  else
+  if (reinterpret_cast<std::uintptr_t>(in) % 16 == 0) {
+    const std::uint64_t threads = blocks * lanes_per_block;
+    const auto grid = static_cast<unsigned>((threads + hash_threads - 1) / hash_threads);
+    hash_blocks_kernel<<<grid, hash_threads, 0, s>>>(in, n, seed, blocks, out);
+  } else {
+    constexpr unsigned threads = 128;
+    const auto grid = static_cast<unsigned>((blocks + threads - 1) / threads);
     hash_level_kernel<word_reader><<<grid, threads, 0, s>>>(in, n, seed, blocks, out);
+  }
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
