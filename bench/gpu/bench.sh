@@ -6,9 +6,11 @@
 #               (every op launched from the host) and --no-clip (the baseline's work)
 #   pipeline    GPT-2 124M through the actor runtime as 4 pipeline stages (1F1B, 8 micro-batches)
 #               and as one stage on the same global batch (bench/gpu_pipeline_bench)
-#   schedules   GPT-2 124M as 4 pipeline stages, 8 micro-batches, under 1f1b, zb_h1 and zb_v (two
-#               chunks per rank in a V, stage_layers [2,1,2,1,2,1,2,1]: 3 layers per rank like the
-#               others): tokens/s, measured and simulated bubble, peak memory per stage, side by side
+#   schedules   GPT-2 124M as 4 pipeline stages, 8 micro-batches, under 1f1b, zb_h1, interleaved_1f1b
+#               (2 chunks per rank, stage_layers [2,2,1,1,1,1,2,2]) and zb_v (two chunks per rank in
+#               a V, stage_layers [2,1,2,1,2,1,2,1]): 3 layers per rank each; tokens/s, measured and
+#               simulated bubble, peak memory per stage and the first and last loss, side by side
+#   hash        the message hash recording runs per message tensor (bench/gpu_message_hash_bench)
 #   gpt2-1.5b   GPT-2 1.5B (48 layers, 1600 wide, 25 heads): troupe, troupe --no-graph,
 #               torch.compile, PyTorch eager
 #   profile     where a 124M step's time goes: troupe's per-op and per-phase tables, torch.compile's
@@ -62,14 +64,22 @@ for part in "${parts[@]}"; do
       tail -n 6 "$RESULTS/pipeline.log"
       ;;
     schedules)
-      for s in 1f1b zb_h1 zb_v; do
+      for s in 1f1b zb_h1 interleaved_1f1b zb_v; do
         extra=()
         [[ $s == zb_v ]] && extra=(--stage-layers "[2,1,2,1,2,1,2,1]")
+        [[ $s == interleaved_1f1b ]] && extra=(--virtual 2 --stage-layers "[2,2,1,1,1,1,2,2]")
         timeout 400 "$BIN/gpu_pipeline_bench" --schedule "$s" --no-single "${extra[@]}" \
           --out "$RESULTS/schedule-$s.json" > "$RESULTS/schedule-$s.log" 2>&1 ||
           echo "gpu_pipeline_bench --schedule $s failed or timed out: $RESULTS/schedule-$s.log"
         echo "$s: $(tail -n 3 "$RESULTS/schedule-$s.log" | head -n 2 | tail -n 1)"
+        # The first and last loss: every schedule should end on the same bits.
+        python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["runs"][0]; print("  losses", r["first_loss"], r["last_loss"])' \
+          "$RESULTS/schedule-$s.json" 2>/dev/null
       done
+      ;;
+    hash)
+      timeout 200 "$BIN/gpu_message_hash_bench" --mib 4096 --reps 10 --json "$RESULTS/message_hash.json" ||
+        echo "gpu_message_hash_bench failed or timed out"
       ;;
     gpt2-1.5b)
       troupe troupe-1.5B 300 $big --steps 8 --warmup 2
@@ -87,7 +97,7 @@ for part in "${parts[@]}"; do
       tail -n 8 "$RESULTS/attention-troupe.log"
       timeout 120 python3 bench/torch_attention_bench.py | tee "$RESULTS/attention-torch.log"
       ;;
-    *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, schedules, gpt2-1.5b, profile)" >&2; exit 2 ;;
+    *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, schedules, hash, gpt2-1.5b, profile)" >&2; exit 2 ;;
   esac
 done
 
