@@ -31,7 +31,25 @@ std::uint64_t meta_backend::rounded(std::uint64_t bytes) const {
   return (bytes + g - 1) / g * g;
 }
 
+std::uint64_t meta_backend::live_bytes() const {
+  std::lock_guard<std::mutex> lk(counter_->mu);
+  return counter_->live;
+}
+std::uint64_t meta_backend::peak_bytes() const {
+  std::lock_guard<std::mutex> lk(counter_->mu);
+  return counter_->peak;
+}
+std::map<std::string, std::uint64_t> meta_backend::peak_by_label() const {
+  std::lock_guard<std::mutex> lk(counter_->mu);
+  return counter_->peak_split;
+}
+std::map<std::string, std::uint64_t> meta_backend::live_by_label() const {
+  std::lock_guard<std::mutex> lk(counter_->mu);
+  return counter_->by_label;
+}
+
 void meta_backend::reset_peak() {
+  std::lock_guard<std::mutex> lk(counter_->mu);
   counter_->peak = counter_->live;
   counter_->peak_split = counter_->by_label;
 }
@@ -49,14 +67,18 @@ tensor meta_backend::empty(const core::shape_t& shape, core::dtype t) {
     if (!c.empty()) label = std::move(c);
   }
   const std::uint64_t bytes = rounded(st->bytes);
-  counter& c = *counter_;
-  c.live += bytes;
-  c.by_label[label] += bytes;
-  if (c.live > c.peak) {
-    c.peak = c.live;
-    c.peak_split = c.by_label;
+  {
+    counter& c = *counter_;
+    std::lock_guard<std::mutex> lk(c.mu);
+    c.live += bytes;
+    c.by_label[label] += bytes;
+    if (c.live > c.peak) {
+      c.peak = c.live;
+      c.peak_split = c.by_label;
+    }
   }
   st->release = [cnt = counter_, bytes, label](void*) {
+    std::lock_guard<std::mutex> lk(cnt->mu);
     cnt->live -= bytes;
     cnt->by_label[label] -= bytes;
   };

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "kernels/backend.hpp"
@@ -46,10 +47,10 @@ class meta_backend final : public backend {
   explicit meta_backend(options o);
 
   /// Bytes alive now / at the peak, and the split of the peak by label.
-  std::uint64_t live_bytes() const { return counter_->live; }
-  std::uint64_t peak_bytes() const { return counter_->peak; }
-  std::map<std::string, std::uint64_t> peak_by_label() const { return counter_->peak_split; }
-  std::map<std::string, std::uint64_t> live_by_label() const { return counter_->by_label; }
+  std::uint64_t live_bytes() const;
+  std::uint64_t peak_bytes() const;
+  std::map<std::string, std::uint64_t> peak_by_label() const;
+  std::map<std::string, std::uint64_t> live_by_label() const;
   /// Restarts the peak at the bytes alive now.
   void reset_peak();
   void set_classifier(classifier c) { classify_ = std::move(c); }
@@ -117,7 +118,10 @@ class meta_backend final : public backend {
   bool has_nonfinite(const tensor&) override { return false; }
 
  private:
+  /// The backend's bytes. A tensor may die on another thread than the one that made it (a peer
+  /// that received it, in a collective run a thread per rank), so every access holds `mu`.
   struct counter {
+    mutable std::mutex mu;
     std::uint64_t live = 0, peak = 0;
     std::map<std::string, std::uint64_t> by_label, peak_split;
   };
