@@ -78,11 +78,15 @@ inline constexpr double offload_link_bytes_per_s = 2e10;
 inline constexpr double host_adamw_bytes_per_s = 2e10;
 
 /// Seconds of the optimizer's tail of a step on one pipeline rank: the gradient exchange between
-/// replicas and AdamW over the largest shard (`shard_elements` fp32 elements). Under
-/// optimizer.offload AdamW runs on the host: the gradient slice goes down and the parameters come
-/// back (4 + 4 B per element at offload_link_bytes_per_s) overlapped piece by piece with the host
-/// AdamW (28 B per element at host_adamw_bytes_per_s), so the slower of the two counts.
+/// replicas and AdamW over the largest shard (`shard_elements` fp32 elements). The exchange moves
+/// at link_bytes_per_s between devices; with every worker on one GPU (`one_device`) the replicas'
+/// slices never leave its memory, so there it moves at memory_bytes_per_s (on the CPU the link
+/// rate is the timed copy, memory already). Under optimizer.offload AdamW runs on the host: the
+/// gradient slice goes down and the parameters come back (4 + 4 B per element at
+/// offload_link_bytes_per_s) overlapped piece by piece with the host AdamW (28 B per element at
+/// host_adamw_bytes_per_s), so the slower of the two counts.
 double optimizer_seconds(const core::config& cfg, const calibration& cal,
-                         std::int64_t stage_elements, std::int64_t shard_elements);
+                         std::int64_t stage_elements, std::int64_t shard_elements,
+                         bool one_device = false);
 
 }  // namespace troupe::plan

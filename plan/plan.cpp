@@ -254,7 +254,7 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
     else if (it != split.end())
       shard_elems = std::max<std::int64_t>(shard_elems, it->second / 16);
   }
-  p.optimizer_s = optimizer_seconds(cfg, o.cal, stage_elems, shard_elems);
+  p.optimizer_s = optimizer_seconds(cfg, o.cal, stage_elems, shard_elems, o.one_device);
   if (o.one_device) p.optimizer_s *= l.workers();
   p.step_s = p.pipeline_s + p.optimizer_s;
   p.tokens_per_step = core::derive(cfg).tokens_per_step;

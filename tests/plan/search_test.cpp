@@ -72,8 +72,6 @@ plan::search_options every_fit(int gpus) {
   return o;
 }
 
-}  // namespace
-
 TEST_CASE("plan --search tries zb_v with each rank's share split over its two chunks, placed in a V") {
   scratch_dir tmp("plan_search_zbv");
   // 6 layers on 2 ranks: 3 each. interleaved_1f1b needs 4 equal chunks (6 % 4 != 0); zb_v gives
@@ -301,3 +299,30 @@ TEST_CASE("tensor parallel's simulator costs: the arithmetic over the ranks, the
   CHECK(p->pipeline_s ==
         doctest::Approx((two.f + two.b) * c.parallel.micro_batch_num * 2 * 2).epsilon(1e-12));
 }
+
+TEST_CASE("the replicas' gradient exchange costs the link between GPUs, and device memory on one GPU") {
+  scratch_dir tmp("plan_exchange");
+  core::config c = tiny(tmp, 4);
+  c.parallel.data_parallel = 2;
+  plan::calibration cal = plan::default_calibration("cuda", core::precision_kind::bf16);
+  cal.link_bytes_per_s = 1e11;
+  cal.memory_bytes_per_s = 3e12;
+  const std::int64_t stage = 1000000, shard = 400000;
+  // Gradient slices out and parameters back: 2 x 4 B per element, (dp - 1) / dp of the stage;
+  // then AdamW's 28 B per element of the shard at the memory rate.
+  const double adamw = 28.0 * shard / cal.memory_bytes_per_s;
+  const double moved = 2.0 * stage * 4 * 0.5;
+  CHECK(plan::optimizer_seconds(c, cal, stage, shard, false) ==
+        doctest::Approx(moved / cal.link_bytes_per_s + adamw).epsilon(1e-12));
+  CHECK(plan::optimizer_seconds(c, cal, stage, shard, true) ==
+        doctest::Approx(moved / cal.memory_bytes_per_s + adamw).epsilon(1e-12));
+  // On the CPU the link rate is the timed copy between two stages' memory: it counts either way.
+  plan::calibration cpu = plan::default_calibration("cpu", core::precision_kind::fp32);
+  CHECK(plan::optimizer_seconds(c, cpu, stage, shard, true) ==
+        doctest::Approx(plan::optimizer_seconds(c, cpu, stage, shard, false)).epsilon(1e-12));
+  // One replica exchanges nothing.
+  c.parallel.data_parallel = 1;
+  CHECK(plan::optimizer_seconds(c, cal, stage, shard, false) == doctest::Approx(adamw).epsilon(1e-12));
+}
+
+}  // namespace
