@@ -175,7 +175,8 @@ double optimizer_seconds(const core::config& cfg, const calibration& cal,
                          bool one_device) {
   const int dp = cfg.parallel.data_parallel;
   double t = 0;
-  const double exchange = one_device && cal.device == "cuda" ? cal.memory_bytes_per_s : cal.link_bytes_per_s;
+  const double exchange =
+      one_device && cal.device == "cuda" ? cal.memory_bytes_per_s : cal.link_bytes_per_s;
   if (dp > 1)  // every replica's gradient slices go to their shards, parameters come back
     t += 2.0 * static_cast<double>(stage_elements) * 4 * (dp - 1) / dp / exchange;
   // AdamW reads parameter, gradient and both moments and writes three of them back: 28 B/element.
