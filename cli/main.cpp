@@ -5,6 +5,7 @@
 
 #include "cli/command.hpp"
 #include "core/error.hpp"
+#include "core/files.hpp"
 
 namespace troupe::cli {
 
@@ -22,6 +23,8 @@ int main(int argc, char** argv) {
   CLI::App app{"troupe: train and fine-tune GPT-2 and LLaMA models with pipeline and data "
                "parallelism, built as an actor system"};
   app.require_subcommand(1);
+  // A stop signal lets a trace or metrics append in progress finish (core/files.hpp).
+  troupe::core::guard_appends_from_stop_signals();
   auto& cmds = registry();
   std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
   std::function<int()> chosen;

@@ -1,6 +1,7 @@
 #include "core/files.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -84,7 +85,64 @@ status pwrite_all(int fd, const char* p, std::size_t bytes, std::uint64_t at, co
   return {};
 }
 
+// The stop-signal guard: appends in flight, and the signal that arrived while one was (0: none).
+// Both are lock-free atomics, so the handler may read and write them.
+std::atomic<int> appends_in_flight{0};
+std::atomic<int> stop_pending{0};
+
+[[noreturn]] void stop_with(int sig) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
+  ::raise(sig);  // inside the handler: delivered, with the default action, once unblocked
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  for (;;) ::pause();
+}
+
+void on_stop_signal(int sig) {
+  stop_pending.store(sig);
+  // An append that starts after this load sees stop_pending and does not write; one in flight
+  // stops the process when it ends (sealed_file::append).
+  if (appends_in_flight.load() == 0) stop_with(sig);
+}
+
+// Entered before each sealed write, left after it. With the handler's store-then-load this is
+// Dekker's handshake: either the handler sees no append in flight and stops the process, or the
+// last append to leave sees the pending signal and stops it; an append that would start after
+// the signal does not write.
+struct append_in_flight {
+  append_in_flight() {
+    appends_in_flight.fetch_add(1);
+    if (stop_pending.load() != 0) leave();
+  }
+  ~append_in_flight() { leave(); }
+  append_in_flight(const append_in_flight&) = delete;
+  append_in_flight& operator=(const append_in_flight&) = delete;
+
+ private:
+  static void leave() {
+    const bool last = appends_in_flight.fetch_sub(1) == 1;
+    const int sig = stop_pending.load();
+    if (sig == 0) return;
+    if (last) stop_with(sig);
+    for (;;) ::pause();  // an append still in flight stops the process when it ends
+  }
+};
+
 }  // namespace
+
+void guard_appends_from_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
 
 input_file::input_file(input_file&& o) noexcept
     : fd_(std::exchange(o.fd_, -1)), size_(o.size_), path_(std::move(o.path_)) {}
@@ -311,6 +369,7 @@ status sealed_file::append(std::string_view bytes) {
   if (fd_ < 0) return error::at_file(path_, "write after close");
   // One write of the new bytes and the tail, so that the file ends in the tail between any two
   // system calls; then drop whatever lay beyond (only when the tail shrank, which it does not).
+  const append_in_flight guard;
   std::string block;
   block.reserve(bytes.size() + tail_.size());
   block.append(bytes);

@@ -79,11 +79,20 @@ status write_file_synced(const std::string& path, std::string_view text);
 /// fsync of a folder: makes the creations and renames inside it durable.
 status fsync_dir(const std::string& dir);
 
+/// Makes SIGINT and SIGTERM wait for a sealed_file append in progress: the handler lets the
+/// write finish, then stops the process with the signal's default action (so the exit status is
+/// still 128 + the signal). Without it the kernel may end a write to a file short at a page
+/// boundary when a fatal signal arrives, leaving a sealed file without its tail. `troupe`
+/// installs it at start; `troupe launch` then replaces it with its own forwarding handlers.
+void guard_appends_from_stop_signals();
+
 /// A file that is whole at every moment, however the process stops (SIGTERM, SIGKILL, a crash):
 /// it is created holding `head` + `tail`, and each append writes the new bytes followed by `tail`
 /// in one write at the end of what was committed, over the previous tail. A JSON document that
 /// grows (trace.json: head `{"traceEvents":[`, tail `]}`) or a JSON-lines file (no head or tail)
-/// is therefore always parseable. Not for concurrent appends from several threads.
+/// is therefore always parseable (after SIGINT or SIGTERM only where
+/// guard_appends_from_stop_signals is installed; SIGKILL cannot be caught, so a kill -9 during a
+/// write larger than a page can still cut it). Not for concurrent appends to one file.
 class sealed_file {
  public:
   /// Creates (or truncates) `path`.

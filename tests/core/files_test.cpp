@@ -2,13 +2,18 @@
 // device, refusing folders, NUL bytes and oversized files with the file named) and the one way
 // files are replaced (atomically) or grown (whole at every moment).
 #include <doctest/doctest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "core/files.hpp"
 
@@ -131,4 +136,45 @@ TEST_CASE("sealed_file is valid JSON after every append and after a reopen") {
   REQUIRE(g.ok());
   REQUIRE(g->append("{\"step\":1}\n").ok());
   CHECK(slurp(lines) == "{\"step\":0}\n{\"step\":1}\n");
+}
+
+// A child appends 4 MiB events to a trace (each write spans a thousand pages) and is sent SIGTERM
+// mid-stream. Without the guard the kernel ends a write to a file short at a page boundary when a
+// fatal signal is pending, so the file loses its tail in most of these kills.
+TEST_CASE("a SIGTERM during sealed_file appends stops the process with the file whole") {
+  scratch dir;
+  const std::string event(4u << 20, 'x');
+  for (int round = 0; round < 6; ++round) {
+    const std::string path = dir / ("trace" + std::to_string(round) + ".json");
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::signal(SIGTERM, SIG_DFL);  // not doctest's crash handler, inherited from the parent
+      core::guard_appends_from_stop_signals();
+      auto f = core::sealed_file::create(path, "{\"traceEvents\":[", "\n]}\n");
+      if (!f.ok()) ::_exit(3);
+      for (int i = 0;; ++i) {
+        if (!f->append(std::string(i ? ",\n" : "\n") + "\"" + event + "\"").ok()) ::_exit(4);
+        if (i == 1) (void)!::write(ready[1], "r", 1);
+      }
+    }
+    ::close(ready[1]);
+    char c = 0;
+    REQUIRE(::read(ready[0], &c, 1) == 1);  // two events written: the kill lands mid-stream
+    ::close(ready[0]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 3));
+    REQUIRE(::kill(pid, SIGTERM) == 0);
+    int wstatus = 0;
+    REQUIRE(::waitpid(pid, &wstatus, 0) == pid);
+    CHECK(WIFSIGNALED(wstatus));
+    CHECK(WTERMSIG(wstatus) == SIGTERM);
+    const std::string text = slurp(path);
+    INFO("round " << round << ": " << text.size() << " bytes");
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);  // no exception
+    const std::string end = text.substr(text.size() - std::min<std::size_t>(text.size(), 16));
+    REQUIRE_MESSAGE(!j.is_discarded(), "the file does not parse; it ends in \"" << end << "\"");
+    CHECK(j["traceEvents"].size() >= 2);
+  }
 }
