@@ -8,10 +8,14 @@
 # (compressed, the package is about a third of its size: OpenBLAS alone is 35 MB). Then copy the
 # repository, build-gpu/ included, to the GPU machine and run bench/gpu/tests.sh and
 # bench/gpu/bench.sh there from the repository root (bench/README.md).
-# Usage, from the repository root: bash bench/gpu/pack.sh [BUILD_DIR]   (default build-cuda)
+# Usage, from the repository root: bash bench/gpu/pack.sh [BUILD_DIR [PROGRAM...]]
+#   (default build-cuda; with PROGRAMs, e.g. `gpu_gpt2_bench test_kernels`, only troupe and those
+#   are packed: every test program together makes the package several times larger)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 build=${1:-build-cuda}
+shift || true
+only=("$@")
 pkg=build-gpu
 if [[ ! -x $build/troupe ]]; then
   echo "pack: $build/troupe not found; build first, e.g." >&2
@@ -27,7 +31,12 @@ stage=$pkg/stage
 mkdir -p "$stage/bin" "$stage/lib"
 programs=("$build/troupe")
 for f in "$build"/bench/gpu_*_bench "$build"/tests/test_* "$build"/tests/*.so; do
-  [[ -f $f && ( -x $f || $f == *.so ) ]] && programs+=("$f")
+  [[ -f $f && ( -x $f || $f == *.so ) ]] || continue
+  if [[ ${#only[@]} -gt 0 ]]; then
+    name=$(basename "$f")
+    [[ " ${only[*]} " == *" ${name%.so} "* || $f == *.so ]] || continue
+  fi
+  programs+=("$f")
 done
 cp "${programs[@]}" "$stage/bin/"
 # The libraries the programs resolve here that are not part of a base system with the CUDA driver.
