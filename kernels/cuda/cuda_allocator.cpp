@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.hpp"
@@ -32,6 +33,20 @@ class device_guard {
   int previous_ = 0;
   int device_ = 0;
 };
+
+// TROUPE_CUDA_DEBUG_SYNC, a diagnostic (docs/cuda.md): with "release" every block goes back to the
+// cache only once the whole device is idle, so no reuse can overlap a kernel of any stream; "own"
+// does so only for blocks no other stream used (release), "shared" only for the others
+// (release_after).
+void debug_sync_release(const char* kind) {
+  static const std::string mode = [] {
+    const char* m = std::getenv("TROUPE_CUDA_DEBUG_SYNC");
+    return std::string(m ? m : "");
+  }();
+  if (mode.empty()) return;
+  if (mode.find("release") == std::string::npos && mode.find(kind) == std::string::npos) return;
+  if (cudaDeviceSynchronize() != cudaSuccess) cudaGetLastError();
+}
 }  // namespace
 
 device_allocator::device_allocator(int device) : device_(device) {}
@@ -74,6 +89,7 @@ void device_allocator::recycle_event(cudaEvent_t e) {
 }
 
 void device_allocator::release_after(void* p, std::vector<cudaEvent_t> after) {
+  debug_sync_release("shared");
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
   if (it == live_.end()) return;
@@ -178,6 +194,7 @@ void* device_allocator::allocate(std::size_t bytes) {
 }
 
 void device_allocator::release(void* p) {
+  debug_sync_release("own");
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
   if (it == live_.end()) return;

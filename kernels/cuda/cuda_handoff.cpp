@@ -1,6 +1,8 @@
 #include "kernels/cuda/cuda_handoff.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
 
@@ -21,6 +23,16 @@ handoff_state* state_of(const core::tensor& t, bool create) {
   std::lock_guard<std::mutex> lock(sync_mutex());
   if (!st->sync && create) st->sync = std::make_shared<handoff_state>();
   return static_cast<handoff_state*>(st->sync.get());
+}
+
+// TROUPE_CUDA_DEBUG_SYNC, a diagnostic (docs/cuda.md): "send" makes the host wait for the
+// sender's stream at every record_ready, "recv" for the event at every wait_ready, "handoff" both.
+bool debug_sync(const char* what) {
+  static const std::string mode = [] {
+    const char* m = std::getenv("TROUPE_CUDA_DEBUG_SYNC");
+    return std::string(m ? m : "");
+  }();
+  return !mode.empty() && mode.find(what) != std::string::npos;
 }
 
 void add_user(handoff_state& h, const std::shared_ptr<stream_handle>& s) {
@@ -55,6 +67,7 @@ void record_ready(const std::shared_ptr<stream_handle>& s, const core::tensor& t
   if (!h->ready) TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming));
   TROUPE_CUDA_CHECK(cudaEventRecord(h->ready, s->stream));
   add_user(*h, s);
+  if (debug_sync("handoff") || debug_sync("send")) TROUPE_CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
 
 void wait_ready(const std::shared_ptr<stream_handle>& s, const core::tensor& t) {
@@ -63,6 +76,7 @@ void wait_ready(const std::shared_ptr<stream_handle>& s, const core::tensor& t) 
   if (!h) return;  // never handed over: it was made on this stream
   std::lock_guard<std::mutex> lock(h->mu);
   if (h->ready) {
+    if (debug_sync("handoff") || debug_sync("recv")) TROUPE_CUDA_CHECK(cudaEventSynchronize(h->ready));
     if (t.dev().index == s->device) {
       TROUPE_CUDA_CHECK(cudaStreamWaitEvent(s->stream, h->ready, 0));
     } else {
