@@ -4,8 +4,11 @@
 # 10 steps, random-token shards) RUNS times with recording off and RUNS times with it on, replays
 # every recorded run (`troupe replay`, which names the first tensor that differs from the log), and
 # prints each run's last three losses and how many distinct loss sequences each half produced.
+# Where recorded runs differ, the first messages (by step) whose hashes differ from run 1's are
+# printed: which rank, instruction and tensor parted first.
 #
 #   bash bench/gpu/determinism.sh [RUNS] [--set key=value ...]     (default RUNS 8)
+#   RECORD="false" bash bench/gpu/determinism.sh 8                  (only the half without recording)
 #
 # From the repository root, with the package of bench/gpu/pack.sh staged (common.sh). Results:
 # $RESULTS/determinism.txt.
@@ -25,7 +28,7 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print(" ".join(repr(r["loss"]) for r in [r for r in rows if "loss" in r][-3:]))' "$1/metrics.jsonl" 2>/dev/null ||
     echo "no losses"
 }
-for record in false true; do
+for record in ${RECORD:-false true}; do
   seen=()
   for i in $(seq 1 "$RUNS"); do
     dir=$WORK/record-$record-$i
@@ -42,3 +45,32 @@ for record in false true; do
   echo "record=$record: $(printf '%s\n' "${seen[@]}" | sort -u | wc -l) distinct loss sequences in $RUNS runs" |
     tee -a "$out"
 done
+
+# Recorded runs against run 1: the earliest step whose message hashes differ, and its first few
+# differing messages (messages are matched by sender, receiver and tag, not by line order).
+[[ -d $WORK/record-true-1 ]] || exit 0
+python3 - "$WORK" "$RUNS" <<'PY' | tee -a "$out"
+import glob, json, os, sys
+work, runs = sys.argv[1], int(sys.argv[2])
+def load(d):
+    m = {}
+    for f in glob.glob(os.path.join(d, "messages", "rank_*.log")):
+        for line in open(f):
+            r = json.loads(line)
+            if "hash" not in r:
+                continue
+            key = (r["step"], r["src"], r["dst"], r["kind"], r["chunk"], r["mb"], r["part"], r["op"])
+            m[key] = r["hash"]
+    return m
+base = load(os.path.join(work, "record-true-1"))
+for i in range(2, runs + 1):
+    other = load(os.path.join(work, f"record-true-{i}"))
+    diff = sorted(k for k in base.keys() | other.keys() if base.get(k) != other.get(k))
+    if not diff:
+        print(f"recorded run {i}: every message hash equals run 1's ({len(base)} messages)")
+        continue
+    first = diff[0][0]
+    print(f"recorded run {i}: {len(diff)} messages differ from run 1's, first at step {first}:")
+    for k in [k for k in diff if k[0] == first][:8]:
+        print("   step %d %d->%d %s chunk %d mb %d part %d op %s" % k)
+PY
