@@ -331,4 +331,103 @@ core::result<replay_report> replay_run(const replay_options& opt) {
   return replay_whole(run.value(), opt, last);
 }
 
+core::result<run_comparison> compare_runs(const std::string& run_a, const std::string& run_b) {
+  auto a = load_recorded_run(run_a);
+  if (!a) return a.err();
+  auto b = load_recorded_run(run_b);
+  if (!b) return b.err();
+  run_comparison out;
+  // The run directory is the one key two runs of one config must differ in.
+  auto without_run_dir = [](const std::string& text) {
+    std::istringstream in(text);
+    std::string line, kept;
+    while (std::getline(in, line))
+      if (line.find_first_not_of(" \t") == std::string::npos ||
+          line.compare(line.find_first_not_of(" \t"), 7, "run_dir") != 0)
+        kept += line + "\n";
+    return kept;
+  };
+  out.configs_differ = without_run_dir(a->config_text) != without_run_dir(b->config_text);
+  // Every key of either run, with its record in each (null where that run has none).
+  std::map<message_key, std::pair<const message_record*, const message_record*>> both;
+  for (const auto& [k, r] : a->records) both[k].first = &r;
+  for (const auto& [k, r] : b->records) both[k].second = &r;
+  std::set<std::int64_t> steps;
+  std::vector<std::pair<const message_record*, const message_record*>> diff;
+  for (const auto& [k, p] : both) {
+    steps.insert(k.tag.step);
+    const auto [x, y] = p;
+    if (x && y && x->hash_def != y->hash_def)
+      return core::error::make("the logs of " + run_a + " and " + run_b +
+                         " use different message hash definitions (" + x->file + " line " +
+                         std::to_string(x->line) + ", " + y->file + " line " +
+                         std::to_string(y->line) + ")",
+                         "record both runs with the same troupe to compare them");
+    if (x && y && x->hash == y->hash && x->dtype == y->dtype && x->shape == y->shape) continue;
+    diff.push_back(p);
+  }
+  out.messages = static_cast<std::int64_t>(both.size());
+  out.differing = static_cast<std::int64_t>(diff.size());
+  out.steps = static_cast<int>(steps.size());
+  auto step_of = [](const auto& p) { return (p.first ? p.first : p.second)->tag.step; };
+  for (const auto& p : diff)
+    if (out.first_step < 0 || step_of(p) < out.first_step) out.first_step = step_of(p);
+  // Clip records: the shards' scale and learning rate follow from every gradient, so a difference
+  // there dates the parting to the step even when no tensor of it was logged differently yet.
+  std::vector<std::string> clips;
+  std::int64_t clip_step = -1;
+  for (const auto& [k, x] : a->clips) {
+    auto it = b->clips.find(k);
+    if (it == b->clips.end()) continue;
+    const clip_record& y = it->second;
+    if (x.scale == y.scale && x.lr == y.lr && x.loss_scale == y.loss_scale && x.skip == y.skip)
+      continue;
+    if (clip_step < 0 || x.step < clip_step) {
+      clip_step = x.step;
+      clips.clear();
+    }
+    if (x.step == clip_step) {
+      char text[160];
+      std::snprintf(text, sizeof text,
+                    "optimizer_shard(pp=%d, part=%d) on rank %d: clip scale %a vs %a", x.pp, x.part,
+                    x.src, static_cast<double>(x.scale), static_cast<double>(y.scale));
+      clips.emplace_back(text);
+    }
+  }
+  if (out.first_step < 0 && clip_step >= 0) out.first_step = clip_step;
+  if (clip_step == out.first_step) out.clip_differences = clips;
+  out.same = out.first_step < 0;
+  if (out.same) return out;
+  // Each worker's first differing message of that step, in the order its log has them.
+  std::map<int, std::pair<const message_record*, const message_record*>> first_of;
+  for (const auto& p : diff) {
+    if (step_of(p) != out.first_step) continue;
+    ++out.differing_in_first_step;
+    const message_record* r = p.first ? p.first : p.second;
+    auto [it, fresh] = first_of.emplace(r->src, p);
+    const message_record* held = it->second.first ? it->second.first : it->second.second;
+    // Lines of one run's log are comparable; a message in B only sorts after A's.
+    const bool earlier = p.first && (!it->second.first || p.first->line < held->line);
+    if (!fresh && earlier) it->second = p;
+  }
+  for (const auto& [src, p] : first_of) {
+    const auto [x, y] = p;
+    const message_record& r = x ? *x : *y;
+    std::string line = describe(r) + ": ";
+    if (!x) {
+      line += "only in " + run_b + " (" + where(*y) + "), hash " + hex(y->hash);
+    } else if (!y) {
+      line += "only in " + run_a + " (" + where(*x) + "), hash " + hex(x->hash);
+    } else {
+      if (x->dtype != y->dtype || x->shape != y->shape)
+        line += std::string(core::dtype_name(x->dtype)) + " " + core::shape_string(x->shape) +
+                " vs " + core::dtype_name(y->dtype) + " " + core::shape_string(y->shape) + "; ";
+      line += "hash " + hex(x->hash) + " (" + where(*x) + ") vs " + hex(y->hash) + " (" +
+              where(*y) + ")";
+    }
+    out.first_differences.push_back(line);
+  }
+  return out;
+}
+
 }  // namespace troupe::actors

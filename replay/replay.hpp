@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -33,6 +34,26 @@ struct replay_report {
   std::string dump_file;      // the safetensors file written for dump_dir
   int steps() const { return last_step - first_step + 1; }
 };
+
+/// Two recorded runs set side by side, message by message (`troupe replay A --compare B`).
+struct run_comparison {
+  bool same = false;
+  std::int64_t messages = 0;    // distinct messages in either run
+  std::int64_t differing = 0;   // of which differ (hash, dtype or shape, or in one run only)
+  std::int64_t first_step = -1; // the earliest step with a difference (-1: none)
+  std::int64_t differing_in_first_step = 0;
+  int steps = 0;                // steps with messages, in either run
+  bool configs_differ = false;  // the runs' config.toml texts differ
+  // Per worker that sent a differing message in first_step: the first such message in its log,
+  // described with both hashes and where each run logged it. Ordered by worker rank.
+  std::vector<std::string> first_differences;
+  // Optimizer shards whose clip record (scale, learning rate, loss scale) of first_step differs.
+  std::vector<std::string> clip_differences;
+};
+
+/// Compares the message logs of two recorded runs without re-running either. An error when either
+/// is not a recorded run, or their logs use different hash definitions.
+core::result<run_comparison> compare_runs(const std::string& run_a, const std::string& run_b);
 
 /// Replays `opt.run_dir`. An error when it cannot be replayed (not a run directory, not recorded,
 /// damaged logs, missing data); a report with matched = false when it ran and differed.

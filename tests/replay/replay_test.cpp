@@ -252,6 +252,46 @@ TEST_CASE("a corrupted hash in the log is reported as exactly that message") {
   CHECK(contains(rep.mismatch, "replayed hash " + original));
 }
 
+TEST_CASE("--compare: two runs of one config send the same bits; a changed hash is named with both logs' lines") {
+  scratch_dir tmp("rp_compare");
+  auto cfg = recorded_config(tmp);
+  train(cfg);
+  const std::string a = cfg.runtime.run_dir;
+  cfg.runtime.run_dir = tmp / "run_b";
+  train(cfg);
+  const std::string b = cfg.runtime.run_dir;
+  auto same = actors::compare_runs(a, b);
+  REQUIRE_MESSAGE(same.ok(), (same.ok() ? "" : same.err().to_string()));
+  CHECK(same->same);
+  CHECK_FALSE(same->configs_differ);
+  CHECK(same->messages == static_cast<std::int64_t>(records(cfg).size()));
+  CHECK(same->steps == 4);
+
+  // Worker 1's gradient of micro-batch 2 at step 2, changed in run b only.
+  const int line = gradient_line_of_worker_1(cfg, 2, 2);
+  REQUIRE(line > 0);
+  const std::string original =
+      corrupt_hash(actors::messages_dir(b) + "/rank_1.log", line, "0123456789abcdef");
+  auto diff = actors::compare_runs(a, b);
+  REQUIRE(diff.ok());
+  CHECK_FALSE(diff->same);
+  CHECK(diff->first_step == 2);
+  CHECK(diff->differing == 1);
+  CHECK(diff->differing_in_first_step == 1);
+  REQUIRE(diff->first_differences.size() == 1);
+  const std::string& d = diff->first_differences[0];
+  INFO(d);
+  CHECK(contains(d, "rank 1, step 2, micro-batch 2, instruction 1SEND_B2->0"));
+  CHECK(contains(d, "hash " + original));
+  CHECK(contains(d, "vs 0123456789abcdef"));
+  CHECK(contains(d, "rank_1.log line " + std::to_string(line)));
+
+  // Not a recorded run: refused, naming it.
+  auto bad = actors::compare_runs(a, tmp / "nowhere");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(contains(bad.err().to_string(), "no such run directory"));
+}
+
 TEST_CASE("a record missing from the log, or a line the replay never sends, is a difference") {
   scratch_dir tmp("rp_missing");
   auto cfg = recorded_config(tmp, 2, 1);
