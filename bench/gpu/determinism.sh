@@ -4,8 +4,8 @@
 # 10 steps, random-token shards) RUNS times with recording off and RUNS times with it on, replays
 # every recorded run (`troupe replay`, which names the first tensor that differs from the log), and
 # prints each run's last three losses and how many distinct loss sequences each half produced.
-# Where recorded runs differ, the first messages (by step) whose hashes differ from run 1's are
-# printed: which rank, instruction and tensor parted first.
+# Each recorded run is then compared with run 1 (`troupe replay --compare`): where they part, which
+# worker and which message first.
 #
 #   bash bench/gpu/determinism.sh [RUNS] [--set key=value ...]     (default RUNS 8)
 #   RECORD="false" bash bench/gpu/determinism.sh 8                  (only the half without recording)
@@ -46,31 +46,11 @@ for record in ${RECORD:-false true}; do
     tee -a "$out"
 done
 
-# Recorded runs against run 1: the earliest step whose message hashes differ, and its first few
-# differing messages (messages are matched by sender, receiver and tag, not by line order).
+# Recorded runs against run 1 (`troupe replay --compare`): the earliest step whose messages differ
+# and each worker's first differing message of it.
 [[ -d $WORK/record-true-1 ]] || exit 0
-python3 - "$WORK" "$RUNS" <<'PY' | tee -a "$out"
-import glob, json, os, sys
-work, runs = sys.argv[1], int(sys.argv[2])
-def load(d):
-    m = {}
-    for f in glob.glob(os.path.join(d, "messages", "rank_*.log")):
-        for line in open(f):
-            r = json.loads(line)
-            if "hash" not in r:
-                continue
-            key = (r["step"], r["src"], r["dst"], r["kind"], r["chunk"], r["mb"], r["part"], r["op"])
-            m[key] = r["hash"]
-    return m
-base = load(os.path.join(work, "record-true-1"))
-for i in range(2, runs + 1):
-    other = load(os.path.join(work, f"record-true-{i}"))
-    diff = sorted(k for k in base.keys() | other.keys() if base.get(k) != other.get(k))
-    if not diff:
-        print(f"recorded run {i}: every message hash equals run 1's ({len(base)} messages)")
-        continue
-    first = diff[0][0]
-    print(f"recorded run {i}: {len(diff)} messages differ from run 1's, first at step {first}:")
-    for k in [k for k in diff if k[0] == first][:8]:
-        print("   step %d %d->%d %s chunk %d mb %d part %d op %s" % k)
-PY
+for i in $(seq 2 "$RUNS"); do
+  echo "recorded run $i against run 1:" | tee -a "$out"
+  "$BIN/troupe" replay "$WORK/record-true-1" --compare "$WORK/record-true-$i" 2>&1 | sed 's/^/  /' |
+    tee -a "$out"
+done
