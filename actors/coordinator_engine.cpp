@@ -480,7 +480,29 @@ std::string coordinator_engine::stage_fields() {
     }
   }
   const double bubble = reports_.empty() ? 0 : idle / static_cast<double>(reports_.size());
-  return "\"bubble\":" + std::to_string(bubble) + ",\"stages\":" + out.dump();
+  // The same from the device: each stage's compute instructions as its stream ran them, within the
+  // span of all stages' (GPU time; a stage waiting on its inputs on the device is idle here, where
+  // the host's view counts the time it took to queue the work).
+  double d0 = 1e300, d1 = 0;
+  for (auto& r : reports_)
+    for (auto& e : r.device_events) {
+      d0 = std::min(d0, e.start_us);
+      d1 = std::max(d1, e.start_us + e.dur_us);
+    }
+  std::string device;
+  if (d1 > d0) {
+    const double dspan_s = (d1 - d0) * 1e-6;
+    double didle = 0;
+    for (std::size_t i = 0; i < reports_.size(); ++i) {
+      const double b = std::clamp(1.0 - reports_[i].device_busy_s / dspan_s, 0.0, 1.0);
+      didle += b;
+      out[i]["device_busy_s"] = reports_[i].device_busy_s;
+      out[i]["device_bubble"] = b;
+    }
+    device = ",\"device_bubble\":" + std::to_string(didle / static_cast<double>(reports_.size())) +
+             ",\"device_span_s\":" + std::to_string(dspan_s);
+  }
+  return "\"bubble\":" + std::to_string(bubble) + device + ",\"stages\":" + out.dump();
 }
 
 /// The stage whose compute time this step is furthest above the median of the other replicas of
@@ -540,6 +562,28 @@ void coordinator_engine::write_trace() {
       trace_first_ = false;
       chunk += ev.dump();
     }
+  // The device's view of the same instructions, one track per stage beside its host track.
+  for (auto& r : reports_) {
+    if (r.device_events.empty()) continue;
+    const int tid = device_track + r.pp * layout_.tp + r.tp;
+    if (device_tracks_.insert({r.dp, tid}).second) {
+      std::string label = "pp" + std::to_string(r.pp);
+      if (layout_.tp > 1) label += " tp" + std::to_string(r.tp);
+      nlohmann::json meta = {{"name", "thread_name"}, {"ph", "M"}, {"pid", r.dp}, {"tid", tid},
+                             {"args", {{"name", label + " (device)"}}}};
+      chunk += trace_first_ ? "\n" : ",\n";
+      trace_first_ = false;
+      chunk += meta.dump();
+    }
+    for (auto& e : r.device_events) {
+      nlohmann::json ev = {{"name", e.name}, {"cat", "device"}, {"ph", "X"}, {"ts", e.start_us},
+                           {"dur", e.dur_us}, {"pid", r.dp}, {"tid", tid},
+                           {"args", {{"step", r.step}}}};
+      chunk += trace_first_ ? "\n" : ",\n";
+      trace_first_ = false;
+      chunk += ev.dump();
+    }
+  }
   // A failed write leaves the file whole as it was; the run goes on without the trace.
   if (!trace_.append(chunk)) trace_.close();
 }

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -187,6 +188,8 @@ class coordinator_engine {
   std::optional<model::run_log> run_;
   core::sealed_file trace_;  // trace.json
   bool trace_first_ = true;
+  std::set<std::pair<int, int>> device_tracks_;  // (pid, tid) of device tracks already named
+  static constexpr int device_track = 1000;        // tid of pipeline rank 0's device track
 
   // this step
   std::int64_t step_ = 0;

@@ -70,7 +70,8 @@ typename Inspector::result_type inspect(Inspector& f, loss_report& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
   return f(TROUPE_INSPECT_NAME("stage_report"), x.step, x.dp, x.pp, x.busy_s, x.comm_s, x.wait_s,
-           x.peak_activation_bytes, x.events, x.peak_device_bytes, x.tp);
+           x.peak_activation_bytes, x.events, x.peak_device_bytes, x.tp, x.device_events,
+           x.device_busy_s);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, norm_part& x) {

@@ -41,7 +41,8 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
       const auto& t = eng.timing();
       self->send(j.coordinator, stage_report{eng.step(), eng.dp(), eng.pp(), t.busy_s, t.comm_s,
                                              t.wait_s, eng.peak_activation_bytes(), t.events,
-                                             eng.peak_device_bytes(), eng.tp()});
+                                             eng.peak_device_bytes(), eng.tp(), t.device_events,
+                                             t.device_busy_s});
       if (j.sink) j.sink->flush(st.worker);  // the worker's step is over: its log lines go to disk
       return;
     }

@@ -84,6 +84,7 @@ void stage_engine::begin_step(std::int64_t step, float loss_scale, bool again) {
   blocked_since_.reset();
   waiting_for_.clear();
   timing_ = {};
+  device_spans_.clear();
   reduce_state_.clear();
   finishing_ = false;
   for (auto& c : chunks_) c.zero_grads();
@@ -190,10 +191,15 @@ bool stage_engine::run() {
     if (fault_ && fault_->kind == core::fault_kind::kill && step_ == fault_->step &&
         schedules::is_compute(op.kind))
       kill_self(op);
+    // On a device, the instruction's time on its stream: from when the stream reached the work
+    // queued before it (its inputs waited for) to when it ran what the instruction queued.
+    std::shared_ptr<kernels::time_mark> m0;
+    if (!be_.dev().is_cpu() && schedules::is_compute(op.kind)) m0 = be_.mark_time();
     if (!execute(op)) {
       if (!blocked_since_) blocked_since_ = t0;
       return false;
     }
+    if (m0) device_spans_.push_back({schedules::to_string(op), std::move(m0), be_.mark_time()});
     auto t1 = clock::now();
     if (fault_ && fault_->kind == core::fault_kind::slow && schedules::is_compute(op.kind)) {
       // TROUPE_FAULT=slow (test only): a straggler, as a slower device or a throttled host is.
@@ -481,7 +487,27 @@ bool stage_engine::finish_step() {
     if (!in_place) ch.trainable_updated();
   }
   record("STEP", event_cat::comm, t0, clock::now());
+  resolve_device_spans();
   return true;
+}
+
+void stage_engine::resolve_device_spans() {
+  if (device_spans_.empty()) return;
+  // Read once the parameters are back: the shards' norms of this step's gradients reached the host
+  // before that, so the marks have normally been reached and the host does not wait here.
+  std::vector<std::shared_ptr<kernels::time_mark>> marks;
+  for (const auto& d : device_spans_) {
+    marks.push_back(d.start);
+    marks.push_back(d.end);
+  }
+  const auto at = be_.mark_times(marks);
+  for (std::size_t i = 0; i < device_spans_.size(); ++i) {
+    const double dur = seconds(at[2 * i + 1] - at[2 * i]);
+    timing_.device_busy_s += dur;
+    timing_.device_events.push_back(trace_event{device_spans_[i].name, event_cat::compute,
+                                                seconds(at[2 * i] - epoch_) * 1e6, dur * 1e6});
+  }
+  device_spans_.clear();
 }
 
 }  // namespace troupe::actors

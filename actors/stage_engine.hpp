@@ -50,6 +50,10 @@ struct stage_timing {
   double comm_s = 0;
   double wait_s = 0;
   std::vector<trace_event> events;
+  /// On a device backend, the compute instructions as its stream ran them (time marks around
+  /// each); empty on the CPU, where the host's events are the device's.
+  std::vector<trace_event> device_events;
+  double device_busy_s = 0;
 };
 
 class stage_engine {
@@ -158,6 +162,12 @@ class stage_engine {
   std::optional<clock::time_point> blocked_since_;
   std::string waiting_for_;
   stage_timing timing_;
+  struct device_span {
+    std::string name;
+    std::shared_ptr<kernels::time_mark> start, end;
+  };
+  std::vector<device_span> device_spans_;  // this step's, resolved by finish_step
+  void resolve_device_spans();
   /// REDUCE_GRAD progress of a chunk.
   enum class reduce_progress {
     none,         // not started

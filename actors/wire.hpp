@@ -120,6 +120,9 @@ struct stage_report {
   std::vector<trace_event> events;
   std::uint64_t peak_device_bytes = 0;  // the stage backend's allocator peak (0 on the CPU)
   std::int32_t tp = 0;                  // the tensor-parallel rank
+  /// On a device: compute instructions timed on the stage's stream (stage_timing), and their sum.
+  std::vector<trace_event> device_events;
+  double device_busy_s = 0;
 };
 
 /// The exact sum of the per-block sums of squares of one shard's slice of a chunk's reduced

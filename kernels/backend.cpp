@@ -82,4 +82,28 @@ std::shared_ptr<pending_value> backend::message_hash_async(const tensor& x) {
   return std::make_shared<ready_value>(message_hash(host.raw(), host.bytes()));
 }
 
+namespace {
+struct host_mark : time_mark {
+  std::chrono::steady_clock::time_point at;
+};
+}  // namespace
+
+std::shared_ptr<time_mark> backend::mark_time() {
+  auto m = std::make_shared<host_mark>();
+  m->at = std::chrono::steady_clock::now();
+  return m;
+}
+
+std::vector<std::chrono::steady_clock::time_point> backend::mark_times(
+    const std::vector<std::shared_ptr<time_mark>>& marks) {
+  std::vector<std::chrono::steady_clock::time_point> out;
+  out.reserve(marks.size());
+  for (const auto& m : marks) {
+    auto* h = dynamic_cast<const host_mark*>(m.get());
+    if (!h) throw core::failure(name() + " backend: mark_times got a mark of another backend");
+    out.push_back(h->at);
+  }
+  return out;
+}
+
 }  // namespace troupe::kernels

@@ -15,6 +15,7 @@
 //    weights with fp32 accumulation. Optimizer state and master weights are always fp32.
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -104,6 +105,12 @@ class pending_value {
   virtual ~pending_value() = default;
   /// Waits for the work that computes the value, then returns it.
   virtual std::uint64_t get() = 0;
+};
+
+/// A point in a backend's queued work (mark_time); mark_times says when the device reached it.
+class time_mark {
+ public:
+  virtual ~time_mark() = default;
 };
 
 /// The logits' row width of the CUDA backend for `classes` classes (backend::logits_width): the
@@ -402,6 +409,14 @@ class backend {
   /// after the hash, so a receiver's wait_ready also orders its writes after it. Not while
   /// recording a graph.
   virtual std::shared_ptr<pending_value> message_hash_async(const tensor& x);
+  // --- device timelines (docs/runtime.md, "Busy and idle time on the device") ---------------------
+  /// A mark after the work queued so far. The host does not wait; on the CPU, whose ops finish
+  /// before they return, it is the host's clock now.
+  virtual std::shared_ptr<time_mark> mark_time();
+  /// When the device reached each mark, on the host's steady clock (the CUDA backend anchors its
+  /// events to the host clock once per call). Waits for the latest mark. Marks of this backend only.
+  virtual std::vector<std::chrono::steady_clock::time_point> mark_times(
+      const std::vector<std::shared_ptr<time_mark>>& marks);
   /// Peak bytes of device memory this backend held (0 where not counted: the CPU backend).
   virtual std::uint64_t peak_memory_bytes() const { return 0; }
 };

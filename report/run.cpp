@@ -262,6 +262,8 @@ std::pair<int, std::vector<trace_event>> read_trace_tail(const std::string& path
         ++bad;
         continue;
       }
+      // The device's tracks (GPU time of the same instructions) are not the schedule's timeline.
+      if (j.value("cat", std::string()) == "device") continue;
       chosen = s;
       events.push_back({j.value("name", std::string("?")), j.value("cat", std::string("compute")),
                         j["ts"].get<double>(), j["dur"].get<double>(), j.value("pid", 0),

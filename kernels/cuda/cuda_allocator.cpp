@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -47,9 +49,79 @@ void debug_sync_release(const char* kind) {
   if (mode.find("release") == std::string::npos && mode.find(kind) == std::string::npos) return;
   if (cudaDeviceSynchronize() != cudaSuccess) cudaGetLastError();
 }
+
+// TROUPE_CUDA_DEBUG_POISON, a diagnostic (docs/cuda.md): "alloc" fills every block handed out, and
+// "release" every block going back to the cache, with 0xFF bytes (NaN in fp32, bf16 and fp16) on
+// the allocator's stream ("freed": only blocks no other stream used, "pending": only the others). A kernel that reads bytes it did not write, or a stream that reads a block
+// after its release, then reads NaN instead of stale numbers that happen to be right.
+bool debug_poison(const char* kind) {  // kind nullptr: any mode
+  static const std::string mode = [] {
+    const char* m = std::getenv("TROUPE_CUDA_DEBUG_POISON");
+    return std::string(m ? m : "");
+  }();
+  return !mode.empty() && (kind == nullptr || mode.find(kind) != std::string::npos);
+}
+
+// Under TROUPE_CUDA_DEBUG_POISON every allocator also enters its live blocks here, so that a block
+// handed out twice, released twice, or handed between streams after its release is reported.
+struct live_registry {
+  std::mutex mu;
+  std::unordered_map<void*, std::size_t> blocks;
+};
+live_registry& registry() {
+  static live_registry r;
+  return r;
+}
+void registry_add(void* p, std::size_t size) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.blocks.emplace(p, size).second)
+    std::fprintf(stderr, "troupe cuda debug: block %p (%zu bytes) handed out while live\n", p, size);
+}
+void registry_remove(void* p, const char* how) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.blocks.erase(p) == 0)
+    std::fprintf(stderr, "troupe cuda debug: %s of block %p, which is not live\n", how, p);
+}
+
+// TROUPE_CUDA_DEBUG_JITTER=US, a diagnostic (docs/cuda.md): before every block handed out, the
+// allocator's stream sleeps for a random 0 to US microseconds, so streams that share a GPU progress
+// at shifting speeds and a missing order between them shows in more runs.
+unsigned debug_jitter_us() {
+  static const unsigned us = [] {
+    const char* m = std::getenv("TROUPE_CUDA_DEBUG_JITTER");
+    return m ? static_cast<unsigned>(std::strtoul(m, nullptr, 10)) : 0u;
+  }();
+  return us;
+}
 }  // namespace
 
-device_allocator::device_allocator(int device) : device_(device) {}
+bool debug_block_live(const void* p, std::size_t* size) {
+  if (!debug_poison(nullptr)) return true;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  // p may point into a block (a view): the block is the live one at or below it.
+  for (const auto& [b, n] : r.blocks)
+    if (static_cast<const char*>(p) >= static_cast<const char*>(b) &&
+        static_cast<const char*>(p) < static_cast<const char*>(b) + n) {
+      if (size) *size = n;
+      return true;
+    }
+  return false;
+}
+
+void device_allocator::poison_locked(void* p, std::size_t size) {
+  if (!stream_) return;
+  device_guard guard(device_);
+  TROUPE_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, stream_));
+}
+
+device_allocator::device_allocator(int device)
+    : device_(device),
+      jitter_(static_cast<std::uint64_t>(
+                  std::chrono::steady_clock::now().time_since_epoch().count()) ^
+              reinterpret_cast<std::uintptr_t>(this)) {}
 
 device_allocator::~device_allocator() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -91,6 +163,7 @@ void device_allocator::recycle_event(cudaEvent_t e) {
 void device_allocator::release_after(void* p, std::vector<cudaEvent_t> after) {
   debug_sync_release("shared");
   std::lock_guard<std::mutex> lock(mu_);
+  if (debug_poison(nullptr)) registry_remove(p, "release_after");
   auto it = live_.find(p);
   if (it == live_.end()) return;
   // Still counted in in_use: the block is not reusable until the other streams are done with it.
@@ -115,6 +188,7 @@ void device_allocator::collect_pending_locked() {
       b.after.pop_back();
     }
     if (b.after.empty()) {
+      if (debug_poison("release") || debug_poison("pending")) poison_locked(b.p, b.size);
       stats_.in_use -= b.size;
       free_.emplace(b.size, b.p);
     } else {
@@ -188,6 +262,12 @@ void* device_allocator::allocate(std::size_t bytes) {
   }
   live_.emplace(p, size);
   if (capturing_) graph_owned_.emplace(p, size);
+  else if (debug_poison("alloc")) poison_locked(p, size);
+  if (debug_poison(nullptr)) registry_add(p, size);
+  if (!capturing_ && stream_ && debug_jitter_us() > 0) {
+    jitter_ = jitter_ * 6364136223846793005ull + 1442695040888963407ull;
+    debug_spin(stream_, static_cast<unsigned>((jitter_ >> 33) % (debug_jitter_us() + 1)) * 1000u);
+  }
   stats_.in_use += size;
   stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
   return p;
@@ -196,6 +276,7 @@ void* device_allocator::allocate(std::size_t bytes) {
 void device_allocator::release(void* p) {
   debug_sync_release("own");
   std::lock_guard<std::mutex> lock(mu_);
+  if (debug_poison(nullptr)) registry_remove(p, "release");
   auto it = live_.find(p);
   if (it == live_.end()) return;
   if (capturing_ || graph_owned_.count(p) != 0) {
@@ -203,6 +284,7 @@ void device_allocator::release(void* p) {
     graph_owned_.emplace(p, it->second);
     graph_free_.emplace(it->second, p);
   } else {
+    if (debug_poison("release") || debug_poison("freed")) poison_locked(p, it->second);
     stats_.in_use -= it->second;
     free_.emplace(it->second, p);
   }

@@ -29,6 +29,7 @@
 #include <vector>
 
 struct CUevent_st;
+struct CUstream_st;
 
 namespace troupe::kernels::cuda {
 
@@ -42,6 +43,13 @@ struct memory_stats {
   std::uint64_t device_mallocs = 0;  // cudaMalloc calls so far
   std::uint64_t device_frees = 0;    // cudaFree calls so far
 };
+
+/// Queues a kernel on `s` that spins for about `ns` nanoseconds (TROUPE_CUDA_DEBUG_JITTER).
+void debug_spin(CUstream_st* s, unsigned ns);
+
+/// Under TROUPE_CUDA_DEBUG_POISON: whether p lies in a block some allocator holds live (its size in
+/// *size); always true otherwise.
+bool debug_block_live(const void* p, std::size_t* size);
 
 class device_allocator {
  public:
@@ -75,12 +83,16 @@ class device_allocator {
   /// The graph is gone: its free blocks rejoin the cache, its live ones are ordinary again.
   void graph_release();
 
+  /// The stream of the backend this allocator serves (TROUPE_CUDA_DEBUG_POISON fills blocks on it).
+  void set_stream(CUstream_st* s) { stream_ = s; }
+
   /// The size class a request of `bytes` is served from.
   static std::size_t round_size(std::size_t bytes);
 
  private:
   void free_cached_locked();
   void collect_pending_locked();
+  void poison_locked(void* p, std::size_t size);
 
   struct pending_block {
     void* p;
@@ -89,6 +101,8 @@ class device_allocator {
   };
 
   int device_;
+  CUstream_st* stream_ = nullptr;
+  std::uint64_t jitter_;  // TROUPE_CUDA_DEBUG_JITTER's random state
   mutable std::mutex mu_;
   std::unordered_map<void*, std::size_t> live_;            // block -> class size
   std::multimap<std::size_t, void*> free_;                 // class size -> cached blocks

@@ -228,6 +228,58 @@ void cuda_backend::wait_ready(const tensor& t) {
 
 std::uint64_t cuda_backend::peak_memory_bytes() const { return ctx_->alloc->stats().peak_in_use; }
 
+namespace {
+// A timing event recorded on a backend's stream.
+struct event_mark : time_mark {
+  explicit event_mark(const context* c) : ctx(c) {
+    TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDefault));
+  }
+  ~event_mark() override { cudaEventDestroy(event); }
+  const context* ctx;
+  cudaEvent_t event = nullptr;
+};
+}  // namespace
+
+std::shared_ptr<time_mark> cuda_backend::mark_time() {
+  activate();
+  if (ctx_->capturing) throw core::failure("cuda mark_time: not while a graph is being recorded");
+  auto m = std::make_shared<event_mark>(ctx_.get());
+  TROUPE_CUDA_CHECK(cudaEventRecord(m->event, ctx_->stream));
+  return m;
+}
+
+std::vector<std::chrono::steady_clock::time_point> cuda_backend::mark_times(
+    const std::vector<std::shared_ptr<time_mark>>& marks) {
+  activate();
+  std::vector<std::chrono::steady_clock::time_point> out;
+  if (marks.empty()) return out;
+  std::vector<const event_mark*> ev;
+  for (const auto& m : marks) {
+    auto* e = dynamic_cast<const event_mark*>(m.get());
+    if (!e || e->ctx != ctx_.get())
+      throw core::failure(name() + " mark_times: a mark of another backend");
+    ev.push_back(e);
+  }
+  for (const event_mark* e : ev) TROUPE_CUDA_CHECK(cudaEventSynchronize(e->event));
+  // The anchor: an event on an idle stream of the same device runs at once, so the host's clock
+  // right after it completes is its device time, to within a launch (microseconds). Events of one
+  // device share its clock; each mark is placed before the anchor by their difference.
+  if (!ctx_->clock_stream)
+    TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->clock_stream, cudaStreamNonBlocking));
+  event_mark anchor(ctx_.get());
+  TROUPE_CUDA_CHECK(cudaEventRecord(anchor.event, ctx_->clock_stream));
+  TROUPE_CUDA_CHECK(cudaEventSynchronize(anchor.event));
+  const auto host = std::chrono::steady_clock::now();
+  out.reserve(ev.size());
+  for (const event_mark* e : ev) {
+    float ms = 0;
+    TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, e->event, anchor.event));
+    out.push_back(host - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double, std::milli>(ms)));
+  }
+  return out;
+}
+
 memory_stats cuda_backend::memory() const { return ctx_->alloc->stats(); }
 
 void cuda_backend::reset_peak_memory() { ctx_->alloc->reset_peak(); }

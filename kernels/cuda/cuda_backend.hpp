@@ -152,6 +152,9 @@ class cuda_backend final : public backend {
   void wait_ready(const tensor& t) override;
   std::shared_ptr<pending_value> message_hash_async(const tensor& x) override;
   std::uint64_t peak_memory_bytes() const override;
+  std::shared_ptr<time_mark> mark_time() override;
+  std::vector<std::chrono::steady_clock::time_point> mark_times(
+      const std::vector<std::shared_ptr<time_mark>>& marks) override;
 
   /// Allocator counters of this backend (peak bytes of its stage).
   memory_stats memory() const;

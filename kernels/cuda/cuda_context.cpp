@@ -18,6 +18,7 @@ context::context(int dev) : device(dev) {
   stream = stream_owner->stream;
   TROUPE_CUBLAS_CHECK(cublasLtCreate(&lt));
   alloc = std::make_shared<device_allocator>(device);
+  alloc->set_stream(stream);
   workspace_bytes = gemm_workspace_bytes;
   workspace = alloc->allocate(workspace_bytes);
 }
@@ -39,6 +40,7 @@ context::~context() {
     cudaFreeHost(b.p);
   }
   if (lt) cublasLtDestroy(lt);
+  if (clock_stream) cudaStreamDestroy(clock_stream);
   // The stream itself goes when the last hand-off state that remembers it does (stream_handle).
 }
 

@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_handoff.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -35,6 +36,9 @@ bool debug_sync(const char* what) {
   return !mode.empty() && mode.find(what) != std::string::npos;
 }
 
+// TROUPE_CUDA_DEBUG_SYNC containing "origin": release events on the owner's stream too (diagnostic).
+bool debug_owner_event() { return debug_sync("origin"); }
+
 void add_user(handoff_state& h, const std::shared_ptr<stream_handle>& s) {
   if (std::find(h.users.begin(), h.users.end(), s) == h.users.end()) h.users.push_back(s);
 }
@@ -60,8 +64,15 @@ handoff_state::~handoff_state() {
   if (ready) cudaEventDestroy(ready);  // released by the driver once it has completed
 }
 
+static void check_live(const char* what, const core::tensor& t) {
+  if (!debug_block_live(t.raw(), nullptr))
+    std::fprintf(stderr, "troupe cuda debug: %s of a tensor %s at %p whose block is not live\n", what,
+                 core::shape_string(t.shape()).c_str(), t.raw());
+}
+
 void record_ready(const std::shared_ptr<stream_handle>& s, const core::tensor& t) {
   if (!t.defined() || t.dev().is_cpu()) return;
+  check_live("record_ready", t);
   handoff_state* h = state_of(t, true);
   std::lock_guard<std::mutex> lock(h->mu);
   if (!h->ready) TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming));
@@ -72,6 +83,7 @@ void record_ready(const std::shared_ptr<stream_handle>& s, const core::tensor& t
 
 void wait_ready(const std::shared_ptr<stream_handle>& s, const core::tensor& t) {
   if (!t.defined() || t.dev().is_cpu()) return;
+  check_live("wait_ready", t);
   handoff_state* h = state_of(t, false);
   if (!h) return;  // never handed over: it was made on this stream
   std::lock_guard<std::mutex> lock(h->mu);
@@ -102,7 +114,7 @@ void release_block(device_allocator& alloc, cudaStream_t own, void* p,
     {
       std::lock_guard<std::mutex> lock(h->mu);
       for (const auto& u : h->users) {
-        if (u->stream == own) continue;  // the owner's own reuse is stream-ordered
+        if (u->stream == own && !debug_owner_event()) continue;  // the owner's own reuse is stream-ordered
         cudaEvent_t e = alloc.take_event();
         if (cudaEventRecord(e, u->stream) != cudaSuccess) {
           cudaGetLastError();

@@ -10,6 +10,12 @@ namespace troupe::kernels::cuda {
 
 namespace {
 
+__device__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
 __global__ void add_mixed_kernel(const void* a, int ca, const void* b, int cb, void* y, int cy,
                                  std::int64_t n) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -36,6 +42,11 @@ void check_same_size(const tensor& a, const tensor& b, const char* op, const cha
               core::shape_string(b.shape()) + " differ in size");
 }
 
+__global__ void spin_kernel(unsigned ns) {
+  const unsigned long long until = globaltimer() + ns;
+  while (globaltimer() < until) __nanosleep(1000);
+}
+
 /// y = a + b on stream s (y may be a or b).
 void add_on(const tensor& a, const tensor& b, tensor& y, cudaStream_t s) {
   const char* op = "cuda add";
@@ -60,6 +71,12 @@ void add_on(const tensor& a, const tensor& b, tensor& y, cudaStream_t s) {
 }
 
 }  // namespace
+
+void debug_spin(cudaStream_t s, unsigned ns) {
+  if (ns == 0) return;
+  spin_kernel<<<1, 32, 0, s>>>(ns);
+  TROUPE_CUDA_CHECK(cudaGetLastError());
+}
 
 void cuda_backend::add(const tensor& a, const tensor& b, tensor& y) {
   activate();

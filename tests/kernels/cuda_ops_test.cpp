@@ -3,12 +3,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "tests/kernels/cuda_test_util.hpp"
 #ifdef TROUPE_HAVE_CUDA
+#include "kernels/cuda/cuda_allocator.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/select.hpp"
 #endif
@@ -758,6 +760,37 @@ TEST_CASE("cuda sumsq_blocks, adamw and has_nonfinite match the CPU") {
     bad.data<float>()[1234] = std::numeric_limits<float>::quiet_NaN();
     CHECK(be.gpu->has_nonfinite(upload(*be.gpu, bad, t)));
   }
+}
+
+
+TEST_CASE("time marks: the CPU's are the host clock; the GPU's time the stream's work, after it") {
+  auto cpu = make_backend("cpu");
+  const auto before = std::chrono::steady_clock::now();
+  auto c0 = cpu->mark_time();
+  auto c1 = cpu->mark_time();
+  const auto ct = cpu->mark_times({c0, c1});
+  REQUIRE(ct.size() == 2);
+  CHECK(ct[0] >= before);
+  CHECK(ct[1] >= ct[0]);
+  if (!gpu_or_skip()) return;
+#ifdef TROUPE_HAVE_CUDA
+  auto gpu = make_backend("cuda");
+  auto* be = dynamic_cast<cuda::cuda_backend*>(gpu.get());
+  REQUIRE(be != nullptr);
+  CHECK_THROWS_AS(gpu->mark_times({c0}), core::failure);  // another backend's mark
+  const auto queued = std::chrono::steady_clock::now();
+  auto m0 = gpu->mark_time();
+  cuda::debug_spin(be->stream(), 20'000'000);  // 20 ms of device work
+  auto m1 = gpu->mark_time();
+  // Queueing returns at once; the marks say when the device ran it.
+  CHECK(std::chrono::steady_clock::now() - queued < std::chrono::milliseconds(15));
+  const auto t = gpu->mark_times({m0, m1});
+  const double ms = std::chrono::duration<double, std::milli>(t[1] - t[0]).count();
+  CHECK(ms >= 19.9);
+  CHECK(ms < 40);
+  CHECK(t[0] >= queued - std::chrono::milliseconds(1));  // anchored to the host clock
+  CHECK(t[1] <= std::chrono::steady_clock::now());
+#endif
 }
 
 }  // namespace troupe::kernels::cuda_test

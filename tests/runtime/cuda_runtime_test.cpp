@@ -106,6 +106,54 @@ TEST_CASE("cuda actor runtime: pipeline_stage 2 and 4 on one GPU equal the singl
   }
 }
 
+TEST_CASE("cuda actor runtime: each stage's busy and idle time on the device, in metrics.jsonl and "
+          "trace.json") {
+  if (!gpu_or_skip()) return;
+  scratch_dir tmp("cuda_rt_device_time");
+  core::config cfg = gpu_config(tmp, "pp2", 2);
+  cfg.train.steps = 3;
+  actors_run(cfg);
+  std::ifstream in(cfg.runtime.run_dir + "/metrics.jsonl");
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("bubble")) continue;
+    ++rows;
+    const double span = j.at("device_span_s").get<double>();
+    CHECK(span > 0);
+    const double bubble = j.at("device_bubble").get<double>();
+    CHECK(bubble >= 0);
+    CHECK(bubble < 1);
+    REQUIRE(j.at("stages").size() == 2);
+    for (const auto& st : j.at("stages")) {
+      const double busy = st.at("device_busy_s").get<double>();
+      CHECK(busy > 0);
+      CHECK(busy <= span * 1.001);
+      CHECK(st.at("device_bubble").get<double>() == doctest::Approx(1 - busy / span).epsilon(1e-6));
+    }
+  }
+  CHECK(rows == 3);
+  // Beside each stage's host track, a device track (tid 1000 + pipeline rank), named once.
+  std::ifstream tr(cfg.runtime.run_dir + "/trace.json");
+  const auto trace = nlohmann::json::parse(tr);
+  int device = 0, named = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.value("ph", "") == "M") {
+      ++named;
+      CHECK(e.at("args").at("name").get<std::string>().find("(device)") != std::string::npos);
+    } else if (e.value("cat", "") == "device") {
+      ++device;
+      CHECK(e.at("tid").get<int>() >= 1000);
+      CHECK(e.at("dur").get<double>() > 0);
+    }
+  }
+  CHECK(named == 2);
+  // F and B of 4 micro-batches on each of the 2 stages, 3 steps.
+  CHECK(device >= 3 * 2 * 8);
+}
+
 TEST_CASE("cuda actor runtime: zb_v (two chunks per rank in a V) at pipeline_stage 2 and 4 equals the "
           "single-rank loop") {
   if (!gpu_or_skip()) return;
