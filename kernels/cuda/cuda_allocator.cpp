@@ -192,7 +192,10 @@ void device_allocator::collect_pending_locked() {
       stats_.in_use -= b.size;
       free_.emplace(b.size, b.p);
     } else {
-      pending_[keep++] = std::move(b);
+      // Not onto itself: a vector moved onto itself comes out empty (libstdc++), and the block
+      // would lose the events it still waits for and serve again while other streams read it.
+      if (keep != i) pending_[keep] = std::move(b);
+      ++keep;
     }
   }
   pending_.resize(keep);

@@ -10,6 +10,8 @@
 
 #include "tests/kernels/cuda_test_util.hpp"
 #ifdef TROUPE_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "kernels/cuda/cuda_allocator.hpp"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/select.hpp"
@@ -790,6 +792,38 @@ TEST_CASE("time marks: the CPU's are the host clock; the GPU's time the stream's
   CHECK(ms < 40);
   CHECK(t[0] >= queued - std::chrono::milliseconds(1));  // anchored to the host clock
   CHECK(t[1] <= std::chrono::steady_clock::now());
+#endif
+}
+
+TEST_CASE("cuda allocator: a block another stream still reads stays out of reuse until that stream "
+          "passes its event, however often the cache is polled") {
+  if (!gpu_or_skip()) return;
+#ifdef TROUPE_HAVE_CUDA
+  cuda::device_allocator alloc(0);
+  cudaStream_t other = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess);
+  const std::size_t bytes = std::size_t{4} << 20;
+  // The other stream "reads" the block for 300 ms; its event marks the end of that.
+  void* p = alloc.allocate(bytes);
+  cuda::debug_spin(other, 300'000'000);
+  cudaEvent_t done = alloc.take_event();
+  REQUIRE(cudaEventRecord(done, other) == cudaSuccess);
+  alloc.release_after(p, {done});
+  // Every allocation polls the pending blocks; none may hand p out while the stream works.
+  std::vector<void*> got;
+  for (int i = 0; i < 6; ++i) {
+    got.push_back(alloc.allocate(bytes));
+    CHECK(got.back() != p);
+  }
+  CHECK(cudaEventQuery(done) == cudaErrorNotReady);  // the checks above ran while it worked
+  cudaGetLastError();
+  REQUIRE(cudaStreamSynchronize(other) == cudaSuccess);
+  // Once it has passed the event, the block serves again.
+  for (void* q : got) alloc.release(q);
+  bool back = false;
+  for (int i = 0; i < 7; ++i) back = back || alloc.allocate(bytes) == p;
+  CHECK(back);
+  cudaStreamDestroy(other);
 #endif
 }
 
