@@ -499,8 +499,11 @@ std::string coordinator_engine::stage_fields() {
       out[i]["device_busy_s"] = reports_[i].device_busy_s;
       out[i]["device_bubble"] = b;
     }
-    device = ",\"device_bubble\":" + std::to_string(didle / static_cast<double>(reports_.size())) +
-             ",\"device_span_s\":" + std::to_string(dspan_s);
+    // Full precision (JSON's own number form): the span is milliseconds, and each stage's
+    // device_bubble must follow from device_busy_s and it.
+    device = ",\"device_bubble\":" +
+             nlohmann::json(didle / static_cast<double>(reports_.size())).dump() +
+             ",\"device_span_s\":" + nlohmann::json(dspan_s).dump();
   }
   return "\"bubble\":" + std::to_string(bubble) + device + ",\"stages\":" + out.dump();
 }
