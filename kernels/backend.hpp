@@ -409,12 +409,13 @@ class backend {
   /// after the hash, so a receiver's wait_ready also orders its writes after it. Not while
   /// recording a graph.
   virtual std::shared_ptr<pending_value> message_hash_async(const tensor& x);
-  // --- device timelines (docs/runtime.md, "Busy and idle time on the device") ---------------------
+  // --- device timelines (docs/runtime.md, "Busy and idle time on the device") -------------------
   /// A mark after the work queued so far. The host does not wait; on the CPU, whose ops finish
   /// before they return, it is the host's clock now.
   virtual std::shared_ptr<time_mark> mark_time();
   /// When the device reached each mark, on the host's steady clock (the CUDA backend anchors its
-  /// events to the host clock once per call). Waits for the latest mark. Marks of this backend only.
+  /// events to the host clock once per call). Waits for the latest mark. Marks of this backend
+  /// only.
   virtual std::vector<std::chrono::steady_clock::time_point> mark_times(
       const std::vector<std::shared_ptr<time_mark>>& marks);
   /// Peak bytes of device memory this backend held (0 where not counted: the CPU backend).

@@ -52,8 +52,9 @@ void debug_sync_release(const char* kind) {
 
 // TROUPE_CUDA_DEBUG_POISON, a diagnostic (docs/cuda.md): "alloc" fills every block handed out, and
 // "release" every block going back to the cache, with 0xFF bytes (NaN in fp32, bf16 and fp16) on
-// the allocator's stream ("freed": only blocks no other stream used, "pending": only the others). A kernel that reads bytes it did not write, or a stream that reads a block
-// after its release, then reads NaN instead of stale numbers that happen to be right.
+// the allocator's stream ("freed": only blocks no other stream used, "pending": only the others).
+// A kernel that reads bytes it did not write, or a stream that reads a block after its release,
+// then reads NaN instead of stale numbers that happen to be right.
 bool debug_poison(const char* kind) {  // kind nullptr: any mode
   static const std::string mode = [] {
     const char* m = std::getenv("TROUPE_CUDA_DEBUG_POISON");
@@ -76,7 +77,8 @@ void registry_add(void* p, std::size_t size) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (!r.blocks.emplace(p, size).second)
-    std::fprintf(stderr, "troupe cuda debug: block %p (%zu bytes) handed out while live\n", p, size);
+    std::fprintf(stderr, "troupe cuda debug: block %p (%zu bytes) handed out while live\n", p,
+                 size);
 }
 void registry_remove(void* p, const char* how) {
   auto& r = registry();

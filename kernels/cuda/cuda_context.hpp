@@ -48,7 +48,7 @@ struct context {
   int sm_count = 0;
   std::shared_ptr<stream_handle> stream_owner;  // shared with hand-off states (cuda_handoff.hpp)
   cudaStream_t stream = nullptr;                // stream_owner->stream
-  cudaStream_t clock_stream = nullptr;          // idle: anchors time marks (cuda_backend::mark_times)
+  cudaStream_t clock_stream = nullptr;          // idle: anchors time marks (mark_times)
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;

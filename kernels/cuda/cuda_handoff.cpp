@@ -36,7 +36,8 @@ bool debug_sync(const char* what) {
   return !mode.empty() && mode.find(what) != std::string::npos;
 }
 
-// TROUPE_CUDA_DEBUG_SYNC containing "origin": release events on the owner's stream too (diagnostic).
+// TROUPE_CUDA_DEBUG_SYNC containing "origin": release events on the owner's stream too
+// (diagnostic).
 bool debug_owner_event() { return debug_sync("origin"); }
 
 void add_user(handoff_state& h, const std::shared_ptr<stream_handle>& s) {
@@ -66,8 +67,8 @@ handoff_state::~handoff_state() {
 
 static void check_live(const char* what, const core::tensor& t) {
   if (!debug_block_live(t.raw(), nullptr))
-    std::fprintf(stderr, "troupe cuda debug: %s of a tensor %s at %p whose block is not live\n", what,
-                 core::shape_string(t.shape()).c_str(), t.raw());
+    std::fprintf(stderr, "troupe cuda debug: %s of a tensor %s at %p whose block is not live\n",
+                 what, core::shape_string(t.shape()).c_str(), t.raw());
 }
 
 void record_ready(const std::shared_ptr<stream_handle>& s, const core::tensor& t) {
@@ -114,7 +115,8 @@ void release_block(device_allocator& alloc, cudaStream_t own, void* p,
     {
       std::lock_guard<std::mutex> lock(h->mu);
       for (const auto& u : h->users) {
-        if (u->stream == own && !debug_owner_event()) continue;  // the owner's own reuse is stream-ordered
+        // The owner's own reuse is stream-ordered.
+        if (u->stream == own && !debug_owner_event()) continue;
         cudaEvent_t e = alloc.take_event();
         if (cudaEventRecord(e, u->stream) != cudaSuccess) {
           cudaGetLastError();
