@@ -51,6 +51,10 @@ shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, i
       if (hi > lo) be_.copy(ch.initial.slice(lo, {hi - lo}), m);
       master_.push_back(m);
       low_.emplace_back();
+      if (uploads_params()) {
+        stage_params_.push_back(ch.initial);
+        stage_low_.push_back(ch.low);
+      }
     }
     const core::tensor& m = master_.back();
     if (host_ && adopts_gradients()) {
@@ -281,6 +285,17 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
       const piece& pc = pieces_[c.piece];
       std::vector<model::param_slot> slots = piece_slots(pc, staging_[c.buffer]);
       model::adamw_update_t(*host_, slots, cfg_.optimizer, lr, scale, adam_step);
+      if (uploads_params()) {
+        // The piece back into the stage's buffer while the host updates the next ones; the host
+        // rewrites it only after a later copy of this stream has landed.
+        const std::int64_t lo = ranges_[pc.chunk].first, n = pc.end - pc.begin;
+        core::tensor dst = stage_params_[pc.chunk].slice(pc.begin, {n});
+        kernels::copy_to_device_async(be_, master_[pc.chunk].slice(pc.begin - lo, {n}), dst);
+        if (stage_low_[pc.chunk].defined()) {
+          core::tensor low = stage_low_[pc.chunk].slice(pc.begin, {n});
+          be_.convert(dst, low);  // element-wise: the bits of the stage's whole-buffer convert
+        }
+      }
       copy_next_piece(c.buffer);
     }
   } else if (!skip) {
@@ -293,10 +308,11 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
       // The master slice itself, not a copy: it is written again by the next update, which
       // needs this replica's next gradient slice, which that stage sends after it copied these
       // parameters (its stream ordered after this hand-over by wait_ready).
+      // With uploads_params, the stage's own buffer, updated piece by piece above.
       out_.push_back(outgoing{to,
                               transport::tag{step, static_cast<std::uint32_t>(tensor_kind::param_slice),
                                              chunks_[i].chunk, -1, part_},
-                              hand_over(be_, master_[i], false)});
+                              hand_over(be_, uploads_params() ? stage_params_[i] : master_[i], false)});
       if (layout_.returns_reduced_grads())
         out_.push_back(outgoing{to,
                                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::reduced_grad),

@@ -13,8 +13,11 @@
 // decides, through a ring of `offload_ring` page-locked staging buffers of one piece each (so the
 // host holds 12 bytes per owned element, not 16). apply() updates each piece as soon as its copy
 // has landed and queues the copy of a later piece into the freed buffer, so the CPU update of one
-// piece overlaps the copies of the next ones; the stages copy the updated host slices back into
-// their parameters. On the CPU backend the copies are host-to-host and the code path is the same.
+// piece overlaps the copies of the next ones. With one replica (uploads_params) each updated piece
+// goes straight back into the stage's parameter buffer and low-precision copy on the device stream
+// while the host updates the next pieces, and the stage receives its own buffer; with several, the
+// stages copy the updated host slices back into their parameters. On the CPU backend the copies
+// are host-to-host and the code path is the same.
 #pragma once
 
 #include <deque>
@@ -114,6 +117,10 @@ class shard_engine {
   /// buffer and AdamW writes the stage's low-precision copy in the same pass (as the single-rank
   /// trainer's does), so the stage neither copies the update in nor converts it.
   bool adopts_params() const { return layout_.dp == 1 && !host_; }
+  /// One replica, state on the host (offload): the shard owns every element and `initial` is the
+  /// stage's live parameter buffer, so each updated piece is copied back into it (and converted
+  /// into the stage's low-precision copy) as soon as the host has updated it.
+  bool uploads_params() const { return layout_.dp == 1 && host_; }
   /// Offload: one piece of one chunk's owned range [begin, end) (elements of the chunk buffer).
   struct piece {
     std::size_t chunk;
@@ -136,6 +143,8 @@ class shard_engine {
   std::vector<core::tensor> master_;              // per chunk: owned slice of the params
   std::vector<core::tensor> low_;                 // per chunk: the stage's low copy AdamW writes
                                                   // (adopts_params), else undefined
+  std::vector<core::tensor> stage_params_;        // per chunk (uploads_params): the stage's
+  std::vector<core::tensor> stage_low_;           // parameters and low copy, else empty
   std::vector<core::tensor> reduced_;             // per chunk: owned slice of the summed grads
   std::vector<model::optimizer_state> moments_;   // per chunk
   std::vector<model::param_slot> slots_;          // every owned parameter piece, in global order

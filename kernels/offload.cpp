@@ -32,6 +32,13 @@ void copy_to_host_async(backend& be, const tensor& src, tensor& dst) {
   be.copy(src, dst);
 }
 
+void copy_to_device_async(backend& be, const tensor& src, tensor& dst) {
+#ifdef TROUPE_HAVE_CUDA
+  if (cuda::copy_to_device_async(be, src, dst)) return;
+#endif
+  be.copy(src, dst);
+}
+
 std::unique_ptr<host_fence> make_fence(backend& be) {
 #ifdef TROUPE_HAVE_CUDA
   if (auto f = cuda::make_fence(be)) return f;

@@ -1,6 +1,6 @@
 // Host memory for optimizer offload (optimizer.offload, actors/shard_engine.hpp): page-locked
-// buffers, device-to-host copies queued on a backend's stream without the host waiting, and fences
-// the host waits on before it reads what such a copy wrote.
+// buffers, copies between them and the device queued on a backend's stream without the host
+// waiting, and fences the host waits on before it reads what such a copy wrote.
 //
 // Contract: a buffer from pinned_host is a host tensor (dev() is the CPU) that any backend's copy
 // and the CPU backend's ops accept. copy_to_host_async returns at once on the CUDA backend; dst must
@@ -23,6 +23,11 @@ tensor pinned_host(backend& be, backend& host, const core::shape_t& shape, core:
 
 /// Queues dst (host) = src (be's device or the host) on be's stream and returns; see the contract.
 void copy_to_host_async(backend& be, const tensor& src, tensor& dst);
+
+/// Queues dst (be's device) = src (host) on be's stream and returns; src must not be rewritten or
+/// freed before a fence made after it was waited for (nor before later work of be's stream ran:
+/// the stream runs its work in order). On other backends a plain copy.
+void copy_to_device_async(backend& be, const tensor& src, tensor& dst);
 
 /// A point in a backend's queued work.
 class host_fence {

@@ -229,14 +229,15 @@ void cuda_backend::wait_ready(const tensor& t) {
 std::uint64_t cuda_backend::peak_memory_bytes() const { return ctx_->alloc->stats().peak_in_use; }
 
 namespace {
-// A timing event recorded on a backend's stream.
+// A timing event recorded on a backend's stream, from the context's pool and back to it.
 struct event_mark : time_mark {
-  explicit event_mark(const context* c) : ctx(c) {
-    TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDefault));
-  }
-  ~event_mark() override { cudaEventDestroy(event); }
+  explicit event_mark(const context* c) : ctx(c), pool(c->marks), event(pool->take()) {}
+  ~event_mark() override { pool->give(event); }
+  event_mark(const event_mark&) = delete;
+  event_mark& operator=(const event_mark&) = delete;
   const context* ctx;
-  cudaEvent_t event = nullptr;
+  std::shared_ptr<timing_events> pool;
+  cudaEvent_t event;
 };
 }  // namespace
 

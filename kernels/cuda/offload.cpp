@@ -1,4 +1,4 @@
-// Page-locked host buffers, device-to-host copies on the backend's stream and event fences for
+// Page-locked host buffers, copies each way on the backend's stream and event fences for
 // optimizer offload (kernels/offload.hpp). Page-locked memory is what lets cudaMemcpyAsync return
 // before the copy ran (a pageable destination makes the driver stage through its own buffers and
 // wait), and copies at the bus's full rate.
@@ -79,6 +79,23 @@ bool copy_to_host_async(backend& be, const tensor& src, tensor& dst) {
     return true;
   }
   TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDeviceToHost,
+                                    c->stream()));
+  return true;
+}
+
+bool copy_to_device_async(backend& be, const tensor& src, tensor& dst) {
+  cuda_backend* c = as_cuda(be);
+  if (!c) return false;
+  if (src.bytes() != dst.bytes())
+    throw core::failure("cuda copy_to_device_async: " + std::to_string(src.bytes()) +
+                        " bytes into " + std::to_string(dst.bytes()));
+  if (src.bytes() == 0) return true;
+  use_device(be);
+  if (!src.dev().is_cpu() || dst.dev().is_cpu() || !page_locked(src.raw())) {
+    be.copy(src, dst);  // nothing to overlap (or pageable memory): the ordinary copy
+    return true;
+  }
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyHostToDevice,
                                     c->stream()));
   return true;
 }

@@ -792,6 +792,20 @@ TEST_CASE("time marks: the CPU's are the host clock; the GPU's time the stream's
   CHECK(ms < 40);
   CHECK(t[0] >= queued - std::chrono::milliseconds(1));  // anchored to the host clock
   CHECK(t[1] <= std::chrono::steady_clock::now());
+  // Dropped marks' events are reused: a later pair, taken from the pool, times its own work.
+  m0.reset();
+  m1.reset();
+  auto n0 = gpu->mark_time();
+  cuda::debug_spin(be->stream(), 5'000'000);
+  auto n1 = gpu->mark_time();
+  auto n2 = gpu->mark_time();  // right after n1, no work between
+  const auto u = gpu->mark_times({n0, n1, n2});
+  const double ms2 = std::chrono::duration<double, std::milli>(u[1] - u[0]).count();
+  CHECK(ms2 >= 4.9);
+  CHECK(ms2 < 25);
+  CHECK(u[0] >= t[1]);
+  CHECK(u[2] >= u[1]);
+  CHECK(std::chrono::duration<double, std::milli>(u[2] - u[1]).count() < 2);
 #endif
 }
 

@@ -51,7 +51,6 @@ TEST_CASE("lora: pipeline splits, schedules and recompute are bit-identical to t
     // Only adapters and the trainable norm are saved, and they moved.
     for (const auto& entry : oracle.hashes) {  // no structured binding: clang 14 cannot capture one
       const auto& name = entry.first;
-      const auto& h = entry.second;
       INFO("tensor ", name);
       const bool adapter = name.find(".lora_") != std::string::npos;
       const bool norm = name.rfind(arch == core::arch_kind::gpt2 ? "ln_f." : "model.norm.", 0) == 0;
