@@ -59,7 +59,7 @@ TEST_CASE("cuda adamw and the CPU adamw give the same bits on the same inputs, o
   set_cpu_threads(0);
 }
 
-TEST_CASE("cuda offload copies: pinned buffers, asynchronous device-to-host copies and fences") {
+TEST_CASE("cuda offload copies: pinned buffers, asynchronous copies each way and fences") {
   if (!gpu_or_skip()) return;
   auto cpu = make_backend("cpu");
   auto gpu = make_backend("cuda");
@@ -81,6 +81,13 @@ TEST_CASE("cuda offload copies: pinned buffers, asynchronous device-to-host copi
   CHECK(std::memcmp(lo.raw(), src.raw(), lo.bytes()) == 0);
   second->wait();
   CHECK(same_bits(pinned, src));
+  // Back to the device, asynchronously, from the pinned buffer: the same bits.
+  tensor back = gpu->empty({n}, core::dtype::f32);
+  gpu->zero(back);
+  tensor back_lo = back.slice(0, {n / 2}), back_hi = back.slice(n / 2, {n - n / 2});
+  copy_to_device_async(*gpu, lo, back_lo);
+  copy_to_device_async(*gpu, hi, back_hi);
+  CHECK(same_bits(gpu->to_host(back), src));
   // The CPU backend's versions are plain copies with fences already passed.
   tensor plain = pinned_host(*cpu, *cpu, {n}, core::dtype::f32);
   copy_to_host_async(*cpu, src, plain);
