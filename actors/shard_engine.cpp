@@ -57,9 +57,10 @@ shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, i
       }
     }
     const core::tensor& m = master_.back();
-    if (host_ && adopts_gradients()) {
-      // reduce() adopts the stage's gradient slice before anything reads this one: under offload
-      // the device keeps no buffer of its own (the master slice stands in until then).
+    if (adopts_gradients()) {
+      // reduce() adopts the stage's gradient slice before anything reads this one, so the shard
+      // keeps no buffer of its own (the master slice, on the device the stage's parameter buffer,
+      // stands in until then and is never read or written through it).
       reduced_.push_back(m);
     } else {
       core::tensor g = be_.empty({hi - lo}, core::dtype::f32);

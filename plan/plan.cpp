@@ -171,10 +171,14 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
             // is what stays on the device
             add_term(r.terms, "reduced gradient slice", bytes);
           } else if (label == "optimizer state") {
-            // master slice, summed-gradient slice, two moments: four equal fp32 buffers
-            add_term(r.terms, "fp32 master weights", bytes / 4);
-            add_term(r.terms, "AdamW moments", bytes / 2);
-            add_term(r.terms, "reduced gradient slice", bytes / 4);
+            // Two moments, plus equal fp32 buffers for the master slice and the summed-gradient
+            // slice, except with one replica, where the shard updates the stage's own parameters
+            // and reads its gradient where it is (but ZeRO-1 returns a summed copy).
+            const bool master = l.dp > 1, summed = l.dp > 1 || l.zero_stage == 1;
+            const std::uint64_t one = bytes / (2 + (master ? 1 : 0) + (summed ? 1 : 0));
+            if (master) add_term(r.terms, "fp32 master weights", one);
+            add_term(r.terms, "AdamW moments", 2 * one);
+            if (summed) add_term(r.terms, "reduced gradient slice", one);
           } else if (label == "communication") {
             add_term(r.terms, "communication buffers", bytes);
           } else {
