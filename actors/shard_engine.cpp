@@ -310,10 +310,11 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
       // needs this replica's next gradient slice, which that stage sends after it copied these
       // parameters (its stream ordered after this hand-over by wait_ready).
       // With uploads_params, the stage's own buffer, updated piece by piece above.
+      const core::tensor& params = uploads_params() ? stage_params_[i] : master_[i];
       out_.push_back(outgoing{to,
                               transport::tag{step, static_cast<std::uint32_t>(tensor_kind::param_slice),
                                              chunks_[i].chunk, -1, part_},
-                              hand_over(be_, uploads_params() ? stage_params_[i] : master_[i], false)});
+                              hand_over(be_, params, false)});
       if (layout_.returns_reduced_grads())
         out_.push_back(outgoing{to,
                                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::reduced_grad),

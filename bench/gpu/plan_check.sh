@@ -99,10 +99,12 @@ step_meas = plan["tokens_per_step"] / statistics.median(tps)
 med = lambda xs: statistics.median(xs) if xs else None
 timed = [l for l in lines[1:] if "device_span_s" in l]
 dev = {"device_span_s": med([l["device_span_s"] for l in timed]),
-       "device_busy_sum_s": med([sum(s.get("device_busy_s", 0) for s in l["stages"]) for l in timed])}
+       "device_busy_sum_s": med([sum(s.get("device_busy_s", 0) for s in l["stages"])
+                                 for l in timed])}
 print(json.dumps({"model": model, "run": tag, "ranks": rows, "step_planned_s": plan["step_s"],
                   "step_measured_s": step_meas, "step_ratio": plan["step_s"] / step_meas,
-                  "pipeline_planned_s": plan["pipeline_s"], "optimizer_planned_s": plan["optimizer_s"],
+                  "pipeline_planned_s": plan["pipeline_s"],
+                  "optimizer_planned_s": plan["optimizer_s"],
                   **dev}))
 PY
   rm -rf "$dir"  # the measurements are read; its checkpoints would fill the disk

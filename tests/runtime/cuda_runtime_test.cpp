@@ -227,8 +227,9 @@ TEST_CASE("cuda actor runtime: optimizer offload on and off give the same bits")
   };
   // One replica: the shard copies each updated piece back into the stage's buffer (and, in bf16,
   // converts it into the stage's low copy); two: the stages copy the host slices in.
-  for (layout l : {layout{1, 1, 0, core::precision_kind::fp32}, layout{2, 1, 0, core::precision_kind::bf16},
-                   layout{2, 2, 1, core::precision_kind::fp32}, layout{2, 2, 2, core::precision_kind::bf16}}) {
+  using core::precision_kind;
+  for (layout l : {layout{1, 1, 0, precision_kind::fp32}, layout{2, 1, 0, precision_kind::bf16},
+                   layout{2, 2, 1, precision_kind::fp32}, layout{2, 2, 2, precision_kind::bf16}}) {
     INFO("pp ", l.pp, " dp ", l.dp, " ZeRO-", l.zero, l.p == core::precision_kind::bf16 ? " bf16" : " fp32");
     auto cfg = gpu_config(tmp, "off", l.pp, l.p);
     cfg.parallel.data_parallel = l.dp;
