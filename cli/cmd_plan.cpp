@@ -53,6 +53,9 @@ int run_plan(const plan_args& a) {
     for (const auto& [layers, s] : cal->chunk_seconds)
       std::printf("  a micro-batch through %d layer%s with embedding and head: %.3f ms\n", layers,
                   layers == 1 ? "" : "s", s * 1e3);
+    if (cal->device != "cpu")
+      std::printf("  two workers at once on the one device: %.3f times as fast as one after the "
+                  "other\n", cal->concurrent_speedup);
     return 0;
   }
   plan::calibration cal = plan::default_calibration(a.search ? "cuda" : c->runtime.device,

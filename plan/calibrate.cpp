@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "kernels/select.hpp"
 #include "model/chunk.hpp"
@@ -50,9 +51,19 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
       static_cast<std::int64_t>(cfg.parallel.micro_batch_size) * cfg.model.seq_length;
 
   // Forward + backward of one micro-batch through a chunk of `layers` layers with the embedding
-  // and the head.
-  auto chunk_seconds = [&](int layers) {
-    model::chunk c(cfg.model, model::chunk_spec{0, layers, true, true}, *be, cfg.precision.compute);
+  // and the head, on backend `b`.
+  struct chunk_run {
+    model::chunk c;
+    core::tensor tok, tgt;
+    float scale;
+    void once() {
+      c.forward(0, tok, tgt, scale);
+      c.backward(0, {});
+      c.release(0);
+    }
+  };
+  auto make_run = [&](int layers, kernels::backend& b) {
+    model::chunk c(cfg.model, model::chunk_spec{0, layers, true, true}, b, cfg.precision.compute);
     c.init(cfg.train.seed);
     core::tensor tokens = core::tensor::zeros({rows}, core::dtype::i32);
     core::tensor targets = core::tensor::zeros({rows}, core::dtype::i32);
@@ -60,13 +71,12 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
       tokens.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 7919) % cfg.model.vocab_size);
       targets.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 104729) % cfg.model.vocab_size);
     }
-    core::tensor tok = be->from_host(tokens), tgt = be->from_host(targets);
-    auto once = [&] {
-      c.forward(0, tok, tgt, 1.0f / static_cast<float>(rows));
-      c.backward(0, {});
-      c.release(0);
-    };
-    return time_per_call(once, *be, repeats);
+    return std::make_unique<chunk_run>(chunk_run{std::move(c), b.from_host(tokens),
+                                                 b.from_host(targets), 1.0f / static_cast<float>(rows)});
+  };
+  auto chunk_seconds = [&](int layers) {
+    auto r = make_run(layers, *be);
+    return time_per_call([&] { r->once(); }, *be, repeats);
   };
   // Two chunk depths separate the time per layer from what every micro-batch pays once (the
   // embedding, the head and the cross-entropy, which run at another rate than the layers); the
@@ -90,6 +100,37 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
     const double flops = 3 * forward_flops(cfg.model, layers, true, rows);
     const double overhead = 3.0 * forward_ops_per_layer(cfg.model) * layers * cal.op_overhead_s;
     cal.flops_per_s = flops / std::max(whole - overhead, whole / 2);
+  }
+  // Two workers on one device, as `troupe train` runs them: the deeper chunk on two backends (each
+  // its own stream), driven by two threads at once, against the same work one after the other.
+  if (cal.device != "cpu") {
+    const int layers = cal.chunk_seconds.back().first;
+    const double single = cal.chunk_seconds.back().second;
+    std::unique_ptr<kernels::backend> be2 = kernels::make_backend(cfg.runtime.device);
+    auto r1 = make_run(layers, *be), r2 = make_run(layers, *be2);
+    // Calls of both until `seconds` passed, each waited for: (calls, seconds until both ended).
+    auto both = [&](double seconds) {
+      int n1 = 0, n2 = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      std::thread other([&] {
+        do {
+          r2->once();
+          be2->synchronize();
+          ++n2;
+        } while (seconds_since(t0) < seconds);
+      });
+      do {
+        r1->once();
+        be->synchronize();
+        ++n1;
+      } while (seconds_since(t0) < seconds);
+      other.join();
+      return std::make_pair(n1 + n2, seconds_since(t0));
+    };
+    both(0.5);  // warm-up (and each backend's allocator filled)
+    const auto [calls, elapsed] = both(std::max(0.5, 2 * repeats * single));
+    // One after the other, the same calls would take calls · single.
+    cal.concurrent_speedup = std::clamp(calls * single / elapsed, 0.5, 4.0);
   }
   // AdamW over 16M elements: 28 bytes each.
   {

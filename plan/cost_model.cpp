@@ -18,6 +18,7 @@ calibration default_calibration(const std::string& device, core::precision_kind 
     c.op_overhead_s = 5e-6;
     c.memory_bytes_per_s = 3e12;
     c.link_bytes_per_s = 1e11;
+    c.concurrent_speedup = 1.1;
   }
   return c;
 }
@@ -48,6 +49,16 @@ core::result<calibration> load_calibration(const std::string& path) {
   }
   c.device = j.value("device", "cpu");
   c.precision = j.value("precision", "fp32");
+  // Files written before it was measured lack it: the device's default.
+  c.concurrent_speedup = default_calibration(c.device, core::precision_kind::fp32).concurrent_speedup;
+  if (j.contains("concurrent_speedup")) {
+    const auto& v = j["concurrent_speedup"];
+    if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 4)
+      return core::error::make("calibration file '" + path +
+                                   "': key \"concurrent_speedup\" is not a number in (0, 4]",
+                               "write it again with `troupe plan CONFIG --calibrate " + path + "`");
+    c.concurrent_speedup = v.get<double>();
+  }
   return c;
 }
 
@@ -59,6 +70,7 @@ core::status save_calibration(const calibration& c, const std::string& path) {
   j["op_overhead_s"] = c.op_overhead_s;
   j["memory_bytes_per_s"] = c.memory_bytes_per_s;
   j["link_bytes_per_s"] = c.link_bytes_per_s;
+  j["concurrent_speedup"] = c.concurrent_speedup;
   if (!c.chunk_seconds.empty()) {
     nlohmann::ordered_json t;
     for (const auto& [layers, s] : c.chunk_seconds) t[std::to_string(layers)] = s;

@@ -245,8 +245,9 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
       if (whole.recompute.layer_list.empty()) whole.recompute.mode = core::recompute_mode::none;
     }
     // Tensor parallel: the device runs every rank's share (and its collectives) one after another.
+    // The workers' streams also fill each other's gaps within the work (o.cal.concurrent_speedup).
     const schedules::cost_model w = chunk_costs(whole, o.cal);
-    p.pipeline_s = (w.f + w.b) * l.microbatches * l.dp * l.tp;
+    p.pipeline_s = (w.f + w.b) * l.microbatches * l.dp * l.tp / o.cal.concurrent_speedup;
   }
   std::int64_t stage_elems = 0, shard_elems = 0;
   for (int pp = 0; pp < l.pp; ++pp) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -298,6 +299,52 @@ TEST_CASE("tensor parallel's simulator costs: the arithmetic over the ranks, the
   REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.err().to_string()));
   CHECK(p->pipeline_s ==
         doctest::Approx((two.f + two.b) * c.parallel.micro_batch_num * 2 * 2).epsilon(1e-12));
+}
+
+TEST_CASE("on one device concurrent workers run faster by the calibration's concurrent_speedup, "
+          "which calibration files carry (older ones take the device's default)") {
+  scratch_dir tmp("plan_concurrent");
+  core::config c = tiny(tmp, 2);
+  c.parallel.pipeline_stage = 2;  // two workers on the one device
+  plan::plan_options po;
+  po.suggest = false;
+  po.cal = plan::default_calibration("cpu", core::precision_kind::fp32);
+  CHECK(po.cal.concurrent_speedup == 1.0);
+  auto base = plan::make_plan(c, po);
+  REQUIRE_MESSAGE(base.ok(), (base.ok() ? "" : base.err().to_string()));
+  po.cal.concurrent_speedup = 1.25;
+  auto faster = plan::make_plan(c, po);
+  REQUIRE(faster.ok());
+  CHECK(faster->pipeline_s == doctest::Approx(base->pipeline_s / 1.25).epsilon(1e-12));
+  // One worker has no other stream to fill its gaps.
+  c.parallel.pipeline_stage = 1;
+  auto alone = plan::make_plan(c, po);
+  po.cal.concurrent_speedup = 1.0;
+  auto alone_base = plan::make_plan(c, po);
+  REQUIRE((alone.ok() && alone_base.ok()));
+  CHECK(alone->pipeline_s == doctest::Approx(alone_base->pipeline_s).epsilon(1e-12));
+
+  // The file: written and read back; absent, the device's default; out of range, an error naming it.
+  plan::calibration cal = plan::default_calibration("cuda", core::precision_kind::bf16);
+  CHECK(cal.concurrent_speedup == doctest::Approx(1.1));
+  cal.concurrent_speedup = 1.17;
+  const std::string path = tmp / "cal.json";
+  REQUIRE(plan::save_calibration(cal, path).ok());
+  auto back = plan::load_calibration(path);
+  REQUIRE(back.ok());
+  CHECK(back->concurrent_speedup == doctest::Approx(1.17));
+  auto rewrite = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+    edit(j);
+    std::ofstream(path) << j.dump();
+    return plan::load_calibration(path);
+  };
+  auto old = rewrite([](nlohmann::json& j) { j.erase("concurrent_speedup"); });
+  REQUIRE(old.ok());
+  CHECK(old->concurrent_speedup == doctest::Approx(1.1));
+  auto bad = rewrite([](nlohmann::json& j) { j["concurrent_speedup"] = 0; });
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.err().to_string().find("concurrent_speedup") != std::string::npos);
 }
 
 TEST_CASE("the replicas' gradient exchange costs the link between GPUs, and device memory on one GPU") {
