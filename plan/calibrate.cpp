@@ -50,32 +50,47 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
   const std::int64_t rows =
       static_cast<std::int64_t>(cfg.parallel.micro_batch_size) * cfg.model.seq_length;
 
-  // Forward + backward of one micro-batch through a chunk of `layers` layers with the embedding
-  // and the head, on backend `b`.
+  // Forward + backward of one micro-batch through a chunk of `layers` layers on backend `b`: with
+  // the embedding and the head (`ends`; tokens in, the loss out), or without (an activation in, its
+  // gradient back, as a middle pipeline stage runs).
   struct chunk_run {
     model::chunk c;
-    core::tensor tok, tgt;
+    core::tensor in, tgt, dy;
     float scale;
     void once() {
-      c.forward(0, tok, tgt, scale);
-      c.backward(0, {});
+      c.forward(0, in, tgt, scale);
+      c.backward(0, dy);
       c.release(0);
     }
   };
-  auto make_run = [&](int layers, kernels::backend& b) {
-    model::chunk c(cfg.model, model::chunk_spec{0, layers, true, true}, b, cfg.precision.compute);
+  auto make_run = [&](int layers, kernels::backend& b, bool ends) {
+    model::chunk c(cfg.model, model::chunk_spec{0, layers, ends, ends}, b, cfg.precision.compute);
     c.init(cfg.train.seed);
+    const float scale = 1.0f / static_cast<float>(rows);
+    if (!ends) {
+      const std::int64_t C = cfg.model.hidden_size;
+      core::tensor x = core::tensor::zeros({rows, C}, core::dtype::f32);
+      for (std::int64_t i = 0; i < rows * C; ++i)
+        x.data<float>()[i] = static_cast<float>((i * 7919) % 2001 - 1000) * 1e-3f;
+      const core::dtype t = c.flat_low().defined() ? c.flat_low().type() : core::dtype::f32;
+      core::tensor a = b.from_host(x), in = b.empty({rows, C}, t), dy = b.empty({rows, C}, t);
+      for (core::tensor* d : {&in, &dy}) {
+        if (t == core::dtype::f32) b.copy(a, *d);
+        else b.convert(a, *d);
+      }
+      return std::make_unique<chunk_run>(chunk_run{std::move(c), in, {}, dy, scale});
+    }
     core::tensor tokens = core::tensor::zeros({rows}, core::dtype::i32);
     core::tensor targets = core::tensor::zeros({rows}, core::dtype::i32);
     for (std::int64_t i = 0; i < rows; ++i) {
       tokens.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 7919) % cfg.model.vocab_size);
       targets.data<std::int32_t>()[i] = static_cast<std::int32_t>((i * 104729) % cfg.model.vocab_size);
     }
-    return std::make_unique<chunk_run>(chunk_run{std::move(c), b.from_host(tokens),
-                                                 b.from_host(targets), 1.0f / static_cast<float>(rows)});
+    return std::make_unique<chunk_run>(
+        chunk_run{std::move(c), b.from_host(tokens), b.from_host(targets), {}, scale});
   };
   auto chunk_seconds = [&](int layers) {
-    auto r = make_run(layers, *be);
+    auto r = make_run(layers, *be, true);
     return time_per_call([&] { r->once(); }, *be, repeats);
   };
   // Two chunk depths separate the time per layer from what every micro-batch pays once (the
@@ -101,13 +116,14 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
     const double overhead = 3.0 * forward_ops_per_layer(cfg.model) * layers * cal.op_overhead_s;
     cal.flops_per_s = flops / std::max(whole - overhead, whole / 2);
   }
-  // Two workers on one device, as `troupe train` runs them: the deeper chunk on two backends (each
-  // its own stream), driven by two threads at once, against the same work one after the other.
+  // Two workers on one device, as `troupe train` runs them: a chunk of layers (no embedding or
+  // head: most of a pipeline's work) on two backends (each its own stream), driven by two threads
+  // at once, against the same calls one after the other.
   if (cal.device != "cpu") {
-    const int layers = cal.chunk_seconds.back().first;
-    const double single = cal.chunk_seconds.back().second;
+    const int layers = std::min(cfg.model.num_layers, 4);
     std::unique_ptr<kernels::backend> be2 = kernels::make_backend(cfg.runtime.device);
-    auto r1 = make_run(layers, *be), r2 = make_run(layers, *be2);
+    auto r1 = make_run(layers, *be, false), r2 = make_run(layers, *be2, false);
+    const double single = time_per_call([&] { r1->once(); }, *be, repeats);
     // Calls of both until `seconds` passed, each waited for: (calls, seconds until both ended).
     auto both = [&](double seconds) {
       int n1 = 0, n2 = 0;
