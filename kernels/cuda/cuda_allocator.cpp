@@ -119,48 +119,56 @@ void device_allocator::poison_locked(void* p, std::size_t size) {
   TROUPE_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, stream_));
 }
 
+event_pool::~event_pool() {
+  for (cudaEvent_t e : free_) cudaEventDestroy(e);  // teardown: nothing to report
+}
+
+cudaEvent_t event_pool::take() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+  }
+  device_guard guard(device_);
+  cudaEvent_t e = nullptr;
+  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags_));
+  return e;
+}
+
+void event_pool::give(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(e);
+}
+
 device_allocator::device_allocator(int device)
     : device_(device),
       jitter_(static_cast<std::uint64_t>(
                   std::chrono::steady_clock::now().time_since_epoch().count()) ^
-              reinterpret_cast<std::uintptr_t>(this)) {}
+              reinterpret_cast<std::uintptr_t>(this)),
+      events_(device, cudaEventDisableTiming) {}
 
 device_allocator::~device_allocator() {
   std::lock_guard<std::mutex> lock(mu_);
   try {
     for (auto& b : pending_) {
-      for (cudaEvent_t e : b.after) events_.push_back(e);
+      for (cudaEvent_t e : b.after) events_.give(e);
       free_.emplace(b.size, b.p);  // free_cached_locked synchronises the device first
     }
     pending_.clear();
     for (auto& [size, p] : graph_free_) free_.emplace(size, p);
     graph_free_.clear();
     free_cached_locked();
-    for (cudaEvent_t e : events_) cudaEventDestroy(e);
   } catch (...) {
     // Destructors must not throw; a failing cudaFree at shutdown (driver torn down) loses nothing.
   }
 }
 
-cudaEvent_t device_allocator::take_event() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!events_.empty()) {
-      cudaEvent_t e = events_.back();
-      events_.pop_back();
-      return e;
-    }
-  }
-  device_guard guard(device_);
-  cudaEvent_t e = nullptr;
-  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return e;
-}
+cudaEvent_t device_allocator::take_event() { return events_.take(); }
 
-void device_allocator::recycle_event(cudaEvent_t e) {
-  std::lock_guard<std::mutex> lock(mu_);
-  events_.push_back(e);
-}
+void device_allocator::recycle_event(cudaEvent_t e) { events_.give(e); }
 
 void device_allocator::release_after(void* p, std::vector<cudaEvent_t> after) {
   debug_sync_release("shared");
@@ -186,7 +194,7 @@ void device_allocator::collect_pending_locked() {
         break;
       }
       TROUPE_CUDA_CHECK(e);
-      events_.push_back(b.after.back());
+      events_.give(b.after.back());
       b.after.pop_back();
     }
     if (b.after.empty()) {

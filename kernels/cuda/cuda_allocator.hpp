@@ -51,6 +51,27 @@ void debug_spin(CUstream_st* s, unsigned ns);
 /// *size); always true otherwise.
 bool debug_block_live(const void* p, std::size_t* size);
 
+/// Idle CUDA events of one device and one kind (`flags`: cudaEventDisableTiming for hand-offs,
+/// cudaEventDefault for time marks), kept for reuse: creating and destroying an event costs
+/// microseconds, and hand-offs and time marks take one per tensor or instruction. Thread-safe.
+class event_pool {
+ public:
+  event_pool(int device, unsigned flags) : device_(device), flags_(flags) {}
+  ~event_pool();
+  event_pool(const event_pool&) = delete;
+  event_pool& operator=(const event_pool&) = delete;
+  /// An idle event, or a new one on the pool's device.
+  CUevent_st* take();
+  /// Back to the pool; its last record may still be pending (a later record replaces it).
+  void give(CUevent_st* e);
+
+ private:
+  int device_;
+  unsigned flags_;
+  std::mutex mu_;
+  std::vector<CUevent_st*> free_;
+};
+
 class device_allocator {
  public:
   explicit device_allocator(int device);
@@ -107,7 +128,7 @@ class device_allocator {
   std::unordered_map<void*, std::size_t> live_;            // block -> class size
   std::multimap<std::size_t, void*> free_;                 // class size -> cached blocks
   std::vector<pending_block> pending_;                     // released, other streams not done
-  std::vector<CUevent_st*> events_;                        // idle events
+  event_pool events_;                                      // idle events (no timing)
   bool capturing_ = false;
   std::unordered_map<void*, std::size_t> graph_owned_;     // blocks of the graph, live or free
   std::multimap<std::size_t, void*> graph_free_;           // the graph's released blocks

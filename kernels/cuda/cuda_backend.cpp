@@ -236,7 +236,7 @@ struct event_mark : time_mark {
   event_mark(const event_mark&) = delete;
   event_mark& operator=(const event_mark&) = delete;
   const context* ctx;
-  std::shared_ptr<timing_events> pool;
+  std::shared_ptr<event_pool> pool;
   cudaEvent_t event;
 };
 }  // namespace

@@ -11,29 +11,6 @@ namespace {
 constexpr std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
 }  // namespace
 
-timing_events::~timing_events() {
-  for (cudaEvent_t e : free_) cudaEventDestroy(e);  // teardown: nothing to report
-}
-
-cudaEvent_t timing_events::take() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!free_.empty()) {
-      cudaEvent_t e = free_.back();
-      free_.pop_back();
-      return e;
-    }
-  }
-  cudaEvent_t e = nullptr;
-  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
-  return e;
-}
-
-void timing_events::give(cudaEvent_t e) {
-  std::lock_guard<std::mutex> lock(mu_);
-  free_.push_back(e);
-}
-
 context::context(int dev) : device(dev) {
   TROUPE_CUDA_CHECK(cudaSetDevice(device));
   TROUPE_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -41,6 +18,7 @@ context::context(int dev) : device(dev) {
   stream = stream_owner->stream;
   TROUPE_CUBLAS_CHECK(cublasLtCreate(&lt));
   alloc = std::make_shared<device_allocator>(device);
+  marks = std::make_shared<event_pool>(device, cudaEventDefault);
   alloc->set_stream(stream);
   workspace_bytes = gemm_workspace_bytes;
   workspace = alloc->allocate(workspace_bytes);

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "kernels/cuda/cuda_allocator.hpp"
@@ -39,20 +38,6 @@ struct pinned_buffer {
   cudaEvent_t done = nullptr;  // recorded after the copy that reads it
 };
 
-/// Timing events kept for reuse: a stage marks every compute instruction (mark_time), and creating
-/// and destroying two events per instruction costs microseconds each. Shared by the marks, which
-/// may outlive their backend.
-class timing_events {
- public:
-  ~timing_events();
-  cudaEvent_t take();              // a free event, or a new one
-  void give(cudaEvent_t e);        // back to the free list (the caller no longer reads it)
-
- private:
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_;
-};
-
 struct context {
   explicit context(int device);
   ~context();
@@ -64,7 +49,7 @@ struct context {
   std::shared_ptr<stream_handle> stream_owner;  // shared with hand-off states (cuda_handoff.hpp)
   cudaStream_t stream = nullptr;                // stream_owner->stream
   cudaStream_t clock_stream = nullptr;          // idle: anchors time marks (mark_times)
-  std::shared_ptr<timing_events> marks = std::make_shared<timing_events>();
+  std::shared_ptr<event_pool> marks;  // timing events of time marks (shared: marks may outlive it)
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
