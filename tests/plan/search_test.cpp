@@ -12,8 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kernels/select.hpp"
 #include "model/chunk.hpp"
 #include "model/params.hpp"
+#include "plan/calibrate.hpp"
 #include "plan/plan.hpp"
 #include "runtime/build.hpp"
 #include "runtime/runtime.hpp"
@@ -345,6 +347,29 @@ TEST_CASE("on one device concurrent workers run faster by the calibration's conc
   auto bad = rewrite([](nlohmann::json& j) { j["concurrent_speedup"] = 0; });
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.err().to_string().find("concurrent_speedup") != std::string::npos);
+}
+
+TEST_CASE("calibrate: rates from the config's own chunks; on a GPU, two workers at once as well") {
+  scratch_dir tmp("plan_calibrate");
+  core::config c = tiny(tmp, 2);
+  auto cpu = plan::calibrate(c, 2);
+  REQUIRE_MESSAGE(cpu.ok(), (cpu.ok() ? "" : cpu.err().to_string()));
+  CHECK(cpu->source == "measured");
+  CHECK(cpu->flops_per_s > 0);
+  CHECK(cpu->memory_bytes_per_s > 0);
+  CHECK(cpu->link_bytes_per_s > 0);
+  REQUIRE(cpu->chunk_seconds.size() == 2);  // one layer and both layers, with embedding and head
+  CHECK(cpu->chunk_seconds[1].second > 0);
+  CHECK(cpu->concurrent_speedup == 1.0);  // not measured on the CPU
+  if (!kernels::cuda_available()) return;
+  c.runtime.device = "cuda";
+  c.precision.compute = core::precision_kind::bf16;
+  auto gpu = plan::calibrate(c, 2);
+  REQUIRE_MESSAGE(gpu.ok(), (gpu.ok() ? "" : gpu.err().to_string()));
+  CHECK(gpu->device == "cuda");
+  CHECK(gpu->concurrent_speedup >= 0.5);
+  CHECK(gpu->concurrent_speedup <= 4.0);
+  MESSAGE("cuda: concurrent_speedup ", gpu->concurrent_speedup);
 }
 
 TEST_CASE("the replicas' gradient exchange costs the link between GPUs, and device memory on one GPU") {
