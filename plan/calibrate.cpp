@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <thread>
 
 #include "kernels/select.hpp"
@@ -128,19 +129,30 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
     auto both = [&](double seconds) {
       int n1 = 0, n2 = 0;
       const auto t0 = std::chrono::steady_clock::now();
+      std::exception_ptr failed;  // the other thread's error (out of memory, say), thrown here
       std::thread other([&] {
-        do {
-          r2->once();
-          be2->synchronize();
-          ++n2;
-        } while (seconds_since(t0) < seconds);
+        try {
+          do {
+            r2->once();
+            be2->synchronize();
+            ++n2;
+          } while (seconds_since(t0) < seconds);
+        } catch (...) {
+          failed = std::current_exception();
+        }
       });
-      do {
-        r1->once();
-        be->synchronize();
-        ++n1;
-      } while (seconds_since(t0) < seconds);
+      try {
+        do {
+          r1->once();
+          be->synchronize();
+          ++n1;
+        } while (seconds_since(t0) < seconds);
+      } catch (...) {
+        other.join();
+        throw;
+      }
       other.join();
+      if (failed) std::rethrow_exception(failed);
       return std::make_pair(n1 + n2, seconds_since(t0));
     };
     both(0.5);  // warm-up (and each backend's allocator filled)
