@@ -247,7 +247,8 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
     // Tensor parallel: the device runs every rank's share (and its collectives) one after another.
     // The workers' streams also fill each other's gaps within the work (o.cal.concurrent_speedup).
     const schedules::cost_model w = chunk_costs(whole, o.cal);
-    p.pipeline_s = (w.f + w.b) * l.microbatches * l.dp * l.tp / o.cal.concurrent_speedup;
+    p.concurrent_speedup = o.cal.concurrent_speedup;
+    p.pipeline_s = (w.f + w.b) * l.microbatches * l.dp * l.tp / p.concurrent_speedup;
   }
   std::int64_t stage_elems = 0, shard_elems = 0;
   for (int pp = 0; pp < l.pp; ++pp) {
@@ -347,6 +348,13 @@ std::string render_text(const job_plan& p) {
                 p.step_s, p.pipeline_s, 100 * p.bubble, p.optimizer_s, p.tokens_per_s,
                 p.calibration.c_str());
   s << tbuf;
+  if (p.concurrent_speedup != 1) {
+    std::snprintf(tbuf, sizeof tbuf,
+                  "  (every worker on one device: side by side they run %.3g times as fast as "
+                  "one stream, concurrent_speedup)\n",
+                  p.concurrent_speedup);
+    s << tbuf;
+  }
   s << "memory: " << format_bytes(p.need) << " on the fullest device";
   if (p.device_memory) s << " of " << format_bytes(p.device_memory);
   s << "; largest term: " << p.largest_term << "\n";
@@ -413,6 +421,7 @@ std::string render_json(const job_plan& p) {
   j["pipeline_s"] = p.pipeline_s;
   j["optimizer_s"] = p.optimizer_s;
   j["bubble"] = p.bubble;
+  j["concurrent_speedup"] = p.concurrent_speedup;
   j["tokens_per_step"] = p.tokens_per_step;
   j["tokens_per_s"] = p.tokens_per_s;
   j["calibration"] = p.calibration;

@@ -76,6 +76,8 @@ struct job_plan {
   std::string largest_term;         // on the fullest device
   // Time (seconds): the simulated pipeline, the optimizer's tail, the step.
   double pipeline_s = 0, optimizer_s = 0, step_s = 0, bubble = 0, tokens_per_s = 0;
+  /// What the pipeline time was divided by for workers side by side on one device (1: not).
+  double concurrent_speedup = 1;
   std::int64_t tokens_per_step = 0;
   std::string calibration;          // "defaults" or the file
   std::vector<suggestion> suggestions;
