@@ -50,7 +50,8 @@ core::result<calibration> load_calibration(const std::string& path) {
   c.device = j.value("device", "cpu");
   c.precision = j.value("precision", "fp32");
   // Files written before it was measured lack it: the device's default.
-  c.concurrent_speedup = default_calibration(c.device, core::precision_kind::fp32).concurrent_speedup;
+  c.concurrent_speedup =
+      default_calibration(c.device, core::precision_kind::fp32).concurrent_speedup;
   if (j.contains("concurrent_speedup")) {
     const auto& v = j["concurrent_speedup"];
     if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 4)

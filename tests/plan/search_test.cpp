@@ -326,7 +326,8 @@ TEST_CASE("on one device concurrent workers run faster by the calibration's conc
   REQUIRE((alone.ok() && alone_base.ok()));
   CHECK(alone->pipeline_s == doctest::Approx(alone_base->pipeline_s).epsilon(1e-12));
 
-  // The file: written and read back; absent, the device's default; out of range, an error naming it.
+  // The file: written and read back; absent, the device's default; out of range, an error naming
+  // the key.
   plan::calibration cal = plan::default_calibration("cuda", core::precision_kind::bf16);
   CHECK(cal.concurrent_speedup == doctest::Approx(1.1));
   cal.concurrent_speedup = 1.17;
