@@ -119,46 +119,50 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
   }
   // Two workers on one device, as `troupe train` runs them: a chunk of layers (no embedding or
   // head: most of a pipeline's work) on two backends (each its own stream), driven by two threads
-  // at once, against the same calls one after the other.
+  // at once, against one thread alone.
   if (cal.device != "cpu") {
     const int layers = std::min(cfg.model.num_layers, 4);
     std::unique_ptr<kernels::backend> be2 = kernels::make_backend(cfg.runtime.device);
     auto r1 = make_run(layers, *be, false), r2 = make_run(layers, *be2, false);
-    const double single = time_per_call([&] { r1->once(); }, *be, repeats);
-    // Calls of both until `seconds` passed, each waited for: (calls, seconds until both ended).
-    auto both = [&](double seconds) {
-      int n1 = 0, n2 = 0;
+    // Calls of `r` on `b` until `seconds` passed since t0, each waited for (as a stage waits on its
+    // inputs): the same protocol alone and side by side, so only the sharing differs.
+    auto drive = [](chunk_run& r, kernels::backend& b, std::chrono::steady_clock::time_point t0,
+                    double seconds) {
+      int n = 0;
+      do {
+        r.once();
+        b.synchronize();
+        ++n;
+      } while (seconds_since(t0) < seconds);
+      return n;
+    };
+    // Calls per second of r1 alone, or of r1 and r2 at once (r2 on a second thread).
+    auto rate = [&](double seconds, bool pair) {
       const auto t0 = std::chrono::steady_clock::now();
+      if (!pair) return drive(*r1, *be, t0, seconds) / seconds_since(t0);
+      int n2 = 0;
       std::exception_ptr failed;  // the other thread's error (out of memory, say), thrown here
       std::thread other([&] {
         try {
-          do {
-            r2->once();
-            be2->synchronize();
-            ++n2;
-          } while (seconds_since(t0) < seconds);
+          n2 = drive(*r2, *be2, t0, seconds);
         } catch (...) {
           failed = std::current_exception();
         }
       });
+      int n1 = 0;
       try {
-        do {
-          r1->once();
-          be->synchronize();
-          ++n1;
-        } while (seconds_since(t0) < seconds);
+        n1 = drive(*r1, *be, t0, seconds);
       } catch (...) {
         other.join();
         throw;
       }
       other.join();
       if (failed) std::rethrow_exception(failed);
-      return std::make_pair(n1 + n2, seconds_since(t0));
+      return (n1 + n2) / seconds_since(t0);
     };
-    both(0.5);  // warm-up (and each backend's allocator filled)
-    const auto [calls, elapsed] = both(std::max(0.5, 2 * repeats * single));
-    // One after the other, the same calls would take calls · single.
-    cal.concurrent_speedup = std::clamp(calls * single / elapsed, 0.5, 4.0);
+    rate(0.5, true);  // warm-up (and each backend's allocator filled)
+    const double alone = rate(0.5, false), together = rate(0.5, true);
+    cal.concurrent_speedup = std::clamp(together / alone, 0.5, 4.0);
   }
   // AdamW over 16M elements: 28 bytes each.
   {
