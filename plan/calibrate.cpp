@@ -5,6 +5,8 @@
 #include <exception>
 #include <thread>
 
+#include "actors/shard_engine.hpp"
+#include "kernels/offload.hpp"
 #include "kernels/select.hpp"
 #include "model/chunk.hpp"
 
@@ -174,12 +176,45 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
     ap.lr = 1e-4f;
     const double t_adamw = time_per_call([&] { be->adamw(p, g, m, v, ap, low); }, *be, repeats);
     cal.memory_bytes_per_s = 28.0 * static_cast<double>(n) / t_adamw;
-    // A copy of 64 MiB: the rate a tensor moves between two CPU stages. Between GPUs the link is
-    // not the device's own memory: the default stays (no second device to time here).
-    if (cal.device != "cpu") return cal;
-    core::tensor dst = be->empty({n}, core::dtype::f32);
-    const double t_copy = time_per_call([&] { be->copy(p, dst); }, *be, repeats, 0.1, 0.2);
-    cal.link_bytes_per_s = 4.0 * static_cast<double>(n) / t_copy;
+    if (cal.device == "cpu") {
+      // A copy of 64 MiB: the rate a tensor moves between two CPU stages. Offload on the CPU
+      // device copies and updates in host memory at these rates.
+      core::tensor dst = be->empty({n}, core::dtype::f32);
+      const double t_copy = time_per_call([&] { be->copy(p, dst); }, *be, repeats, 0.1, 0.2);
+      cal.link_bytes_per_s = 4.0 * static_cast<double>(n) / t_copy;
+      cal.offload_link_bytes_per_s = cal.link_bytes_per_s;
+      cal.host_adamw_bytes_per_s = cal.memory_bytes_per_s;
+      return cal;
+    }
+    // Between GPUs the link is not the device's own memory: its default stays (no second device
+    // to time here).
+  }
+  // optimizer.offload as the shard runs it (actors/shard_engine.hpp): one piece down to a
+  // page-locked buffer and back on the device's stream, and the host backend's AdamW over 16M
+  // elements.
+  {
+    auto host = kernels::make_backend("cpu");
+    const std::int64_t piece = actors::offload_piece;
+    core::tensor dev = be->empty({piece}, core::dtype::f32);
+    be->zero(dev);
+    core::tensor staged = kernels::pinned_host(*be, *host, {piece}, core::dtype::f32);
+    const double t_link = time_per_call(
+        [&] {
+          kernels::copy_to_host_async(*be, dev, staged);
+          kernels::copy_to_device_async(*be, staged, dev);
+        },
+        *be, repeats, 0.2, 0.3);
+    cal.offload_link_bytes_per_s = 8.0 * static_cast<double>(piece) / t_link;
+    const std::int64_t n = std::int64_t{1} << 24;
+    core::tensor p = host->empty({n}, core::dtype::f32), g = host->empty({n}, core::dtype::f32),
+                 m = host->empty({n}, core::dtype::f32), v = host->empty({n}, core::dtype::f32),
+                 low;
+    for (core::tensor* t : {&p, &g, &m, &v}) host->zero(*t);
+    kernels::adamw_params ap;
+    ap.lr = 1e-4f;
+    const double t_adamw = time_per_call([&] { host->adamw(p, g, m, v, ap, low); }, *host,
+                                         repeats, 0.2, 0.5);
+    cal.host_adamw_bytes_per_s = 28.0 * static_cast<double>(n) / t_adamw;
   }
   return cal;
 }

@@ -1,6 +1,8 @@
 #include "plan/cost_model.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <tuple>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -19,6 +21,8 @@ calibration default_calibration(const std::string& device, core::precision_kind 
     c.memory_bytes_per_s = 3e12;
     c.link_bytes_per_s = 1e11;
     c.concurrent_speedup = 1.1;
+    c.offload_link_bytes_per_s = 2e10;
+    c.host_adamw_bytes_per_s = 2e10;
   }
   return c;
 }
@@ -49,16 +53,28 @@ core::result<calibration> load_calibration(const std::string& path) {
   }
   c.device = j.value("device", "cpu");
   c.precision = j.value("precision", "fp32");
-  // Files written before it was measured lack it: the device's default.
-  c.concurrent_speedup =
-      default_calibration(c.device, core::precision_kind::fp32).concurrent_speedup;
-  if (j.contains("concurrent_speedup")) {
-    const auto& v = j["concurrent_speedup"];
-    if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 4)
-      return core::error::make("calibration file '" + path +
-                                   "': key \"concurrent_speedup\" is not a number in (0, 4]",
+  // Keys later versions measure: files written before lack them and take the device's default.
+  calibration d = default_calibration(c.device, core::precision_kind::fp32);
+  if (c.device == "cpu")  // offload on the CPU device: host copies and AdamW at its memory rate
+    d.offload_link_bytes_per_s = d.host_adamw_bytes_per_s = c.memory_bytes_per_s;
+  for (auto [key, dst, fallback, most] :
+       {std::tuple<const char*, double*, double, double>{"concurrent_speedup",
+                                                        &c.concurrent_speedup,
+                                                        d.concurrent_speedup, 4.0},
+        {"offload_link_bytes_per_s", &c.offload_link_bytes_per_s, d.offload_link_bytes_per_s,
+         1e15},
+        {"host_adamw_bytes_per_s", &c.host_adamw_bytes_per_s, d.host_adamw_bytes_per_s, 1e15}}) {
+    *dst = fallback;
+    if (!j.contains(key)) continue;
+    const auto& v = j[key];
+    if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > most) {
+      char range[32];
+      std::snprintf(range, sizeof range, "(0, %g]", most);
+      return core::error::make("calibration file '" + path + "': key \"" + key +
+                                   "\" is not a number in " + range,
                                "write it again with `troupe plan CONFIG --calibrate " + path + "`");
-    c.concurrent_speedup = v.get<double>();
+    }
+    *dst = v.get<double>();
   }
   return c;
 }
@@ -72,6 +88,8 @@ core::status save_calibration(const calibration& c, const std::string& path) {
   j["memory_bytes_per_s"] = c.memory_bytes_per_s;
   j["link_bytes_per_s"] = c.link_bytes_per_s;
   j["concurrent_speedup"] = c.concurrent_speedup;
+  j["offload_link_bytes_per_s"] = c.offload_link_bytes_per_s;
+  j["host_adamw_bytes_per_s"] = c.host_adamw_bytes_per_s;
   if (!c.chunk_seconds.empty()) {
     nlohmann::ordered_json t;
     for (const auto& [layers, s] : c.chunk_seconds) t[std::to_string(layers)] = s;
@@ -195,9 +213,7 @@ double optimizer_seconds(const core::config& cfg, const calibration& cal,
   // AdamW reads parameter, gradient and both moments and writes three of them back: 28 B/element.
   const double n = static_cast<double>(shard_elements);
   if (!cfg.optimizer.offload) return t + 28.0 * n / cal.memory_bytes_per_s;
-  const double link = cal.device == "cuda" ? offload_link_bytes_per_s : cal.memory_bytes_per_s;
-  const double adamw = cal.device == "cuda" ? host_adamw_bytes_per_s : cal.memory_bytes_per_s;
-  t += std::max(8.0 * n / link, 28.0 * n / adamw);
+  t += std::max(8.0 * n / cal.offload_link_bytes_per_s, 28.0 * n / cal.host_adamw_bytes_per_s);
   return t;
 }
 

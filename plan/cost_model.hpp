@@ -29,6 +29,11 @@ struct calibration {
   // `troupe train` runs every worker on one device) than one after the other: one stream leaves
   // gaps (launches, a kernel's last partial wave) that another's kernels fill.
   double concurrent_speedup = 1.0;
+  // optimizer.offload: the copies between the device and page-locked host memory (bytes down and
+  // back per second, one stream of offload pieces) and the host AdamW (28 B of host memory traffic
+  // per element). On the CPU device the copies are host memcpy and AdamW runs at memory speed.
+  double offload_link_bytes_per_s = 1e10;
+  double host_adamw_bytes_per_s = 1e10;
   std::string source = "defaults";    // file it came from, or "defaults"
   // What a measurement timed (written to the file for the reader, not read back): forward +
   // backward seconds of one micro-batch through a chunk of `layers` layers with the embedding and
@@ -38,7 +43,9 @@ struct calibration {
 
 /// Defaults: CPU fp32 2e10 FLOP/s (a few cores of OpenBLAS), 10 GB/s, no gain from concurrent
 /// workers; CUDA (H200-class) bf16/fp16 4e14 FLOP/s, fp32 5e13, 3e12 B/s memory, 1e11 B/s between
-/// GPUs, 5 µs per op, concurrent workers 1.1 times as fast.
+/// GPUs, 5 µs per op, concurrent workers 1.1 times as fast, and for offload 2e10 B/s both for the
+/// copies (one stream over PCIe 5.0 x16 moves well below its ~50 GB/s each way) and for the host
+/// AdamW (a share of a server's DRAM bandwidth).
 calibration default_calibration(const std::string& device, core::precision_kind precision);
 
 /// Reads a calibration file (JSON written by save_calibration). Errors name the file and key.
@@ -74,21 +81,13 @@ double tp_comm_seconds(const core::config& cfg, const calibration& cal, int laye
 schedules::cost_model chunk_costs(const core::config& cfg, const calibration& cal,
                                   schedules::placement place = schedules::placement::interleaved);
 
-/// optimizer.offload's rates, defaults until the calibration measures them: the copies between
-/// device and pinned host memory (PCIe 5.0 x16 moves ~50 GB/s each way in theory; 20 GB/s is what
-/// one stream of 16 MiB pieces sustains in practice) and the host AdamW (28 B per element read and
-/// written by 16 cores: ~20 GB/s of a server's DRAM bandwidth). On the CPU device the copies are
-/// host memcpy at the calibration's memory rate.
-inline constexpr double offload_link_bytes_per_s = 2e10;
-inline constexpr double host_adamw_bytes_per_s = 2e10;
-
 /// Seconds of the optimizer's tail of a step on one pipeline rank: the gradient exchange between
 /// replicas and AdamW over the largest shard (`shard_elements` fp32 elements). The exchange moves
 /// at link_bytes_per_s between devices; with every worker on one GPU (`one_device`) the replicas'
 /// slices never leave its memory, so there it moves at memory_bytes_per_s (on the CPU the link
 /// rate is the timed copy, memory already). Under optimizer.offload AdamW runs on the host: the
-/// gradient slice goes down and the parameters come back (4 + 4 B per element at
-/// offload_link_bytes_per_s) overlapped piece by piece with the host AdamW (28 B per element at
+/// gradient slice goes down and the parameters come back (4 + 4 B per element at the calibration's
+/// offload_link_bytes_per_s) overlapped piece by piece with the host AdamW (28 B per element at its
 /// host_adamw_bytes_per_s), so the slower of the two counts.
 double optimizer_seconds(const core::config& cfg, const calibration& cal,
                          std::int64_t stage_elements, std::int64_t shard_elements,

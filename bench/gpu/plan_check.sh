@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Planned (`troupe plan --json`) against measured (`troupe train`'s metrics.jsonl) on one GPU: the
 # peak device bytes of every stage's allocator and of its optimizer shard's, and the step time,
-# for GPT-2 124M, GPT-2 1.5B and a LLaMA-style 1.1B over pipeline stages, recompute modes and
-# ZeRO stages (every worker in one process on GPU 0, bf16). Prints one table row per run and
-# writes $O/plan_check.jsonl; the ratios are planned / measured.
+# for GPT-2 124M, GPT-2 1.5B and a LLaMA-style 1.1B over pipeline stages, recompute modes, ZeRO
+# stages and optimizer offload (every worker in one process on GPU 0, bf16). Prints one table row
+# per run and writes $O/plan_check.jsonl; the ratios are planned / measured.
 #
 #   bash bench/gpu/pack.sh build-cuda        # where troupe was built with CUDA: stage build-gpu/
 #   bash bench/gpu/plan_check.sh [124m|1.5b|llama|all|tp|oom] [--calibrate]   # on the GPU machine
@@ -147,6 +147,9 @@ for m in $models; do
   done
   for z in 0 1 2; do
     run $m dp2-zero$z parallel.data_parallel=2 parallel.pipeline_stage=2 optimizer.zero_stage=$z parallel.micro_batch_num=4
+  done
+  for pp in 1 2; do
+    run $m pp$pp-offload parallel.pipeline_stage=$pp optimizer.offload=true
   done
 done
 python3 - $O/plan_check.jsonl <<'PY'

@@ -176,7 +176,9 @@ void device_allocator::release_after(void* p, std::vector<cudaEvent_t> after) {
   if (debug_poison(nullptr)) registry_remove(p, "release_after");
   auto it = live_.find(p);
   if (it == live_.end()) return;
-  // Still counted in in_use: the block is not reusable until the other streams are done with it.
+  // Cached from now on (no longer in use): the next allocation of its class on this allocator's
+  // stream may take it once that stream waits for the events (allocate).
+  stats_.in_use -= it->second;
   pending_.push_back(pending_block{p, it->second, std::move(after)});
   live_.erase(it);
 }
@@ -199,7 +201,6 @@ void device_allocator::collect_pending_locked() {
     }
     if (b.after.empty()) {
       if (debug_poison("release") || debug_poison("pending")) poison_locked(b.p, b.size);
-      stats_.in_use -= b.size;
       free_.emplace(b.size, b.p);
     } else {
       // Not onto itself: a vector moved onto itself comes out empty (libstdc++), and the block
@@ -209,6 +210,28 @@ void device_allocator::collect_pending_locked() {
     }
   }
   pending_.resize(keep);
+}
+
+void* device_allocator::take_pending_locked(std::size_t size) {
+  // Not during a capture (a captured stream cannot wait for an event recorded outside it), and not
+  // without a stream to order the reuse on.
+  if (capturing_ || !stream_) return nullptr;
+  // The earliest released block of the class: its streams are the likeliest to be past it.
+  auto b = std::find_if(pending_.begin(), pending_.end(),
+                        [&](const pending_block& x) { return x.size == size; });
+  if (b == pending_.end()) return nullptr;
+  device_guard guard(device_);
+  // The new owner's kernels are queued on stream_ after these waits, so they run only once the
+  // other streams have passed their last use of the block; the host does not wait. A wait takes
+  // the event's latest record at the time of the call, so the events can be recorded again.
+  for (cudaEvent_t e : b->after) {
+    TROUPE_CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
+    events_.give(e);
+  }
+  void* p = b->p;
+  pending_.erase(b);
+  if (debug_poison("release") || debug_poison("pending")) poison_locked(p, size);
+  return p;
 }
 
 std::size_t device_allocator::round_size(std::size_t bytes) {
@@ -237,6 +260,8 @@ void* device_allocator::allocate(std::size_t bytes) {
   if (it != free_.end()) {
     p = it->second;
     free_.erase(it);
+  } else if (void* q = take_pending_locked(size)) {
+    p = q;
   } else {
     device_guard guard(device_);
     cudaError_t e = cudaMalloc(&p, size);

@@ -9,8 +9,12 @@
 // on this backend's stream can be handed to the next allocation at once, because that allocation's
 // kernels run on the same stream after them. A block that other streams used too (a tensor handed to
 // another backend, cuda_handoff.hpp) is released with events recorded on those streams: it waits in
-// a pending list and joins the free list once they have all completed (polled, never waited for),
-// so its next user cannot overwrite bytes another stream still reads.
+// a pending list and joins the free list once they have all completed (polled). When an allocation
+// finds no free block of its class but a pending one, it takes that block and makes this backend's
+// stream wait (on the device, cudaStreamWaitEvent) for the events first, so its next user cannot
+// overwrite bytes another stream still reads, and the host never waits. Without that, a stage
+// whose neighbours' streams lag behind the host would take new blocks for every hand-off still
+// in flight, and hold more than the tensors it keeps (docs/plan.md measured 3–5 activations).
 //
 // CUDA graphs (cuda_backend::graph_begin): a captured step's kernels keep the addresses they were
 // captured with and run again on every replay, while the host allocates nothing. So while a
@@ -35,8 +39,8 @@ namespace troupe::kernels::cuda {
 
 /// Counters of one allocator; bytes are rounded block sizes.
 struct memory_stats {
-  std::size_t in_use = 0;         // bytes held by live tensors and scratch (and blocks released
-                                  // while another stream may still read them)
+  std::size_t in_use = 0;         // bytes held by live tensors and scratch (a block released
+                                  // while another stream may still read it is cached, not in use)
   std::size_t peak_in_use = 0;    // high-water mark of in_use since the last reset_peak()
   std::size_t reserved = 0;       // bytes obtained from cudaMalloc and not yet returned
   std::size_t peak_reserved = 0;  // high-water mark of reserved since the last reset_peak()
@@ -113,6 +117,8 @@ class device_allocator {
  private:
   void free_cached_locked();
   void collect_pending_locked();
+  /// A pending block of class `size`, its events waited for on stream_; null when none.
+  void* take_pending_locked(std::size_t size);
   void poison_locked(void* p, std::size_t size);
 
   struct pending_block {

@@ -841,4 +841,48 @@ TEST_CASE("cuda allocator: a block another stream still reads stays out of reuse
 #endif
 }
 
+TEST_CASE("cuda allocator: a pending block of the class serves the next allocation at once, its "
+          "new user's stream waiting on the device for the streams that still read it") {
+  if (!gpu_or_skip()) return;
+#ifdef TROUPE_HAVE_CUDA
+  cuda::device_allocator alloc(0);
+  cudaStream_t mine = nullptr, other = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess);
+  alloc.set_stream(mine);
+  const std::size_t bytes = std::size_t{4} << 20;
+  void* p = alloc.allocate(bytes);
+  REQUIRE(cudaMemset(p, 0x11, bytes) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const auto before = alloc.stats();
+  // The other stream reads the block after 300 ms of work, then releases it with its event.
+  void* copy = nullptr;
+  REQUIRE(cudaMalloc(&copy, bytes) == cudaSuccess);
+  cuda::debug_spin(other, 300'000'000);
+  REQUIRE(cudaMemcpyAsync(copy, p, bytes, cudaMemcpyDeviceToDevice, other) == cudaSuccess);
+  cudaEvent_t done = alloc.take_event();
+  REQUIRE(cudaEventRecord(done, other) == cudaSuccess);
+  alloc.release_after(p, {done});
+  CHECK(alloc.stats().in_use == before.in_use - bytes);  // cached, not in use
+  // The next allocation of the class takes it without a cudaMalloc and without the host waiting,
+  // and what its user writes on `mine` lands only after the other stream's read.
+  void* q = alloc.allocate(bytes);
+  CHECK(q == p);
+  CHECK(alloc.stats().device_mallocs == before.device_mallocs);
+  CHECK(cudaEventQuery(done) == cudaErrorNotReady);  // the host did not wait
+  cudaGetLastError();
+  REQUIRE(cudaMemsetAsync(q, 0x22, bytes, mine) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  std::vector<unsigned char> host(bytes);
+  REQUIRE(cudaMemcpy(host.data(), copy, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(std::count(host.begin(), host.end(), 0x11) == static_cast<long>(bytes));
+  REQUIRE(cudaMemcpy(host.data(), q, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(std::count(host.begin(), host.end(), 0x22) == static_cast<long>(bytes));
+  alloc.release(q);
+  cudaFree(copy);
+  cudaStreamDestroy(other);
+  cudaStreamDestroy(mine);
+#endif
+}
+
 }  // namespace troupe::kernels::cuda_test

@@ -350,6 +350,56 @@ TEST_CASE("on one device concurrent workers run faster by the calibration's conc
   CHECK(bad.err().to_string().find("concurrent_speedup") != std::string::npos);
 }
 
+TEST_CASE("the offload rates come from the calibration file and set the time of an offloaded "
+          "step's optimizer tail") {
+  scratch_dir tmp("plan_offload_rates");
+  core::config c = tiny(tmp, 2);
+  c.runtime.device = "cuda";
+  c.optimizer.offload = true;
+  plan::calibration cal = plan::default_calibration("cuda", core::precision_kind::bf16);
+  CHECK(cal.offload_link_bytes_per_s == doctest::Approx(2e10));
+  CHECK(cal.host_adamw_bytes_per_s == doctest::Approx(2e10));
+  const std::int64_t n = 1'000'000;
+  // The slower of the copies (8 B an element) and the host update (28 B) counts.
+  cal.offload_link_bytes_per_s = 4e9;
+  cal.host_adamw_bytes_per_s = 56e9;
+  CHECK(plan::optimizer_seconds(c, cal, n, n) == doctest::Approx(8.0 * n / 4e9));
+  cal.host_adamw_bytes_per_s = 7e9;
+  CHECK(plan::optimizer_seconds(c, cal, n, n) == doctest::Approx(28.0 * n / 7e9));
+  const std::string path = tmp / "cal.json";
+  REQUIRE(plan::save_calibration(cal, path).ok());
+  auto back = plan::load_calibration(path);
+  REQUIRE(back.ok());
+  CHECK(back->offload_link_bytes_per_s == doctest::Approx(4e9));
+  CHECK(back->host_adamw_bytes_per_s == doctest::Approx(7e9));
+  auto rewrite = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+    edit(j);
+    std::ofstream(path + ".edit") << j.dump();
+    return plan::load_calibration(path + ".edit");
+  };
+  auto old = rewrite([](nlohmann::json& j) {
+    j.erase("offload_link_bytes_per_s");
+    j.erase("host_adamw_bytes_per_s");
+  });
+  REQUIRE(old.ok());
+  CHECK(old->offload_link_bytes_per_s == doctest::Approx(2e10));
+  CHECK(old->host_adamw_bytes_per_s == doctest::Approx(2e10));
+  // A CPU file without them: its own memory rate.
+  auto old_cpu = rewrite([](nlohmann::json& j) {
+    j.erase("host_adamw_bytes_per_s");
+    j["device"] = "cpu";
+    j["memory_bytes_per_s"] = 3e9;
+  });
+  REQUIRE(old_cpu.ok());
+  CHECK(old_cpu->host_adamw_bytes_per_s == doctest::Approx(3e9));
+  for (const char* key : {"offload_link_bytes_per_s", "host_adamw_bytes_per_s"}) {
+    auto bad = rewrite([&](nlohmann::json& j) { j[key] = -1; });
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.err().to_string().find(key) != std::string::npos);
+  }
+}
+
 TEST_CASE("calibrate: rates from the config's own chunks; on a GPU, two workers at once as well") {
   scratch_dir tmp("plan_calibrate");
   core::config c = tiny(tmp, 2);
@@ -362,6 +412,8 @@ TEST_CASE("calibrate: rates from the config's own chunks; on a GPU, two workers 
   REQUIRE(cpu->chunk_seconds.size() == 2);  // one layer and both layers, with embedding and head
   CHECK(cpu->chunk_seconds[1].second > 0);
   CHECK(cpu->concurrent_speedup == 1.0);  // not measured on the CPU
+  CHECK(cpu->offload_link_bytes_per_s == cpu->link_bytes_per_s);
+  CHECK(cpu->host_adamw_bytes_per_s == cpu->memory_bytes_per_s);
   if (!kernels::cuda_available()) return;
   c.runtime.device = "cuda";
   c.precision.compute = core::precision_kind::bf16;
@@ -371,6 +423,13 @@ TEST_CASE("calibrate: rates from the config's own chunks; on a GPU, two workers 
   CHECK(gpu->concurrent_speedup >= 0.5);
   CHECK(gpu->concurrent_speedup <= 4.0);
   MESSAGE("cuda: concurrent_speedup ", gpu->concurrent_speedup);
+  // Offload's copies over PCIe or NVLink-C2C and a host's AdamW: more than 1 GB/s, less than the
+  // device's own memory.
+  CHECK(gpu->offload_link_bytes_per_s > 1e9);
+  CHECK(gpu->offload_link_bytes_per_s < gpu->memory_bytes_per_s);
+  CHECK(gpu->host_adamw_bytes_per_s > 1e9);
+  MESSAGE("cuda: offload link ", gpu->offload_link_bytes_per_s, " B/s, host AdamW ",
+          gpu->host_adamw_bytes_per_s, " B/s");
 }
 
 TEST_CASE("the replicas' gradient exchange costs the link between GPUs, and device memory on one GPU") {
