@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <exception>
 #include <thread>
 
@@ -189,32 +190,75 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
     // Between GPUs the link is not the device's own memory: its default stays (no second device
     // to time here).
   }
-  // optimizer.offload as the shard runs it (actors/shard_engine.hpp): one piece down to a
-  // page-locked buffer and back on the device's stream, and the host backend's AdamW over 16M
-  // elements.
+  // optimizer.offload as the shard runs it (actors/shard_engine.cpp, reduce and apply): the
+  // gradient goes down in pieces through a ring of page-locked buffers; as each piece lands the
+  // host updates it and copies it back into the device's parameters (converted to the compute
+  // type there), and the freed buffer takes a later piece. The link rate is one piece down and
+  // back alone; the host rate is 28 B per element over the whole loop, so it holds what the
+  // update waits for (the copies, their fences) as well as the update itself.
   {
     auto host = kernels::make_backend("cpu");
     const std::int64_t piece = actors::offload_piece;
-    core::tensor dev = be->empty({piece}, core::dtype::f32);
-    be->zero(dev);
-    core::tensor staged = kernels::pinned_host(*be, *host, {piece}, core::dtype::f32);
+    const int pieces = 8;
+    const std::int64_t n = piece * pieces;
+    core::tensor grad = be->empty({n}, core::dtype::f32), params = be->empty({n}, core::dtype::f32);
+    be->zero(grad);
+    be->zero(params);
+    core::tensor low;
+    if (cfg.precision.compute != core::precision_kind::fp32)
+      low = be->empty({n}, cfg.precision.compute == core::precision_kind::bf16 ? core::dtype::bf16
+                                                                                : core::dtype::f16);
+    auto pinned = [&](std::int64_t k) {
+      core::tensor t = kernels::pinned_host(*be, *host, {k}, core::dtype::f32);
+      host->zero(t);
+      return t;
+    };
+    core::tensor master = pinned(n), m = pinned(n), v = pinned(n);
+    std::vector<core::tensor> ring;
+    for (int k = 0; k < actors::offload_ring; ++k) ring.push_back(pinned(piece));
+    core::tensor first = params.slice(0, {piece});
     const double t_link = time_per_call(
         [&] {
-          kernels::copy_to_host_async(*be, dev, staged);
-          kernels::copy_to_device_async(*be, staged, dev);
+          kernels::copy_to_host_async(*be, grad.slice(0, {piece}), ring[0]);
+          kernels::copy_to_device_async(*be, ring[0], first);
         },
         *be, repeats, 0.2, 0.3);
     cal.offload_link_bytes_per_s = 8.0 * static_cast<double>(piece) / t_link;
-    const std::int64_t n = std::int64_t{1} << 24;
-    core::tensor p = host->empty({n}, core::dtype::f32), g = host->empty({n}, core::dtype::f32),
-                 m = host->empty({n}, core::dtype::f32), v = host->empty({n}, core::dtype::f32),
-                 low;
-    for (core::tensor* t : {&p, &g, &m, &v}) host->zero(*t);
     kernels::adamw_params ap;
     ap.lr = 1e-4f;
-    const double t_adamw = time_per_call([&] { host->adamw(p, g, m, v, ap, low); }, *host,
-                                         repeats, 0.2, 0.5);
-    cal.host_adamw_bytes_per_s = 28.0 * static_cast<double>(n) / t_adamw;
+    struct landing {
+      int piece, buffer;
+      std::unique_ptr<kernels::host_fence> landed;
+    };
+    auto loop = [&] {
+      std::deque<landing> copies;
+      int next = 0;
+      auto copy_next = [&](int buffer) {
+        if (next >= pieces) return;
+        core::tensor dst = ring[static_cast<std::size_t>(buffer)];
+        kernels::copy_to_host_async(*be, grad.slice(next * piece, {piece}), dst);
+        copies.push_back(landing{next++, buffer, kernels::make_fence(*be)});
+      };
+      for (int k = 0; k < actors::offload_ring; ++k) copy_next(k);
+      while (!copies.empty()) {
+        landing c = std::move(copies.front());
+        copies.pop_front();
+        c.landed->wait();
+        const std::int64_t at = c.piece * piece;
+        core::tensor w = master.slice(at, {piece}), mm = m.slice(at, {piece}),
+                     vv = v.slice(at, {piece}), none;
+        host->adamw(w, ring[static_cast<std::size_t>(c.buffer)], mm, vv, ap, none);
+        core::tensor dst = params.slice(at, {piece});
+        kernels::copy_to_device_async(*be, w, dst);
+        if (low.defined()) {
+          core::tensor lo = low.slice(at, {piece});
+          be->convert(dst, lo);
+        }
+        copy_next(c.buffer);
+      }
+    };
+    const double t_loop = time_per_call(loop, *be, repeats, 0.2, 0.5);
+    cal.host_adamw_bytes_per_s = 28.0 * static_cast<double>(n) / t_loop;
   }
   return cal;
 }

@@ -30,8 +30,10 @@ struct calibration {
   // gaps (launches, a kernel's last partial wave) that another's kernels fill.
   double concurrent_speedup = 1.0;
   // optimizer.offload: the copies between the device and page-locked host memory (bytes down and
-  // back per second, one stream of offload pieces) and the host AdamW (28 B of host memory traffic
-  // per element). On the CPU device the copies are host memcpy and AdamW runs at memory speed.
+  // back per second, one stream of offload pieces) and the host AdamW (28 B per element per
+  // second; `--calibrate` times the shard's whole piece loop, so the copies and fences the update
+  // waits on count in it). On the CPU device the copies are host memcpy and AdamW runs at memory
+  // speed.
   double offload_link_bytes_per_s = 1e10;
   double host_adamw_bytes_per_s = 1e10;
   std::string source = "defaults";    // file it came from, or "defaults"
