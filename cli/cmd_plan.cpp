@@ -56,8 +56,8 @@ int run_plan(const plan_args& a) {
     if (cal->device != "cpu")
       std::printf("  two workers at once on the one device: %.3f times as fast as one after the "
                   "other\n", cal->concurrent_speedup);
-    std::printf("  optimizer offload: %.4g B/s between device and host memory, host AdamW %.4g B/s\n",
-                cal->offload_link_bytes_per_s, cal->host_adamw_bytes_per_s);
+    std::printf("  optimizer offload: %.4g B/s between device and host memory, host AdamW "
+                "%.4g B/s\n", cal->offload_link_bytes_per_s, cal->host_adamw_bytes_per_s);
     return 0;
   }
   plan::calibration cal = plan::default_calibration(a.search ? "cuda" : c->runtime.device,
