@@ -21,8 +21,8 @@ calibration default_calibration(const std::string& device, core::precision_kind 
     c.memory_bytes_per_s = 3e12;
     c.link_bytes_per_s = 1e11;
     c.concurrent_speedup = 1.1;
-    c.offload_link_bytes_per_s = 2e10;
-    c.host_adamw_bytes_per_s = 2e10;
+    c.offload_link_bytes_per_s = 5e10;
+    c.host_adamw_bytes_per_s = 1e11;
   }
   return c;
 }

@@ -45,9 +45,9 @@ struct calibration {
 
 /// Defaults: CPU fp32 2e10 FLOP/s (a few cores of OpenBLAS), 10 GB/s, no gain from concurrent
 /// workers; CUDA (H200-class) bf16/fp16 4e14 FLOP/s, fp32 5e13, 3e12 B/s memory, 1e11 B/s between
-/// GPUs, 5 µs per op, concurrent workers 1.1 times as fast, and for offload 2e10 B/s both for the
-/// copies (one stream over PCIe 5.0 x16 moves well below its ~50 GB/s each way) and for the host
-/// AdamW (a share of a server's DRAM bandwidth).
+/// GPUs, 5 µs per op, concurrent workers 1.1 times as fast, and for offload 5e10 B/s for the
+/// copies and 1e11 B/s for the shard's host loop (an H200 with a 16-core host measured 54 GB/s and
+/// 114–129 GB/s, docs/plan.md).
 calibration default_calibration(const std::string& device, core::precision_kind precision);
 
 /// Reads a calibration file (JSON written by save_calibration). Errors name the file and key.

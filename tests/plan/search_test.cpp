@@ -357,8 +357,8 @@ TEST_CASE("the offload rates come from the calibration file and set the time of 
   c.runtime.device = "cuda";
   c.optimizer.offload = true;
   plan::calibration cal = plan::default_calibration("cuda", core::precision_kind::bf16);
-  CHECK(cal.offload_link_bytes_per_s == doctest::Approx(2e10));
-  CHECK(cal.host_adamw_bytes_per_s == doctest::Approx(2e10));
+  CHECK(cal.offload_link_bytes_per_s == doctest::Approx(5e10));
+  CHECK(cal.host_adamw_bytes_per_s == doctest::Approx(1e11));
   const std::int64_t n = 1'000'000;
   // The slower of the copies (8 B an element) and the host update (28 B) counts.
   cal.offload_link_bytes_per_s = 4e9;
@@ -383,8 +383,8 @@ TEST_CASE("the offload rates come from the calibration file and set the time of 
     j.erase("host_adamw_bytes_per_s");
   });
   REQUIRE(old.ok());
-  CHECK(old->offload_link_bytes_per_s == doctest::Approx(2e10));
-  CHECK(old->host_adamw_bytes_per_s == doctest::Approx(2e10));
+  CHECK(old->offload_link_bytes_per_s == doctest::Approx(5e10));
+  CHECK(old->host_adamw_bytes_per_s == doctest::Approx(1e11));
   // A CPU file without them: its own memory rate.
   auto old_cpu = rewrite([](nlohmann::json& j) {
     j.erase("host_adamw_bytes_per_s");
