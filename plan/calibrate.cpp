@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <exception>
 #include <thread>
 
@@ -10,6 +9,7 @@
 #include "kernels/offload.hpp"
 #include "kernels/select.hpp"
 #include "model/chunk.hpp"
+#include "transport/transport.hpp"
 
 namespace troupe::plan {
 
@@ -178,87 +178,67 @@ core::result<calibration> calibrate(const core::config& cfg, int repeats) {
     const double t_adamw = time_per_call([&] { be->adamw(p, g, m, v, ap, low); }, *be, repeats);
     cal.memory_bytes_per_s = 28.0 * static_cast<double>(n) / t_adamw;
     if (cal.device == "cpu") {
-      // A copy of 64 MiB: the rate a tensor moves between two CPU stages. Offload on the CPU
-      // device copies and updates in host memory at these rates.
+      // A copy of 64 MiB: the rate a tensor moves between two CPU stages.
       core::tensor dst = be->empty({n}, core::dtype::f32);
       const double t_copy = time_per_call([&] { be->copy(p, dst); }, *be, repeats, 0.1, 0.2);
       cal.link_bytes_per_s = 4.0 * static_cast<double>(n) / t_copy;
-      cal.offload_link_bytes_per_s = cal.link_bytes_per_s;
-      cal.host_adamw_bytes_per_s = cal.memory_bytes_per_s;
-      return cal;
     }
     // Between GPUs the link is not the device's own memory: its default stays (no second device
     // to time here).
   }
-  // optimizer.offload as the shard runs it (actors/shard_engine.cpp, reduce and apply): the
-  // gradient goes down in pieces through a ring of page-locked buffers; as each piece lands the
-  // host updates it and copies it back into the device's parameters (converted to the compute
-  // type there), and the freed buffer takes a later piece. The link rate is one piece down and
-  // back alone; the host rate is 28 B per element over the whole loop, so it holds what the
-  // update waits for (the copies, their fences) as well as the update itself.
+  // optimizer.offload, through the optimizer shard itself (actors/shard_engine.hpp) with one
+  // replica: a gradient delivered, reduced (with its norm) and applied, which sends it to the host
+  // in pieces through the ring of page-locked buffers, updates each piece as it lands and copies
+  // it back into the parameters (converted to the compute type there). The host rate is 28 B per
+  // element over that whole tail, so it holds what the update waits on as well as the update; the
+  // link rate is one piece down and back alone.
   {
     auto host = kernels::make_backend("cpu");
     const std::int64_t piece = actors::offload_piece;
-    const int pieces = 8;
-    const std::int64_t n = piece * pieces;
-    core::tensor grad = be->empty({n}, core::dtype::f32), params = be->empty({n}, core::dtype::f32);
-    be->zero(grad);
+    const std::int64_t n = piece * (cal.device == "cpu" ? 2 : 8);
+    core::config oc = cfg;
+    oc.optimizer.offload = true;
+    oc.optimizer.zero_stage = 0;
+    oc.parallel.data_parallel = oc.parallel.pipeline_stage = oc.parallel.model_parallel = 1;
+    oc.runtime.forensics = "off";  // no hashes of the summed gradient
+    const actors::job_layout one;  // one replica, one stage
+    core::tensor params = be->empty({n}, core::dtype::f32), grad = be->empty({n}, core::dtype::f32);
     be->zero(params);
+    be->zero(grad);
     core::tensor low;
-    if (cfg.precision.compute != core::precision_kind::fp32)
+    if (cfg.precision.compute != core::precision_kind::fp32) {
       low = be->empty({n}, cfg.precision.compute == core::precision_kind::bf16 ? core::dtype::bf16
                                                                                 : core::dtype::f16);
-    auto pinned = [&](std::int64_t k) {
-      core::tensor t = kernels::pinned_host(*be, *host, {k}, core::dtype::f32);
-      host->zero(t);
-      return t;
-    };
-    core::tensor master = pinned(n), m = pinned(n), v = pinned(n);
-    std::vector<core::tensor> ring;
-    for (int k = 0; k < actors::offload_ring; ++k) ring.push_back(pinned(piece));
+      be->convert(params, low);
+    }
+    be->record_ready(params);
+    model::param_info info{"calibration", {n}, 0, n};
+    actors::shard_engine shard(oc, one, 0, 0, *be, {actors::shard_chunk{0, {info}, params, low}},
+                               host.get());
+    std::int64_t step = 0;
+    const double t_tail = time_per_call(
+        [&] {
+          be->record_ready(grad);
+          shard.deliver(0, transport::tag{step, static_cast<std::uint32_t>(
+                                                    actors::tensor_kind::grad_slice), 0, -1, 0},
+                        grad);
+          shard.reduce(step);
+          shard.take_norm_parts();
+          shard.apply(step, 1.0f, 1e-4);
+          shard.take_outgoing();
+          ++step;
+        },
+        *be, repeats, 0.2, 0.5);
+    cal.host_adamw_bytes_per_s = 28.0 * static_cast<double>(n) / t_tail;
+    core::tensor staged = kernels::pinned_host(*be, *host, {piece}, core::dtype::f32);
     core::tensor first = params.slice(0, {piece});
     const double t_link = time_per_call(
         [&] {
-          kernels::copy_to_host_async(*be, grad.slice(0, {piece}), ring[0]);
-          kernels::copy_to_device_async(*be, ring[0], first);
+          kernels::copy_to_host_async(*be, grad.slice(0, {piece}), staged);
+          kernels::copy_to_device_async(*be, staged, first);
         },
         *be, repeats, 0.2, 0.3);
     cal.offload_link_bytes_per_s = 8.0 * static_cast<double>(piece) / t_link;
-    kernels::adamw_params ap;
-    ap.lr = 1e-4f;
-    struct landing {
-      int piece, buffer;
-      std::unique_ptr<kernels::host_fence> landed;
-    };
-    auto loop = [&] {
-      std::deque<landing> copies;
-      int next = 0;
-      auto copy_next = [&](int buffer) {
-        if (next >= pieces) return;
-        core::tensor dst = ring[static_cast<std::size_t>(buffer)];
-        kernels::copy_to_host_async(*be, grad.slice(next * piece, {piece}), dst);
-        copies.push_back(landing{next++, buffer, kernels::make_fence(*be)});
-      };
-      for (int k = 0; k < actors::offload_ring; ++k) copy_next(k);
-      while (!copies.empty()) {
-        landing c = std::move(copies.front());
-        copies.pop_front();
-        c.landed->wait();
-        const std::int64_t at = c.piece * piece;
-        core::tensor w = master.slice(at, {piece}), mm = m.slice(at, {piece}),
-                     vv = v.slice(at, {piece}), none;
-        host->adamw(w, ring[static_cast<std::size_t>(c.buffer)], mm, vv, ap, none);
-        core::tensor dst = params.slice(at, {piece});
-        kernels::copy_to_device_async(*be, w, dst);
-        if (low.defined()) {
-          core::tensor lo = low.slice(at, {piece});
-          be->convert(dst, lo);
-        }
-        copy_next(c.buffer);
-      }
-    };
-    const double t_loop = time_per_call(loop, *be, repeats, 0.2, 0.5);
-    cal.host_adamw_bytes_per_s = 28.0 * static_cast<double>(n) / t_loop;
   }
   return cal;
 }

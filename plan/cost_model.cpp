@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <tuple>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 namespace troupe::plan {
 

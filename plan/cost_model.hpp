@@ -31,9 +31,9 @@ struct calibration {
   double concurrent_speedup = 1.0;
   // optimizer.offload: the copies between the device and page-locked host memory (bytes down and
   // back per second, one stream of offload pieces) and the host AdamW (28 B per element per
-  // second; `--calibrate` times the shard's whole piece loop, so the copies and fences the update
-  // waits on count in it). On the CPU device the copies are host memcpy and AdamW runs at memory
-  // speed.
+  // second; `--calibrate` times the optimizer shard's whole offloaded update, so the copies and
+  // fences the update waits on count in it). Without a measurement the CPU device takes its
+  // memory rate for both.
   double offload_link_bytes_per_s = 1e10;
   double host_adamw_bytes_per_s = 1e10;
   std::string source = "defaults";    // file it came from, or "defaults"

@@ -412,8 +412,11 @@ TEST_CASE("calibrate: rates from the config's own chunks; on a GPU, two workers 
   REQUIRE(cpu->chunk_seconds.size() == 2);  // one layer and both layers, with embedding and head
   CHECK(cpu->chunk_seconds[1].second > 0);
   CHECK(cpu->concurrent_speedup == 1.0);  // not measured on the CPU
-  CHECK(cpu->offload_link_bytes_per_s == cpu->link_bytes_per_s);
-  CHECK(cpu->host_adamw_bytes_per_s == cpu->memory_bytes_per_s);
+  // Offload through the shard on the CPU device: host copies, and an update that reads and
+  // writes 28 bytes an element, so the whole tail cannot beat that AdamW alone by much.
+  CHECK(cpu->offload_link_bytes_per_s > 0);
+  CHECK(cpu->host_adamw_bytes_per_s > 0);
+  CHECK(cpu->host_adamw_bytes_per_s < 2 * cpu->memory_bytes_per_s);
   if (!kernels::cuda_available()) return;
   c.runtime.device = "cuda";
   c.precision.compute = core::precision_kind::bf16;
