@@ -1,12 +1,31 @@
 #include "kernels/cuda/cuda_context.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
 
 namespace troupe::kernels::cuda {
 
 namespace {
+#if defined(TROUPE_CUDA_SM90A)
+constexpr bool hopper_kernels_built = true;
+#else
+constexpr bool hopper_kernels_built = false;
+#endif
+
+/// TROUPE_CUDA_ATTENTION: "auto" (unset: the Hopper kernels where they run) or "mma" (the
+/// mma.sync kernels everywhere, to compare). Anything else is refused.
+std::string attention_kernels_mode() {
+  const char* m = std::getenv("TROUPE_CUDA_ATTENTION");
+  const std::string v = m && *m ? m : "auto";
+  if (v != "auto" && v != "mma")
+    throw core::failure("TROUPE_CUDA_ATTENTION=" + v +
+                        " is not a choice: \"auto\" (the default) or \"mma\" (docs/cuda.md)");
+  return v;
+}
+
 // cuBLASLt's Hopper kernels want a large workspace (NVIDIA recommends 32 MiB on sm_90).
 constexpr std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
 }  // namespace
@@ -14,6 +33,11 @@ constexpr std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
 context::context(int dev) : device(dev) {
   TROUPE_CUDA_CHECK(cudaSetDevice(device));
   TROUPE_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  int major = 0, minor = 0;
+  TROUPE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TROUPE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  hopper_attention = attention_kernels_mode() == "auto" && hopper_kernels_built &&
+                     major == 9 && minor == 0;
   stream_owner = std::make_shared<stream_handle>(device);
   stream = stream_owner->stream;
   TROUPE_CUBLAS_CHECK(cublasLtCreate(&lt));

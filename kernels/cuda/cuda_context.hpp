@@ -46,6 +46,9 @@ struct context {
 
   int device = 0;
   int sm_count = 0;
+  /// Attention runs on the Hopper kernels (attention_sm90.hpp): the build carries them, the device
+  /// is of compute capability 9.0, and TROUPE_CUDA_ATTENTION is not "mma" (docs/cuda.md).
+  bool hopper_attention = false;
   std::shared_ptr<stream_handle> stream_owner;  // shared with hand-off states (cuda_handoff.hpp)
   cudaStream_t stream = nullptr;                // stream_owner->stream
   cudaStream_t clock_stream = nullptr;          // idle: anchors time marks (mark_times)

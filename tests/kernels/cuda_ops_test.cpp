@@ -3,9 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "tests/kernels/cuda_test_util.hpp"
@@ -565,6 +568,70 @@ TEST_CASE("cuda attention forward and backward match the CPU (row and tensor-cor
   check_attention(be, dtype::bf16, {2, 333, 4, 2, 128}, "bf16 tensor cores D=128, GQA 2:1, T past tiles", 2.0);
   check_attention(be, dtype::f16, {1, 130, 2, 1, 128}, "fp16 tensor cores D=128, GQA 2:1");
   check_attention(be, dtype::bf16, {2, 50, 2, 2, 40}, "bf16 row path D=40");
+}
+
+TEST_CASE("cuda attention: the Hopper forward and the mma.sync forward both match the CPU; "
+          "TROUPE_CUDA_ATTENTION picks between them") {
+  if (!gpu_or_skip()) return;
+  // On an H100/H200 the forward at head size 64 runs sm90/attention_fwd.cu by default (the cases
+  // above test it there); TROUPE_CUDA_ATTENTION=mma keeps the mma.sync kernel, tested here too.
+  struct env_guard {
+    explicit env_guard(const char* v) { ::setenv("TROUPE_CUDA_ATTENTION", v, 1); }
+    ~env_guard() { ::unsetenv("TROUPE_CUDA_ATTENTION"); }
+  };
+  struct shape {
+    dtype t;
+    attention_dims d;
+    int max_len;  // 0: no documents
+    const char* what;
+  };
+  const shape shapes[] = {
+      {dtype::bf16, {2, 130, 4, 2, 64}, 0, "bf16 D=64, GQA 2:1, T past the tiles"},
+      {dtype::bf16, {2, 17, 2, 2, 64}, 0, "bf16, T < one tile"},
+      {dtype::bf16, {1, 1000, 4, 1, 64}, 0, "bf16, T = 1000, GQA 4:1"},
+      {dtype::f16, {1, 300, 3, 3, 64}, 0, "fp16 D=64"},
+      {dtype::bf16, {2, 333, 4, 2, 64}, 150, "bf16, long documents, GQA 2:1"},
+      {dtype::bf16, {2, 260, 2, 2, 64}, 9, "bf16, short documents"},
+  };
+  std::map<std::string, std::vector<tensor>> outs;  // mode -> each shape's out and lse
+  for (const char* mode : {"mma", "auto"}) {
+    env_guard env(mode);
+    backends be;
+    std::uint64_t seed = 300;
+    for (const shape& c : shapes) {
+      INFO("TROUPE_CUDA_ATTENTION=" << mode << ": " << c.what);
+      const tensor docs = c.max_len ? random_docs(c.d.batch, c.d.seq, c.max_len, ++seed) : tensor{};
+      check_attention(be, c.t, c.d, c.what, c.max_len ? 2.0 : 1.0, docs);
+      // The forward gives the same bits twice.
+      attention_dims dg = c.d;
+      if (docs.defined()) dg.doc_start = be.gpu->from_host(docs);
+      const std::int64_t N = static_cast<std::int64_t>(c.d.batch) * c.d.seq;
+      const std::int64_t W = static_cast<std::int64_t>(c.d.heads + 2 * c.d.kv_heads) * 64;
+      tensor gqkv = upload(*be.gpu, rounded(random_host({N, W}, 310, 1.5f), c.t), c.t);
+      std::vector<tensor> got;
+      for (int rep = 0; rep < 2; ++rep) {
+        tensor o = poisoned(*be.gpu, {N, c.d.heads * 64}, c.t);
+        tensor l = poisoned(*be.gpu, {c.d.batch, c.d.heads, c.d.seq}, dtype::f32);
+        be.gpu->attention_forward(gqkv, dg, o, l);
+        got.push_back(be.gpu->to_host(o));
+        got.push_back(be.gpu->to_host(l));
+      }
+      CHECK(same_bits(got[0], got[2]));
+      CHECK(same_bits(got[1], got[3]));
+      outs[mode].push_back(got[0]);
+    }
+  }
+  // The two kernels agree closely with each other (they differ in how the exponentials round).
+  for (std::size_t i = 0; i < outs["mma"].size(); ++i) {
+    INFO(shapes[i].what);
+    check_close(host_f32(outs["auto"][i]), host_f32(outs["mma"][i]), rtol_for(shapes[i].t),
+                "Hopper forward against the mma.sync forward");
+  }
+  // A value that is not a choice is refused, naming the variable.
+  {
+    env_guard env("wgmma");
+    CHECK_THROWS_WITH(make_backend("cuda"), doctest::Contains("TROUPE_CUDA_ATTENTION=wgmma"));
+  }
 }
 
 TEST_CASE("cuda cross-entropy matches the CPU, ignored rows included") {

@@ -1,0 +1,21 @@
+// The attention kernels built for Hopper alone (kernels/cuda/sm90/, compiled for sm_90a when the
+// build targets compute capability 9.0: TROUPE_CUDA_SM90A is then defined). attention.cu calls
+// them on a device of compute capability 9.0 and falls back to its own kernels elsewhere.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/tensor.hpp"
+
+namespace troupe::kernels::cuda {
+
+struct attn_shape;
+
+/// The causal forward with wgmma (sm90/attention_fwd.cu): out and lse as attention.cu's forward
+/// writes them. Launches on `stream` and returns true, or returns false without launching when it
+/// does not cover the case (head size other than 64, a type other than bf16 or fp16). The
+/// pointers must be 16-byte aligned.
+bool attention_forward_sm90(core::dtype type, const void* qkv, void* out, float* lse, int batch,
+                            const attn_shape& s, cudaStream_t stream);
+
+}  // namespace troupe::kernels::cuda

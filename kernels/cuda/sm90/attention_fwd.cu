@@ -1,0 +1,368 @@
+// The causal attention forward on Hopper's warpgroup MMA (wgmma, sm_90a only): the same maths,
+// layouts and outputs as attention.cu's tensor-core forward (docs/cuda.md, "Attention"), for
+// 16-bit types at head size 64. Compiled on its own for sm_90a (kernels/CMakeLists.txt), and used
+// only on a device of compute capability 9.0 (context::hopper_attention).
+//
+// A block holds WGS warpgroups of 64 query rows (their Q in shared memory) and streams key/value
+// tiles of N rows through a ring of NS shared-memory stages, filled by cp.async NS − 2 tiles ahead
+// (one barrier per tile). Rows of 64 bf16 are 128 bytes, stored with the 128-byte swizzle (16-byte
+// chunk c of row r at chunk c ^ (r % 8)) that wgmma's shared-memory descriptors read.
+//
+// Per warpgroup and tile: S = Q·Kᵀ (both operands from shared memory, K-major) and, while the
+// tensor cores run it, nothing else; then O += P·V of the previous tile is issued (P from
+// registers: the accumulator layout of S is wgmma's register layout for A, so P never goes
+// through shared memory; V is [key][d] in shared memory, i.e. N-major, transposed by the
+// instruction) and the online softmax of this tile's scores runs while it is in flight. O is
+// rescaled to the new row maximum once that P·V is done. The first tile is peeled off the loop:
+// a branch around the wgmma instructions makes ptxas serialise them.
+#include "kernels/cuda/attention_sm90.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <type_traits>
+
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace troupe::kernels::cuda {
+
+namespace {
+
+constexpr int D = 64;        // head size (one 128-byte row per key or query)
+constexpr int ROWB = D * 2;  // bytes per shared-memory row
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled tile (PTX ISA, "Matrix Descriptor
+// Format"): start address, leading and stride byte offsets (16-byte units), swizzle mode 1 (128 B)
+// in bits 62–63. K-major Q and K: 8-row core-matrix groups 1024 bytes apart (SBO), the next
+// 16-element k step 32 bytes on. N-major V: the next 16 keys 2048 bytes on. Found by running
+// candidates against a host product on the H200.
+constexpr int LBO = 16, SBO = 1024, QK_KSTEP = 32, PV_KSTEP = 16 * ROWB;
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ std::uint64_t desc(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<std::uint64_t>(LBO >> 4) << 16) |
+         (static_cast<std::uint64_t>(SBO >> 4) << 32) | (1ull << 62);
+}
+
+/// Starts copying rows [row0, row0 + rows) of one head into a swizzled tile; rows ≥ T are zeros.
+template <class T>
+__device__ __forceinline__ void load_tile(unsigned char* dst, const T* base, int stride, int row0,
+                                          int rows, int T_len) {
+  for (int i = threadIdx.x; i < rows * 8; i += blockDim.x) {
+    const int r = i >> 3, c = i & 7;
+    const bool ok = row0 + r < T_len;
+    const T* src = base + static_cast<std::int64_t>(ok ? row0 + r : 0) * stride + c * 8;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     smem_u32(dst + r * ROWB + ((c ^ (r & 7)) << 4))),
+                 "l"(src), "r"(ok ? 16 : 0));
+  }
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/// The cp.async writes of this thread, made visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/// Keeps the compiler from moving accesses to registers that an in-flight wgmma owns.
+template <int N>
+__device__ __forceinline__ void pin(float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  std::uint32_t u;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    u = *reinterpret_cast<const std::uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    u = *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+  return u;
+}
+
+#define TROUPE_F8(x, o)                                                                    \
+  "+f"(x[o]), "+f"(x[o + 1]), "+f"(x[o + 2]), "+f"(x[o + 3]), "+f"(x[o + 4]), "+f"(x[o + 5]), \
+      "+f"(x[o + 6]), "+f"(x[o + 7])
+#define TROUPE_F32(x) TROUPE_F8(x, 0), TROUPE_F8(x, 8), TROUPE_F8(x, 16), TROUPE_F8(x, 24)
+#define TROUPE_R32                                                                             \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+  "%25,%26,%27,%28,%29,%30,%31}"
+#define TROUPE_WGMMA_SS(ty)                                                         \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                      \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " " TROUPE_R32            \
+  ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+#define TROUPE_WGMMA_RS(ty)                                                         \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                        \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " " TROUPE_R32            \
+  ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+
+/// d (64 × 64) = [d +] A · Bᵀ, A and B K-major in shared memory; accumulate 0 starts from zero.
+template <class T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], std::uint64_t a, std::uint64_t b,
+                                         int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(TROUPE_WGMMA_SS("bf16") : TROUPE_F32(d) : "l"(a), "l"(b), "r"(accumulate));
+  else
+    asm volatile(TROUPE_WGMMA_SS("f16") : TROUPE_F32(d) : "l"(a), "l"(b), "r"(accumulate));
+}
+/// d (64 × 64) += A · B, A from registers, B N-major in shared memory.
+template <class T>
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const std::uint32_t (&a)[4],
+                                         std::uint64_t b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(TROUPE_WGMMA_RS("bf16")
+                 : TROUPE_F32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  else
+    asm volatile(TROUPE_WGMMA_RS("f16")
+                 : TROUPE_F32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+/// Accumulator layout (m64nN, fp32): warp w of a warpgroup holds rows 16w + lane/4 and 16w +
+/// lane/4 + 8; its register 4j + e is column 8j + 2(lane % 4) + (e & 1) of the row + 8(e >> 1).
+template <class T, int WGS, int N, int NS, bool Docs>
+__global__ void __launch_bounds__(WGS * 128, 1)
+    attn_forward_wgmma(const T* qkv, T* out, float* lse, attn_shape s) {
+  static_assert(NS >= 3 && N % 16 == 0);
+  constexpr int BM = WGS * 64, PF = NS - 2, SC = N / 2;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* sq = smem;
+  unsigned char* sk = sq + BM * ROWB;
+  unsigned char* sv = sk + NS * N * ROWB;
+  const int qb = gridDim.y - 1 - blockIdx.y;  // heaviest (last) query blocks first
+  const int b = blockIdx.x / s.H, h = blockIdx.x % s.H, kvh = h / (s.H / s.Hkv);
+  // Warp-uniform to the compiler (a broadcast): branches on them keep the wgmma asynchronous.
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x % 128) / 32, 0);
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int q0 = qb * BM;
+  const int row_base = q0 + wg * 64 + warp * 16;  // this warp's rows: row_base + g, + 8
+  const int n_kt = (min(s.T, q0 + BM) - 1) / N + 1;
+  const int my_last = (min(s.T, q0 + wg * 64 + 64) - 1) / N;  // this warpgroup's last tile
+  const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
+  const T* kbase = base + (s.H + kvh) * D;
+  const T* vbase = base + (s.H + s.Hkv + kvh) * D;
+  const int* doc = Docs ? doc_row(s, b) : nullptr;
+  const int kt0 = Docs ? block_min_start(doc, q0, BM, s.T) / N : 0;
+  int dsr[2] = {0, 0}, wmax = 0;  // this thread's rows' document starts, the warp's largest
+  if constexpr (Docs) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row_base + g + 8 * r;
+      dsr[r] = row < s.T ? doc[row] : 0;
+    }
+    wmax = __reduce_max_sync(0xffffffffu, max(dsr[0], dsr[1]));
+  }
+  load_tile(sq, base + h * D, s.W, q0, BM, s.T);
+#pragma unroll
+  for (int p = 0; p < PF; ++p) {
+    if (kt0 + p < n_kt) {
+      const int st = (kt0 + p) % NS;
+      load_tile(sk + st * N * ROWB, kbase, s.W, (kt0 + p) * N, N, s.T);
+      load_tile(sv + st * N * ROWB, vbase, s.W, (kt0 + p) * N, N, s.T);
+    }
+    cp_commit();
+  }
+  float o[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running max (log2), sum
+  const float sl2 = s.scale * log2e;
+  const std::uint32_t qaddr = smem_u32(sq + wg * 64 * ROWB);
+  float sc[SC];                 // this tile's scores, then probabilities
+  std::uint32_t pa[N / 16][4];  // the previous tile's probabilities as A fragments
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<T>(sc[8 * kk + 2 * e], sc[8 * kk + 2 * e + 1]);
+  };
+  auto issue_pv = [&](int tile) {
+    const std::uint32_t vaddr = smem_u32(sv + (tile % NS) * N * ROWB);
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) wgmma_rs<T>(o, pa[kk], desc(vaddr + kk * PV_KSTEP));
+    wg_commit();
+  };
+  auto step = [&](int kt, auto first) {
+    constexpr bool First = decltype(first)::value;
+    cp_wait<PF - 1>();  // tile kt has landed for this thread (later ones may be in flight)
+    fence_async();
+    __syncthreads();    // ... for every thread; and every warpgroup is done with tile kt − 1
+    if (kt + PF < n_kt) {
+      const int st = (kt + PF) % NS;  // held tile kt − 2, which no warpgroup reads any more
+      load_tile(sk + st * N * ROWB, kbase, s.W, (kt + PF) * N, N, s.T);
+      load_tile(sv + st * N * ROWB, vbase, s.W, (kt + PF) * N, N, s.T);
+    }
+    cp_commit();
+    if (kt > my_last) {  // past this warpgroup's rows: finish the previous tile's P·V, once
+      if (!First && kt == my_last + 1) {
+        pack_p();
+        wg_fence();
+        issue_pv(kt - 1);
+        wg_wait<0>();
+        pin(o);
+      }
+      return;
+    }
+    const std::uint32_t kaddr = smem_u32(sk + (kt % NS) * N * ROWB);
+    if constexpr (!First) pack_p();
+    wg_fence();
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k)
+      wgmma_ss<T>(sc, desc(qaddr + k * QK_KSTEP), desc(kaddr + k * QK_KSTEP), k > 0);
+    wg_commit();
+    if constexpr (!First) {
+      issue_pv(kt - 1);
+      wg_wait<1>();  // S is done; the P·V may still run
+    } else {
+      wg_wait<0>();
+    }
+    pin(sc);
+    const int k0 = kt * N;
+    // Only a tile holding a key after one of this warp's rows needs the causal mask (keys ≥ T
+    // follow every row < T), and only one holding a key before one of its rows' documents the
+    // document mask.
+    if (k0 + N - 1 > row_base || (Docs && k0 < wmax)) {
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = row_base + g + 8 * (e >> 1), col = k0 + 8 * j + 2 * t + (e & 1);
+          if (col > row || (Docs && col < dsr[e >> 1])) sc[4 * j + e] = -INFINITY;
+        }
+    }
+    float corr[2], sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j)
+        mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[r], mx * sl2);
+      // A row with no visible key so far keeps m = −inf; ex2 of (−inf) − 0 is 0, never NaN.
+      const float bm = mn == -INFINITY ? 0.0f : mn;
+      corr[r] = ex2(m[r] - bm);
+      m[r] = mn;
+      float su = 0.0f;
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) {
+        sc[4 * j + 2 * r] = ex2(fmaf(sc[4 * j + 2 * r], sl2, -bm));
+        sc[4 * j + 2 * r + 1] = ex2(fmaf(sc[4 * j + 2 * r + 1], sl2, -bm));
+        su += sc[4 * j + 2 * r] + sc[4 * j + 2 * r + 1];
+      }
+      sum[r] = su;
+    }
+    wg_wait<0>();  // the previous tile's P·V is in O: rescale O to this tile's maximum
+    pin(o);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      o[4 * j] *= corr[0];
+      o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1];
+      o[4 * j + 3] *= corr[1];
+    }
+    l[0] = l[0] * corr[0] + sum[0];
+    l[1] = l[1] * corr[1] + sum[1];
+  };
+  step(kt0, std::true_type{});
+  for (int kt = kt0 + 1; kt < n_kt; ++kt) step(kt, std::false_type{});
+  if (my_last == n_kt - 1) {  // the last tile's P·V
+    pack_p();
+    wg_fence();
+    issue_pv(n_kt - 1);
+    wg_wait<0>();
+    pin(o);
+  }
+  cp_wait<0>();
+  T* obase = out + static_cast<std::int64_t>(b) * s.T * s.H * D + h * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lr = l[r];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const int row = row_base + g + 8 * r;
+    if (row >= s.T) continue;
+    const float inv = 1.0f / lr;
+    T* orow = obase + static_cast<std::int64_t>(row) * s.H * D;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<std::uint32_t*>(orow + 8 * j + 2 * t) =
+          pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    if (t == 0) lse[(static_cast<std::int64_t>(b) * s.H + h) * s.T + row] = m[r] * ln2 + logf(lr);
+  }
+}
+
+// The block shape: 2 warpgroups (128 query rows), key tiles of 64, 4 stages (80 KB), one block per
+// multiprocessor. Measured on the H200 at GPT-2 124M's shape against 3 warpgroups, key tiles of
+// 128 and 3 stages (docs/cuda.md).
+constexpr int fwd_wgs = 2, fwd_n = 64, fwd_ns = 4;
+
+template <class T, bool Docs>
+void launch(const void* qkv, void* out, float* lse, int batch, const attn_shape& s,
+            cudaStream_t stream) {
+  auto kernel = attn_forward_wgmma<T, fwd_wgs, fwd_n, fwd_ns, Docs>;
+  constexpr int smem = (fwd_wgs * 64 + 2 * fwd_ns * fwd_n) * ROWB;
+  // More than 48 KB of dynamic shared memory needs the attribute, once per device.
+  static std::array<std::once_flag, 64> once;
+  int dev = 0;
+  TROUPE_CUDA_CHECK(cudaGetDevice(&dev));
+  std::call_once(once[static_cast<std::size_t>(dev) % once.size()], [&] {
+    TROUPE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  });
+  const dim3 grid(batch * s.H, (s.T + fwd_wgs * 64 - 1) / (fwd_wgs * 64));
+  kernel<<<grid, fwd_wgs * 128, smem, stream>>>(static_cast<const T*>(qkv), static_cast<T*>(out),
+                                                 lse, s);
+}
+
+}  // namespace
+
+bool attention_forward_sm90(core::dtype type, const void* qkv, void* out, float* lse, int batch,
+                            const attn_shape& s, cudaStream_t stream) {
+  using core::dtype;
+  if (s.D != D || (type != dtype::bf16 && type != dtype::f16)) return false;
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    if (s.doc)
+      launch<T, true>(qkv, out, lse, batch, s, stream);
+    else
+      launch<T, false>(qkv, out, lse, batch, s, stream);
+  };
+  if (type == dtype::bf16)
+    go(__nv_bfloat16{});
+  else
+    go(__half{});
+  return true;
+}
+
+}  // namespace troupe::kernels::cuda
