@@ -1135,6 +1135,16 @@ void attention_backward_on(context& ctx, const tensor& dout, const tensor& qkv, 
     using T = decltype(tag);
     launch_delta<T>(ctx, dout, out, s, rows, delta.as<float>());
     TROUPE_CUDA_CHECK_LAUNCH();
+#if defined(TROUPE_CUDA_SM90A)
+    // On an H100/H200 the wgmma backward (sm90/attention_bwd.cu) takes the cases it covers.
+    if (ctx.hopper_attention && use_mma(qkv.type(), d.head_dim, {&qkv, &dout, &dqkv}) &&
+        attention_backward_sm90(qkv.type(), qkv.raw(), dout.raw(), lse.data<float>(),
+                                delta.as<float>(), dqkv.raw(), d.batch, s, accumulate,
+                                ctx.stream)) {
+      TROUPE_CUDA_CHECK_LAUNCH();
+      return;
+    }
+#endif
     if constexpr (!std::is_same_v<T, float>) {
       if (use_mma(qkv.type(), d.head_dim, {&qkv, &dout, &dqkv})) {
         const int blocks = (d.seq + bwd_rows - 1) / bwd_rows;

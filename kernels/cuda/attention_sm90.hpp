@@ -18,4 +18,12 @@ struct attn_shape;
 bool attention_forward_sm90(core::dtype type, const void* qkv, void* out, float* lse, int batch,
                             const attn_shape& s, cudaStream_t stream);
 
+/// The causal backward with wgmma (sm90/attention_bwd.cu), given Δ (attention.cu's launch_delta):
+/// adds the gradient to dqkv (`accumulate`) or writes it. Returns false without launching where it
+/// does not cover the case (head size other than 64, packed documents, a type other than bf16 or
+/// fp16). The pointers must be 16-byte aligned.
+bool attention_backward_sm90(core::dtype type, const void* qkv, const void* dout,
+                             const float* lse, const float* delta, void* dqkv, int batch,
+                             const attn_shape& s, bool accumulate, cudaStream_t stream);
+
 }  // namespace troupe::kernels::cuda

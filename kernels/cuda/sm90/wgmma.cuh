@@ -1,0 +1,129 @@
+// Helpers of the Hopper attention kernels (sm90/attention_fwd.cu, sm90/attention_bwd.cu): 128-byte
+// swizzled tiles of 64-element rows loaded with cp.async, shared-memory descriptors, and the two
+// warpgroup MMA forms they use (m64n64k16, fp32 accumulators): A and B both K-major in shared
+// memory, and A from registers with B N-major in shared memory. Included by sm_90a sources only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace troupe::kernels::cuda::sm90 {
+
+constexpr int D = 64;        // head size (one 128-byte row per key or query)
+constexpr int ROWB = D * 2;  // bytes per shared-memory row
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled tile (PTX ISA, "Matrix Descriptor
+// Format"): start address, leading and stride byte offsets (16-byte units), swizzle mode 1 (128 B)
+// in bits 62–63. K-major Q and K: 8-row core-matrix groups 1024 bytes apart (SBO), the next
+// 16-element k step 32 bytes on. N-major V: the next 16 keys 2048 bytes on. Found by running
+// candidates against a host product on the H200.
+constexpr int LBO = 16, SBO = 1024, QK_KSTEP = 32, PV_KSTEP = 16 * ROWB;
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ std::uint64_t desc(std::uint32_t addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<std::uint64_t>(LBO >> 4) << 16) |
+         (static_cast<std::uint64_t>(SBO >> 4) << 32) | (1ull << 62);
+}
+
+/// Starts copying rows [row0, row0 + rows) of one head into a swizzled tile; rows ≥ T are zeros.
+template <class T>
+__device__ __forceinline__ void load_tile(unsigned char* dst, const T* base, int stride, int row0,
+                                          int rows, int T_len) {
+  for (int i = threadIdx.x; i < rows * 8; i += blockDim.x) {
+    const int r = i >> 3, c = i & 7;
+    const bool ok = row0 + r < T_len;
+    const T* src = base + static_cast<std::int64_t>(ok ? row0 + r : 0) * stride + c * 8;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     smem_u32(dst + r * ROWB + ((c ^ (r & 7)) << 4))),
+                 "l"(src), "r"(ok ? 16 : 0));
+  }
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/// The cp.async writes of this thread, made visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/// Keeps the compiler from moving accesses to registers that an in-flight wgmma owns.
+template <int N>
+__device__ __forceinline__ void pin(float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  std::uint32_t u;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    u = *reinterpret_cast<const std::uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    u = *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+  return u;
+}
+
+#define TROUPE_F8(x, o)                                                                    \
+  "+f"(x[o]), "+f"(x[o + 1]), "+f"(x[o + 2]), "+f"(x[o + 3]), "+f"(x[o + 4]), "+f"(x[o + 5]), \
+      "+f"(x[o + 6]), "+f"(x[o + 7])
+#define TROUPE_F32(x) TROUPE_F8(x, 0), TROUPE_F8(x, 8), TROUPE_F8(x, 16), TROUPE_F8(x, 24)
+#define TROUPE_R32                                                                             \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+  "%25,%26,%27,%28,%29,%30,%31}"
+#define TROUPE_WGMMA_SS(ty)                                                         \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                      \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " " TROUPE_R32            \
+  ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+#define TROUPE_WGMMA_RS(ty)                                                         \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                        \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " " TROUPE_R32            \
+  ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+
+/// d (64 × 64) = [d +] A · Bᵀ, A and B K-major in shared memory; accumulate 0 starts from zero.
+template <class T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], std::uint64_t a, std::uint64_t b,
+                                         int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(TROUPE_WGMMA_SS("bf16") : TROUPE_F32(d) : "l"(a), "l"(b), "r"(accumulate));
+  else
+    asm volatile(TROUPE_WGMMA_SS("f16") : TROUPE_F32(d) : "l"(a), "l"(b), "r"(accumulate));
+}
+/// d (64 × 64) += A · B, A from registers, B N-major in shared memory.
+template <class T>
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const std::uint32_t (&a)[4],
+                                         std::uint64_t b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(TROUPE_WGMMA_RS("bf16")
+                 : TROUPE_F32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  else
+    asm volatile(TROUPE_WGMMA_RS("f16")
+                 : TROUPE_F32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+}  // namespace troupe::kernels::cuda::sm90
