@@ -14,8 +14,9 @@
 #   gpt2-1.5b   GPT-2 1.5B (48 layers, 1600 wide, 25 heads): troupe, troupe --no-graph,
 #               torch.compile, PyTorch eager
 #   profile     where a 124M step's time goes: troupe's per-op and per-phase tables, torch.compile's
-#               kernels under torch.profiler, and attention alone (gpu_attention_bench beside
-#               PyTorch's flash SDPA, bench/torch_attention_bench.py)
+#               kernels under torch.profiler, and attention alone (gpu_attention_bench, with the
+#               Hopper kernels and with TROUPE_CUDA_ATTENTION=mma, beside PyTorch's flash and
+#               cuDNN SDPA, bench/torch_attention_bench.py)
 # Usage, from the repository root: bash bench/gpu/bench.sh [PART...]   (PKG, RESULTS: common.sh)
 # Needs python3 with PyTorch (CUDA) for the baseline. Every program's JSON line goes to
 # $RESULTS/gpt2.jsonl; the summary table with ratios to $RESULTS/bench.md.
@@ -95,7 +96,12 @@ for part in "${parts[@]}"; do
       head -n 25 "$RESULTS/profile-torch.log"
       timeout 120 "$BIN/gpu_attention_bench" > "$RESULTS/attention-troupe.log" 2>&1
       tail -n 8 "$RESULTS/attention-troupe.log"
-      timeout 120 python3 bench/torch_attention_bench.py | tee "$RESULTS/attention-torch.log"
+      TROUPE_CUDA_ATTENTION=mma timeout 120 "$BIN/gpu_attention_bench" 2>&1 | tail -n 1 |
+        tee "$RESULTS/attention-troupe-mma.log"
+      for backend in flash cudnn; do
+        timeout 120 python3 bench/torch_attention_bench.py --backend $backend |
+          tee -a "$RESULTS/attention-torch.log"
+      done
       ;;
     *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, schedules, hash, gpt2-1.5b, profile)" >&2; exit 2 ;;
   esac

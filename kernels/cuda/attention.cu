@@ -3,7 +3,8 @@
 // never stored. The forward keeps only lse[b, h, t], the log-sum-exp of each query's scaled scores;
 // the backward recomputes the probabilities p = exp(s − lse) tile by tile.
 //
-// Two implementations of the same maths:
+// Two implementations of the same maths here (a third, on Hopper's wgmma, is in sm90/ and takes
+// the cases it covers on a device of compute capability 9.0: attention_sm90.hpp):
 // * Tensor-core path (bf16/fp16, D ∈ {32, 64} for both directions, D = 128 forward): FlashAttention-2
 //    structure with mma.sync m16n8k16 (fp32 accumulation). Each warp holds its rows of Q (forward:
 //    32 rows for D ≤ 64, 16 for D = 128; backward: 16 rows of Q and dO, or of K and V) as A
