@@ -21,7 +21,7 @@ struct attn_shape {
   const int* doc = nullptr;  // attention_dims::doc_start (int32 [B·T] on the device), or null
 };
 
-// ---- packed documents ----------------------------------------------------------------------------
+// ---- packed documents ---------------------------------------------------------------------------
 // With s.doc, query t of sequence b sees keys doc[b·T + t] … t. Blocks start their key loop at the
 // tile holding the smallest start of their rows (the key tiles before it are never loaded) and
 // mask keys before a row's start inside the tiles they do visit; the dK/dV kernels skip query
@@ -54,7 +54,8 @@ __device__ __forceinline__ int block_min_start(const int* doc, int r0, int n, in
 /// Whether one of the queries [q0, q0 + n) ∩ [0, T) sees one of the keys [k_first, k_last]
 /// (n <= blockDim.x): a query before k_first sees none of them (causal), one whose document starts
 /// after k_last neither. Every thread of the block calls it (one barrier); true without documents.
-__device__ __forceinline__ bool block_sees(const int* doc, int q0, int n, int T_len, int k_first, int k_last) {
+__device__ __forceinline__ bool block_sees(const int* doc, int q0, int n, int T_len, int k_first,
+                                           int k_last) {
   if (!doc) return true;
   const int q = q0 + static_cast<int>(threadIdx.x);
   const bool p = static_cast<int>(threadIdx.x) < n && q < T_len && q >= k_first && doc[q] <= k_last;
