@@ -168,13 +168,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
       pack_a<T>(da, dp);
     }
     wg_fence();
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      wgmma_ss<T>(sc, desc(kaddr + k * QK_KSTEP), desc(qaddr + k * QK_KSTEP), k > 0);
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      wgmma_ss<T>(dp, desc(vaddr + k * QK_KSTEP), desc(gaddr + k * QK_KSTEP), k > 0);
-    wg_commit();
+    wgmma_two_products<T>(sc, kaddr, qaddr, dp, vaddr, gaddr);
     if constexpr (!First) {
       issue_grads(item - 1);
       wg_wait<1>();
@@ -300,13 +294,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     const std::uint32_t kaddr = smem_u32(sk + st * TB), vaddr = smem_u32(sv + st * TB);
     if constexpr (!First) pack_a<T>(da, dp);
     wg_fence();
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      wgmma_ss<T>(sc, desc(qaddr + k * QK_KSTEP), desc(kaddr + k * QK_KSTEP), k > 0);
-#pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      wgmma_ss<T>(dp, desc(gaddr + k * QK_KSTEP), desc(vaddr + k * QK_KSTEP), k > 0);
-    wg_commit();
+    wgmma_two_products<T>(sc, qaddr, kaddr, dp, gaddr, vaddr);
     if constexpr (!First) {
       issue_dq(kt - 1);
       wg_wait<1>();
@@ -348,33 +336,22 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 // 124M's shape on the H200), the dQ kernel's 4.
 constexpr int bwd_wgs = 2, dkdv_ns = 3, dq_ns = 4;
 
-template <class K>
-void set_smem_once(K kernel, int smem, std::once_flag& once) {
-  std::call_once(once, [&] {
-    TROUPE_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  });
-}
-
 template <class T, bool Acc>
 void launch(const void* qkv, const void* dout, const float* lse, const float* delta, void* dqkv,
             int batch, const attn_shape& s, cudaStream_t stream) {
   static std::array<std::once_flag, 64> once_kv, once_q;
-  int dev = 0;
-  TROUPE_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::size_t slot = static_cast<std::size_t>(dev) % once_kv.size();
   constexpr int rows = bwd_wgs * 64, tb = TILE * ROWB;
   const unsigned blocks = static_cast<unsigned>((s.T + rows - 1) / rows);
   auto dkdv = attn_backward_dkdv_wgmma<T, bwd_wgs, dkdv_ns, Acc>;
   constexpr int smem_kv = 2 * rows * ROWB + dkdv_ns * (2 * tb + 2 * TILE * 4);
-  set_smem_once(dkdv, smem_kv, once_kv[slot]);
+  allow_shared_memory(dkdv, smem_kv, once_kv);
   dkdv<<<dim3(batch * s.Hkv, blocks), rows * 2, smem_kv, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, static_cast<T*>(dqkv),
       s);
   TROUPE_CUDA_CHECK(cudaGetLastError());
   auto dq = attn_backward_dq_wgmma<T, bwd_wgs, dq_ns, Acc>;
   constexpr int smem_q = 2 * rows * ROWB + dq_ns * 2 * tb;
-  set_smem_once(dq, smem_q, once_q[slot]);
+  allow_shared_memory(dq, smem_q, once_q);
   dq<<<dim3(batch * s.H, blocks), rows * 2, smem_q, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, static_cast<T*>(dqkv),
       s);
@@ -385,20 +362,14 @@ void launch(const void* qkv, const void* dout, const float* lse, const float* de
 bool attention_backward_sm90(core::dtype type, const void* qkv, const void* dout,
                              const float* lse, const float* delta, void* dqkv, int batch,
                              const attn_shape& s, bool accumulate, cudaStream_t stream) {
-  using core::dtype;
-  if (s.D != D || s.doc || (type != dtype::bf16 && type != dtype::f16)) return false;
-  auto go = [&](auto tag) {
+  if (s.D != D || s.doc) return false;
+  return with_16bit_type(type, [&](auto tag) {
     using T = decltype(tag);
     if (accumulate)
       launch<T, true>(qkv, dout, lse, delta, dqkv, batch, s, stream);
     else
       launch<T, false>(qkv, dout, lse, delta, dqkv, batch, s, stream);
-  };
-  if (type == dtype::bf16)
-    go(__nv_bfloat16{});
-  else
-    go(__half{});
-  return true;
+  });
 }
 
 }  // namespace troupe::kernels::cuda

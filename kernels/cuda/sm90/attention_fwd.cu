@@ -221,14 +221,8 @@ void launch(const void* qkv, void* out, float* lse, int batch, const attn_shape&
             cudaStream_t stream) {
   auto kernel = attn_forward_wgmma<T, fwd_wgs, fwd_n, fwd_ns, Docs>;
   constexpr int smem = (fwd_wgs * 64 + 2 * fwd_ns * fwd_n) * ROWB;
-  // More than 48 KB of dynamic shared memory needs the attribute, once per device.
   static std::array<std::once_flag, 64> once;
-  int dev = 0;
-  TROUPE_CUDA_CHECK(cudaGetDevice(&dev));
-  std::call_once(once[static_cast<std::size_t>(dev) % once.size()], [&] {
-    TROUPE_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  });
+  allow_shared_memory(kernel, smem, once);
   const dim3 grid(batch * s.H, (s.T + fwd_wgs * 64 - 1) / (fwd_wgs * 64));
   kernel<<<grid, fwd_wgs * 128, smem, stream>>>(static_cast<const T*>(qkv), static_cast<T*>(out),
                                                  lse, s);
@@ -238,20 +232,14 @@ void launch(const void* qkv, void* out, float* lse, int batch, const attn_shape&
 
 bool attention_forward_sm90(core::dtype type, const void* qkv, void* out, float* lse, int batch,
                             const attn_shape& s, cudaStream_t stream) {
-  using core::dtype;
-  if (s.D != D || (type != dtype::bf16 && type != dtype::f16)) return false;
-  auto go = [&](auto tag) {
+  if (s.D != D) return false;
+  return with_16bit_type(type, [&](auto tag) {
     using T = decltype(tag);
     if (s.doc)
       launch<T, true>(qkv, out, lse, batch, s, stream);
     else
       launch<T, false>(qkv, out, lse, batch, s, stream);
-  };
-  if (type == dtype::bf16)
-    go(__nv_bfloat16{});
-  else
-    go(__half{});
-  return true;
+  });
 }
 
 }  // namespace troupe::kernels::cuda

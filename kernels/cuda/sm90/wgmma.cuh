@@ -7,8 +7,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <array>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
+
+#include "core/tensor.hpp"
+#include "kernels/cuda/cuda_check.hpp"
 
 namespace troupe::kernels::cuda::sm90 {
 
@@ -124,6 +129,44 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const std::uint32_t (&a
     asm volatile(TROUPE_WGMMA_RS("f16")
                  : TROUPE_F32(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+/// a = A1·B1ᵀ and b = A2·B2ᵀ over the head dimension (shared-memory rows of 64 elements, both
+/// operands K-major; a1 … b2 their shared addresses), issued as one wgmma group.
+template <class T>
+__device__ __forceinline__ void wgmma_two_products(float (&a)[32], std::uint32_t a1,
+                                                   std::uint32_t b1, float (&b)[32],
+                                                   std::uint32_t a2, std::uint32_t b2) {
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k)
+    wgmma_ss<T>(a, desc(a1 + k * QK_KSTEP), desc(b1 + k * QK_KSTEP), k > 0);
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k)
+    wgmma_ss<T>(b, desc(a2 + k * QK_KSTEP), desc(b2 + k * QK_KSTEP), k > 0);
+  wg_commit();
+}
+
+/// Calls f with a value of the CUDA type of `type` (bf16 or fp16); false for other types.
+template <class F>
+bool with_16bit_type(core::dtype type, F&& f) {
+  if (type == core::dtype::bf16)
+    f(__nv_bfloat16{});
+  else if (type == core::dtype::f16)
+    f(__half{});
+  else
+    return false;
+  return true;
+}
+
+/// Lets `kernel` use `bytes` of dynamic shared memory (more than 48 KB needs it), once per device.
+template <class K>
+void allow_shared_memory(K kernel, int bytes, std::array<std::once_flag, 64>& once) {
+  int dev = 0;
+  TROUPE_CUDA_CHECK(cudaGetDevice(&dev));
+  std::call_once(once[static_cast<std::size_t>(dev) % once.size()], [&] {
+    TROUPE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  });
 }
 
 }  // namespace troupe::kernels::cuda::sm90
