@@ -113,9 +113,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   float* sd = sl + NS * TILE;                          // Δ
   const int kb = blockIdx.y;  // the first key blocks see the most queries: launched first
   const int b = blockIdx.x / s.Hkv, kvh = blockIdx.x % s.Hkv, group = s.H / s.Hkv;
-  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x % 128) / 32, 0);
-  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const auto [wg, warp, g, t] = place();
   const int k0 = kb * BK;
   const int key_base = k0 + wg * 64 + warp * 16;  // this warp's keys: key_base + g, + 8
   const T* base = qkv + static_cast<std::int64_t>(b) * s.T * s.W;
@@ -227,9 +225,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   unsigned char* sv = sk + NS * TB;
   const int qb = gridDim.y - 1 - blockIdx.y;  // heaviest (last) query blocks first
   const int b = blockIdx.x / s.H, h = blockIdx.x % s.H, kvh = h / (s.H / s.Hkv);
-  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x % 128) / 32, 0);
-  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const auto [wg, warp, g, t] = place();
   const int q0 = qb * BM;
   const int row_base = q0 + wg * 64 + warp * 16;
   const int n_kt = (min(s.T, q0 + BM) - 1) / TILE + 1;

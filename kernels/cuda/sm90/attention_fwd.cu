@@ -48,10 +48,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   unsigned char* sv = sk + NS * N * ROWB;
   const int qb = gridDim.y - 1 - blockIdx.y;  // heaviest (last) query blocks first
   const int b = blockIdx.x / s.H, h = blockIdx.x % s.H, kvh = h / (s.H / s.Hkv);
-  // Warp-uniform to the compiler (a broadcast): branches on them keep the wgmma asynchronous.
-  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x % 128) / 32, 0);
-  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const auto [wg, warp, g, t] = place();
   const int q0 = qb * BM;
   const int row_base = q0 + wg * 64 + warp * 16;  // this warp's rows: row_base + g, + 8
   const int n_kt = (min(s.T, q0 + BM) - 1) / N + 1;

@@ -131,6 +131,19 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const std::uint32_t (&a
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+/// Where a thread sits: its warpgroup, its warp in the warpgroup, and lane / 4 and lane % 4 (the
+/// row and column pair it holds in an accumulator). The first two are broadcast, so that the
+/// compiler knows them warp-uniform: branches on them keep the wgmma instructions asynchronous.
+struct thread_place {
+  int wg, warp, g, t;
+};
+__device__ __forceinline__ thread_place place() {
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x % 128) / 32, 0);
+  const int lane = threadIdx.x % 32;
+  return {wg, warp, lane >> 2, lane & 3};
+}
+
 /// a = A1·B1ᵀ and b = A2·B2ᵀ over the head dimension (shared-memory rows of 64 elements, both
 /// operands K-major; a1 … b2 their shared addresses), issued as one wgmma group.
 template <class T>
