@@ -341,14 +341,14 @@ void launch(const void* qkv, const void* dout, const float* lse, const float* de
   auto dkdv = attn_backward_dkdv_wgmma<T, bwd_wgs, dkdv_ns, Acc>;
   constexpr int smem_kv = 2 * rows * ROWB + dkdv_ns * (2 * tb + 2 * TILE * 4);
   allow_shared_memory(dkdv, smem_kv, once_kv);
-  dkdv<<<dim3(batch * s.Hkv, blocks), rows * 2, smem_kv, stream>>>(
+  dkdv<<<dim3(batch * s.Hkv, blocks), bwd_wgs * 128, smem_kv, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, static_cast<T*>(dqkv),
       s);
   TROUPE_CUDA_CHECK(cudaGetLastError());
   auto dq = attn_backward_dq_wgmma<T, bwd_wgs, dq_ns, Acc>;
   constexpr int smem_q = 2 * rows * ROWB + dq_ns * 2 * tb;
   allow_shared_memory(dq, smem_q, once_q);
-  dq<<<dim3(batch * s.H, blocks), rows * 2, smem_q, stream>>>(
+  dq<<<dim3(batch * s.H, blocks), bwd_wgs * 128, smem_q, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, static_cast<T*>(dqkv),
       s);
 }
