@@ -30,7 +30,6 @@ namespace {
 
 using namespace sm90;
 
-constexpr int TILE = 64;  // queries (dK/dV kernel) or keys (dQ kernel) per streamed tile
 
 template <int N>
 __device__ __forceinline__ void pin_u(std::uint32_t (&x)[N][4]) {
@@ -50,11 +49,11 @@ __device__ __forceinline__ void load_floats(float* dst, const float* src, int n,
   }
 }
 
-/// Packs an fp32 accumulator (m64n64) into the A fragments of the next wgmma (16-bit).
-template <class T>
-__device__ __forceinline__ void pack_a(std::uint32_t (&a)[TILE / 16][4], const float (&x)[32]) {
+/// Packs an fp32 accumulator (m64nN) into the A fragments of the next wgmma (16-bit, k = N).
+template <class T, int N>
+__device__ __forceinline__ void pack_a(std::uint32_t (&a)[N / 16][4], const float (&x)[N / 2]) {
 #pragma unroll
-  for (int kk = 0; kk < TILE / 16; ++kk)
+  for (int kk = 0; kk < N / 16; ++kk)
 #pragma unroll
     for (int e = 0; e < 4; ++e) a[kk][e] = pack2<T>(x[8 * kk + 2 * e], x[8 * kk + 2 * e + 1]);
 }
@@ -98,12 +97,14 @@ __device__ __forceinline__ void store_rows(T* dst, std::int64_t stride, const fl
   }
 }
 
-template <class T, int WGS, int NS, bool Acc>
+template <class T, int WGS, int TILE, int NS, bool Overlap, bool Acc>
 __global__ void __launch_bounds__(WGS * 128, 1)
     attn_backward_dkdv_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
                              T* dqkv, attn_shape s) {
-  static_assert(NS >= 3);
-  constexpr int BK = WGS * 64, PF = NS - 2, TB = TILE * ROWB;
+  static_assert(NS >= (Overlap ? 3 : 2) && TILE <= WGS * 128);
+  // With Overlap a stage is still read by the gradient products of the tile before; without, a
+  // tile's products end within its step.
+  constexpr int BK = WGS * 64, PF = Overlap ? NS - 2 : NS - 1, TB = TILE * ROWB;
   extern __shared__ __align__(1024) unsigned char smem[];
   unsigned char* sk = smem;
   unsigned char* sv = sk + BK * ROWB;
@@ -124,20 +125,20 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   const float sl2 = s.scale * log2e;
   auto load_item = [&](int item) {
     const int h = kvh * group + item / n_qt, q0 = (qt0 + item % n_qt) * TILE, st = item % NS;
-    load_tile(sq + st * TB, base + h * D, s.W, q0, TILE, s.T);
-    load_tile(sg + st * TB, obase + h * D, s.H * D, q0, TILE, s.T);
+    load_tile<TILE, WGS * 128>(sq + st * TB, base + h * D, s.W, q0, s.T);
+    load_tile<TILE, WGS * 128>(sg + st * TB, obase + h * D, s.H * D, q0, s.T);
     const std::int64_t row = (static_cast<std::int64_t>(b) * s.H + h) * s.T + q0;
     load_floats(sl + st * TILE, lse + row, TILE, s.T - q0);
     load_floats(sd + st * TILE, delta + row, TILE, s.T - q0);
   };
-  load_tile(sk, base + (s.H + kvh) * D, s.W, k0, BK, s.T);
-  load_tile(sv, base + (s.H + s.Hkv + kvh) * D, s.W, k0, BK, s.T);
+  load_tile<BK, WGS * 128>(sk, base + (s.H + kvh) * D, s.W, k0, s.T);
+  load_tile<BK, WGS * 128>(sv, base + (s.H + s.Hkv + kvh) * D, s.W, k0, s.T);
 #pragma unroll
   for (int p = 0; p < PF; ++p) {
     if (p < items) load_item(p);
     cp_commit();
   }
-  float dk[32], dv[32], sc[32], dp[32];
+  float dk[32], dv[32], sc[TILE / 2], dp[TILE / 2];
 #pragma unroll
   for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.0f;
   std::uint32_t pa[TILE / 16][4], da[TILE / 16][4];
@@ -145,11 +146,11 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   const std::uint32_t vaddr = smem_u32(sv + wg * 64 * ROWB);
   auto issue_grads = [&](int item) {  // dV += Pᵀ·dO, dK += dSᵀ·Q of `item`
     const int st = item % NS;
-    const std::uint32_t gaddr = smem_u32(sg + st * TB), qaddr = smem_u32(sq + st * TB);
+    const std::uint64_t gd = desc(smem_u32(sg + st * TB)), qd = desc(smem_u32(sq + st * TB));
 #pragma unroll
-    for (int kk = 0; kk < TILE / 16; ++kk) wgmma_rs<T>(dv, pa[kk], desc(gaddr + kk * PV_KSTEP));
+    for (int kk = 0; kk < TILE / 16; ++kk) wgmma_rs<T>(dv, pa[kk], desc_at(gd, kk * PV_KSTEP));
 #pragma unroll
-    for (int kk = 0; kk < TILE / 16; ++kk) wgmma_rs<T>(dk, da[kk], desc(qaddr + kk * PV_KSTEP));
+    for (int kk = 0; kk < TILE / 16; ++kk) wgmma_rs<T>(dk, da[kk], desc_at(qd, kk * PV_KSTEP));
     wg_commit();
   };
   auto step = [&](int item, auto first) {
@@ -161,13 +162,13 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     cp_commit();
     const int st = item % NS, q0 = (qt0 + item % n_qt) * TILE;
     const std::uint32_t qaddr = smem_u32(sq + st * TB), gaddr = smem_u32(sg + st * TB);
-    if constexpr (!First) {
-      pack_a<T>(pa, sc);
-      pack_a<T>(da, dp);
+    if constexpr (Overlap && !First) {
+      pack_a<T, TILE>(pa, sc);
+      pack_a<T, TILE>(da, dp);
     }
     wg_fence();
-    wgmma_two_products<T>(sc, kaddr, qaddr, dp, vaddr, gaddr);
-    if constexpr (!First) {
+    wgmma_two_products<T, TILE>(sc, kaddr, qaddr, dp, vaddr, gaddr);
+    if constexpr (Overlap && !First) {
       issue_grads(item - 1);
       wg_wait<1>();
     } else {
@@ -177,42 +178,58 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     pin(dp);
     // Rows are this warp's keys, columns the tile's queries. Queries before a key, and queries
     // ≥ T (zero rows whose lse and Δ read as 0), exist only near the diagonal and in the last tile.
-    const bool masked = q0 < key_base + 15 || q0 + TILE > s.T;
     const float* ls = sl + st * TILE;
     const float* dl = sd + st * TILE;
+    auto probabilities = [&](auto mask) {  // Pᵀ into sc, dSᵀ into dp
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < TILE / 8; ++j) {
+        const float2 lv = *reinterpret_cast<const float2*>(ls + 8 * j + 2 * t);
+        const float2 dv2 = *reinterpret_cast<const float2*>(dl + 8 * j + 2 * t);
+        const float nl[2] = {-lv.x * log2e, -lv.y * log2e}, dd[2] = {dv2.x, dv2.y};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qc = 8 * j + 2 * t + (e & 1);
-        float pv = ex2(fmaf(sc[4 * j + e], sl2, -ls[qc] * log2e));
-        if (masked) {
-          const int q = q0 + qc, key = key_base + g + 8 * (e >> 1);
-          if (q < key || q >= s.T) pv = 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          float pv = ex2(fmaf(sc[4 * j + e], sl2, nl[e & 1]));
+          if constexpr (decltype(mask)::value) {
+            const int q = q0 + 8 * j + 2 * t + (e & 1), key = key_base + g + 8 * (e >> 1);
+            if (q < key || q >= s.T) pv = 0.0f;
+          }
+          sc[4 * j + e] = pv;
+          dp[4 * j + e] = pv * (dp[4 * j + e] - dd[e & 1]);  // dSᵀ
         }
-        sc[4 * j + e] = pv;
-        dp[4 * j + e] = pv * (dp[4 * j + e] - dl[qc]);  // dSᵀ
       }
+    };
+    if (q0 < key_base + 15 || q0 + TILE > s.T)
+      probabilities(std::true_type{});
+    else
+      probabilities(std::false_type{});
+    if constexpr (!Overlap) {
+      pack_a<T, TILE>(pa, sc);
+      pack_a<T, TILE>(da, dp);
+      wg_fence();
+      issue_grads(item);
+    }
     wg_wait<0>();
     pin(dk);
     pin(dv);
   };
   step(0, std::true_type{});
   for (int item = 1; item < items; ++item) step(item, std::false_type{});
-  pack_a<T>(pa, sc);
-  pack_a<T>(da, dp);
-  wg_fence();
-  issue_grads(items - 1);
-  wg_wait<0>();
-  pin(dk);
-  pin(dv);
+  if constexpr (Overlap) {
+    pack_a<T, TILE>(pa, sc);
+    pack_a<T, TILE>(da, dp);
+    wg_fence();
+    issue_grads(items - 1);
+    wg_wait<0>();
+    pin(dk);
+    pin(dv);
+  }
   cp_wait<0>();
   T* dbase = dqkv + static_cast<std::int64_t>(b) * s.T * s.W;
   store_rows<Acc>(dbase + (s.H + kvh) * D, s.W, dk, s.scale, key_base, s.T);
   store_rows<Acc>(dbase + (s.H + s.Hkv + kvh) * D, s.W, dv, 1.0f, key_base, s.T);
 }
 
-template <class T, int WGS, int NS, bool Acc>
+template <class T, int WGS, int TILE, int NS, bool Acc>
 __global__ void __launch_bounds__(WGS * 128, 1)
     attn_backward_dq_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
                            T* dqkv, attn_shape s) {
@@ -234,14 +251,14 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   const T* kbase = base + (s.H + kvh) * D;
   const T* vbase = base + (s.H + s.Hkv + kvh) * D;
   const float sl2 = s.scale * log2e;
-  load_tile(sq, base + h * D, s.W, q0, BM, s.T);
-  load_tile(sg, dout + static_cast<std::int64_t>(b) * s.T * s.H * D + h * D, s.H * D, q0, BM,
-            s.T);
+  load_tile<BM, WGS * 128>(sq, base + h * D, s.W, q0, s.T);
+  load_tile<BM, WGS * 128>(sg, dout + static_cast<std::int64_t>(b) * s.T * s.H * D + h * D,
+                           s.H * D, q0, s.T);
 #pragma unroll
   for (int p = 0; p < PF; ++p) {
     if (p < n_kt) {
-      load_tile(sk + (p % NS) * TB, kbase, s.W, p * TILE, TILE, s.T);
-      load_tile(sv + (p % NS) * TB, vbase, s.W, p * TILE, TILE, s.T);
+      load_tile<TILE, WGS * 128>(sk + (p % NS) * TB, kbase, s.W, p * TILE, s.T);
+      load_tile<TILE, WGS * 128>(sv + (p % NS) * TB, vbase, s.W, p * TILE, s.T);
     }
     cp_commit();
   }
@@ -253,16 +270,16 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     lr[r] = row < s.T ? lse[i] * log2e : 0.0f;
     dr[r] = row < s.T ? delta[i] : 0.0f;
   }
-  float dq[32], sc[32], dp[32];
+  float dq[32], sc[TILE / 2], dp[TILE / 2];
 #pragma unroll
   for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
   std::uint32_t da[TILE / 16][4];
   const std::uint32_t qaddr = smem_u32(sq + wg * 64 * ROWB);
   const std::uint32_t gaddr = smem_u32(sg + wg * 64 * ROWB);
   auto issue_dq = [&](int tile) {  // dQ += dS·K of `tile`
-    const std::uint32_t kaddr = smem_u32(sk + (tile % NS) * TB);
+    const std::uint64_t kd = desc(smem_u32(sk + (tile % NS) * TB));
 #pragma unroll
-    for (int kk = 0; kk < TILE / 16; ++kk) wgmma_rs<T>(dq, da[kk], desc(kaddr + kk * PV_KSTEP));
+    for (int kk = 0; kk < TILE / 16; ++kk) wgmma_rs<T>(dq, da[kk], desc_at(kd, kk * PV_KSTEP));
     wg_commit();
   };
   auto step = [&](int kt, auto first) {
@@ -272,13 +289,13 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     __syncthreads();
     if (kt + PF < n_kt) {
       const int st = (kt + PF) % NS;
-      load_tile(sk + st * TB, kbase, s.W, (kt + PF) * TILE, TILE, s.T);
-      load_tile(sv + st * TB, vbase, s.W, (kt + PF) * TILE, TILE, s.T);
+      load_tile<TILE, WGS * 128>(sk + st * TB, kbase, s.W, (kt + PF) * TILE, s.T);
+      load_tile<TILE, WGS * 128>(sv + st * TB, vbase, s.W, (kt + PF) * TILE, s.T);
     }
     cp_commit();
     if (kt > my_last) {  // past this warpgroup's rows: finish the previous tile's dQ, once
       if (!First && kt == my_last + 1) {
-        pack_a<T>(da, dp);
+        pack_a<T, TILE>(da, dp);
         wg_fence();
         issue_dq(kt - 1);
         wg_wait<0>();
@@ -288,9 +305,9 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     }
     const int st = kt % NS;
     const std::uint32_t kaddr = smem_u32(sk + st * TB), vaddr = smem_u32(sv + st * TB);
-    if constexpr (!First) pack_a<T>(da, dp);
+    if constexpr (!First) pack_a<T, TILE>(da, dp);
     wg_fence();
-    wgmma_two_products<T>(sc, qaddr, kaddr, dp, gaddr, vaddr);
+    wgmma_two_products<T, TILE>(sc, qaddr, kaddr, dp, gaddr, vaddr);
     if constexpr (!First) {
       issue_dq(kt - 1);
       wg_wait<1>();
@@ -300,23 +317,29 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     pin(sc);
     pin(dp);
     const int k0 = kt * TILE;
-    const bool masked = k0 + TILE - 1 > row_base;  // a key after one of this warp's rows
+    auto gradients = [&](auto mask) {  // dS into dp
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < TILE / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        float pv = ex2(fmaf(sc[4 * j + e], sl2, -lr[r]));
-        if (masked && k0 + 8 * j + 2 * t + (e & 1) > row_base + g + 8 * r) pv = 0.0f;
-        dp[4 * j + e] = pv * (dp[4 * j + e] - dr[r]);  // dS
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float pv = ex2(fmaf(sc[4 * j + e], sl2, -lr[r]));
+          if constexpr (decltype(mask)::value)
+            if (k0 + 8 * j + 2 * t + (e & 1) > row_base + g + 8 * r) pv = 0.0f;
+          dp[4 * j + e] = pv * (dp[4 * j + e] - dr[r]);  // dS
+        }
+    };
+    if (k0 + TILE - 1 > row_base)  // a key after one of this warp's rows
+      gradients(std::true_type{});
+    else
+      gradients(std::false_type{});
     wg_wait<0>();
     pin(dq);
   };
   step(0, std::true_type{});
   for (int kt = 1; kt < n_kt; ++kt) step(kt, std::false_type{});
   if (my_last == n_kt - 1) {
-    pack_a<T>(da, dp);
+    pack_a<T, TILE>(da, dp);
     wg_fence();
     issue_dq(n_kt - 1);
     wg_wait<0>();
@@ -327,28 +350,33 @@ __global__ void __launch_bounds__(WGS * 128, 1)
                   row_base, s.T);
 }
 
-// Block shapes: two warpgroups (128 keys or queries), one block per multiprocessor; the dK/dV
-// kernel's ring has 3 stages (82 KB; with 4, 98 KB, it took 0.319 instead of 0.275 ms at GPT-2
-// 124M's shape on the H200), the dQ kernel's 4.
-constexpr int bwd_wgs = 2, dkdv_ns = 3, dq_ns = 4;
+/// A backward's block shapes: warpgroups per block (64 keys or queries each), the tile the dK/dV
+/// kernel streams (queries), its ring's stages and whether a tile's softmax runs beside the
+/// gradient products of the tile before; the dQ kernel's tile (keys) and stages.
+struct bwd_shape {
+  int wgs, kv_tile, kv_stages;
+  bool kv_overlap;
+  int q_tile, q_stages;
+};
+constexpr bwd_shape shipped_shape{1, 64, 3, false, 64, 3};
 
-template <class T, bool Acc>
+template <class T, bool Acc, bwd_shape C>
 void launch(const void* qkv, const void* dout, const float* lse, const float* delta, void* dqkv,
             int batch, const attn_shape& s, cudaStream_t stream) {
   static std::array<std::once_flag, 64> once_kv, once_q;
-  constexpr int rows = bwd_wgs * 64, tb = TILE * ROWB;
+  constexpr int rows = C.wgs * 64;
   const unsigned blocks = static_cast<unsigned>((s.T + rows - 1) / rows);
-  auto dkdv = attn_backward_dkdv_wgmma<T, bwd_wgs, dkdv_ns, Acc>;
-  constexpr int smem_kv = 2 * rows * ROWB + dkdv_ns * (2 * tb + 2 * TILE * 4);
+  auto dkdv = attn_backward_dkdv_wgmma<T, C.wgs, C.kv_tile, C.kv_stages, C.kv_overlap, Acc>;
+  constexpr int smem_kv = 2 * rows * ROWB + C.kv_stages * C.kv_tile * (2 * ROWB + 2 * 4);
   allow_shared_memory(dkdv, smem_kv, once_kv);
-  dkdv<<<dim3(batch * s.Hkv, blocks), bwd_wgs * 128, smem_kv, stream>>>(
+  dkdv<<<dim3(batch * s.Hkv, blocks), C.wgs * 128, smem_kv, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, static_cast<T*>(dqkv),
       s);
   TROUPE_CUDA_CHECK(cudaGetLastError());
-  auto dq = attn_backward_dq_wgmma<T, bwd_wgs, dq_ns, Acc>;
-  constexpr int smem_q = 2 * rows * ROWB + dq_ns * 2 * tb;
+  auto dq = attn_backward_dq_wgmma<T, C.wgs, C.q_tile, C.q_stages, Acc>;
+  constexpr int smem_q = 2 * rows * ROWB + C.q_stages * C.q_tile * 2 * ROWB;
   allow_shared_memory(dq, smem_q, once_q);
-  dq<<<dim3(batch * s.H, blocks), bwd_wgs * 128, smem_q, stream>>>(
+  dq<<<dim3(batch * s.H, blocks), C.wgs * 128, smem_q, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, static_cast<T*>(dqkv),
       s);
 }
@@ -362,9 +390,9 @@ bool attention_backward_sm90(core::dtype type, const void* qkv, const void* dout
   return with_16bit_type(type, [&](auto tag) {
     using T = decltype(tag);
     if (accumulate)
-      launch<T, true>(qkv, dout, lse, delta, dqkv, batch, s, stream);
+      launch<T, true, shipped_shape>(qkv, dout, lse, delta, dqkv, batch, s, stream);
     else
-      launch<T, false>(qkv, dout, lse, delta, dqkv, batch, s, stream);
+      launch<T, false, shipped_shape>(qkv, dout, lse, delta, dqkv, batch, s, stream);
   });
 }
 

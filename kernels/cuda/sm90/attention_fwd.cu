@@ -67,13 +67,13 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     }
     wmax = __reduce_max_sync(0xffffffffu, max(dsr[0], dsr[1]));
   }
-  load_tile(sq, base + h * D, s.W, q0, BM, s.T);
+  load_tile<BM, WGS * 128>(sq, base + h * D, s.W, q0, s.T);
 #pragma unroll
   for (int p = 0; p < PF; ++p) {
     if (kt0 + p < n_kt) {
       const int st = (kt0 + p) % NS;
-      load_tile(sk + st * N * ROWB, kbase, s.W, (kt0 + p) * N, N, s.T);
-      load_tile(sv + st * N * ROWB, vbase, s.W, (kt0 + p) * N, N, s.T);
+      load_tile<N, WGS * 128>(sk + st * N * ROWB, kbase, s.W, (kt0 + p) * N, s.T);
+      load_tile<N, WGS * 128>(sv + st * N * ROWB, vbase, s.W, (kt0 + p) * N, s.T);
     }
     cp_commit();
   }
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   for (int i = 0; i < 32; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running max (log2), sum
   const float sl2 = s.scale * log2e;
-  const std::uint32_t qaddr = smem_u32(sq + wg * 64 * ROWB);
+  const std::uint64_t qd = desc(smem_u32(sq + wg * 64 * ROWB));
   float sc[SC];                 // this tile's scores, then probabilities
   std::uint32_t pa[N / 16][4];  // the previous tile's probabilities as A fragments
   auto pack_p = [&] {
@@ -92,9 +92,9 @@ __global__ void __launch_bounds__(WGS * 128, 1)
       for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<T>(sc[8 * kk + 2 * e], sc[8 * kk + 2 * e + 1]);
   };
   auto issue_pv = [&](int tile) {
-    const std::uint32_t vaddr = smem_u32(sv + (tile % NS) * N * ROWB);
+    const std::uint64_t vd = desc(smem_u32(sv + (tile % NS) * N * ROWB));
 #pragma unroll
-    for (int kk = 0; kk < N / 16; ++kk) wgmma_rs<T>(o, pa[kk], desc(vaddr + kk * PV_KSTEP));
+    for (int kk = 0; kk < N / 16; ++kk) wgmma_rs<T>(o, pa[kk], desc_at(vd, kk * PV_KSTEP));
     wg_commit();
   };
   auto step = [&](int kt, auto first) {
@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(WGS * 128, 1)
     __syncthreads();    // ... for every thread; and every warpgroup is done with tile kt − 1
     if (kt + PF < n_kt) {
       const int st = (kt + PF) % NS;  // held tile kt − 2, which no warpgroup reads any more
-      load_tile(sk + st * N * ROWB, kbase, s.W, (kt + PF) * N, N, s.T);
-      load_tile(sv + st * N * ROWB, vbase, s.W, (kt + PF) * N, N, s.T);
+      load_tile<N, WGS * 128>(sk + st * N * ROWB, kbase, s.W, (kt + PF) * N, s.T);
+      load_tile<N, WGS * 128>(sv + st * N * ROWB, vbase, s.W, (kt + PF) * N, s.T);
     }
     cp_commit();
     if (kt > my_last) {  // past this warpgroup's rows: finish the previous tile's P·V, once
@@ -118,12 +118,12 @@ __global__ void __launch_bounds__(WGS * 128, 1)
       }
       return;
     }
-    const std::uint32_t kaddr = smem_u32(sk + (kt % NS) * N * ROWB);
+    const std::uint64_t kd = desc(smem_u32(sk + (kt % NS) * N * ROWB));
     if constexpr (!First) pack_p();
     wg_fence();
 #pragma unroll
     for (int k = 0; k < D / 16; ++k)
-      wgmma_ss<T>(sc, desc(qaddr + k * QK_KSTEP), desc(kaddr + k * QK_KSTEP), k > 0);
+      wgmma_ss<T, 64>(sc, desc_at(qd, k * QK_KSTEP), desc_at(kd, k * QK_KSTEP), k > 0);
     wg_commit();
     if constexpr (!First) {
       issue_pv(kt - 1);

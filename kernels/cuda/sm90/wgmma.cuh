@@ -36,17 +36,30 @@ __device__ __forceinline__ std::uint64_t desc(std::uint32_t addr) {
          (static_cast<std::uint64_t>(SBO >> 4) << 32) | (1ull << 62);
 }
 
-/// Starts copying rows [row0, row0 + rows) of one head into a swizzled tile; rows ≥ T are zeros.
-template <class T>
+/// The descriptor `bytes` past the one of `d` (the same bits as desc(addr + bytes): shared
+/// addresses stay below 2^18, so the address field never carries).
+__device__ __forceinline__ std::uint64_t desc_at(std::uint64_t d, int bytes) {
+  return d + static_cast<std::uint64_t>(bytes >> 4);
+}
+
+/// Starts copying rows [row0, row0 + ROWS) of one head into a swizzled tile, with THREADS threads
+/// (a multiple of 64: each pass covers a multiple of 8 rows, so a thread's chunk and swizzle are
+/// the same in every pass); rows ≥ T are zeros.
+template <int ROWS, int THREADS, class T>
 __device__ __forceinline__ void load_tile(unsigned char* dst, const T* base, int stride, int row0,
-                                          int rows, int T_len) {
-  for (int i = threadIdx.x; i < rows * 8; i += blockDim.x) {
-    const int r = i >> 3, c = i & 7;
-    const bool ok = row0 + r < T_len;
-    const T* src = base + static_cast<std::int64_t>(ok ? row0 + r : 0) * stride + c * 8;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     smem_u32(dst + r * ROWB + ((c ^ (r & 7)) << 4))),
-                 "l"(src), "r"(ok ? 16 : 0));
+                                          int T_len) {
+  static_assert(THREADS % 64 == 0 && ROWS * 8 % THREADS == 0);
+  constexpr int STEP = THREADS / 8;  // rows per pass
+  const int c = threadIdx.x % 8, r = threadIdx.x / 8;
+  const std::uint32_t d = smem_u32(dst) + r * ROWB + ((c ^ (r % 8)) << 4);
+  const T* src = base + static_cast<std::int64_t>(row0 + r) * stride + c * 8;
+  const std::int64_t jump = static_cast<std::int64_t>(STEP) * stride;
+  const bool whole = row0 + ROWS <= T_len;
+#pragma unroll
+  for (int i = 0; i < ROWS * 8 / THREADS; ++i) {
+    const bool ok = whole || row0 + r + i * STEP < T_len;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + i * STEP * ROWB),
+                 "l"(ok ? src + i * jump : base), "r"(ok ? 16 : 0));
   }
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -95,27 +108,47 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
 #define TROUPE_F8(x, o)                                                                    \
   "+f"(x[o]), "+f"(x[o + 1]), "+f"(x[o + 2]), "+f"(x[o + 3]), "+f"(x[o + 4]), "+f"(x[o + 5]), \
       "+f"(x[o + 6]), "+f"(x[o + 7])
-#define TROUPE_F32(x) TROUPE_F8(x, 0), TROUPE_F8(x, 8), TROUPE_F8(x, 16), TROUPE_F8(x, 24)
+#define TROUPE_F32(x, o) \
+  TROUPE_F8(x, o), TROUPE_F8(x, o + 8), TROUPE_F8(x, o + 16), TROUPE_F8(x, o + 24)
 #define TROUPE_R32                                                                             \
   "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
   "%25,%26,%27,%28,%29,%30,%31}"
-#define TROUPE_WGMMA_SS(ty)                                                         \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                      \
-  "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " " TROUPE_R32            \
-  ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+#define TROUPE_R64                                                                             \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24," \
+  "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"     \
+  "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define TROUPE_WGMMA_SS(n, ty, regs, a, b, acc)                                    \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " acc ", 0;\n"                                 \
+  "wgmma.mma_async.sync.aligned.m64n" n "k16.f32." ty "." ty " " regs ", " a ", " b \
+  ", p, 1, 1, 0, 0;\n}\n"
 #define TROUPE_WGMMA_RS(ty)                                                         \
   "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                        \
   "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " " TROUPE_R32            \
   ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
 
-/// d (64 × 64) = [d +] A · Bᵀ, A and B K-major in shared memory; accumulate 0 starts from zero.
-template <class T>
-__device__ __forceinline__ void wgmma_ss(float (&d)[32], std::uint64_t a, std::uint64_t b,
+/// d (64 × N) = [d +] A · Bᵀ, A (64 rows) and B (N rows) K-major in shared memory; accumulate 0
+/// starts from zero. N is 64 or 128.
+template <class T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], std::uint64_t a, std::uint64_t b,
                                          int accumulate) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm volatile(TROUPE_WGMMA_SS("bf16") : TROUPE_F32(d) : "l"(a), "l"(b), "r"(accumulate));
+  constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (N == 64 && bf)
+    asm volatile(TROUPE_WGMMA_SS("64", "bf16", TROUPE_R32, "%32", "%33", "%34")
+                 : TROUPE_F32(d, 0)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  else if constexpr (N == 64)
+    asm volatile(TROUPE_WGMMA_SS("64", "f16", TROUPE_R32, "%32", "%33", "%34")
+                 : TROUPE_F32(d, 0)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  else if constexpr (N == 128 && bf)
+    asm volatile(TROUPE_WGMMA_SS("128", "bf16", TROUPE_R64, "%64", "%65", "%66")
+                 : TROUPE_F32(d, 0), TROUPE_F32(d, 32)
+                 : "l"(a), "l"(b), "r"(accumulate));
   else
-    asm volatile(TROUPE_WGMMA_SS("f16") : TROUPE_F32(d) : "l"(a), "l"(b), "r"(accumulate));
+    asm volatile(TROUPE_WGMMA_SS("128", "f16", TROUPE_R64, "%64", "%65", "%66")
+                 : TROUPE_F32(d, 0), TROUPE_F32(d, 32)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  static_assert(N == 64 || N == 128);
 }
 /// d (64 × 64) += A · B, A from registers, B N-major in shared memory.
 template <class T>
@@ -123,11 +156,11 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const std::uint32_t (&a
                                          std::uint64_t b) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>)
     asm volatile(TROUPE_WGMMA_RS("bf16")
-                 : TROUPE_F32(d)
+                 : TROUPE_F32(d, 0)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
   else
     asm volatile(TROUPE_WGMMA_RS("f16")
-                 : TROUPE_F32(d)
+                 : TROUPE_F32(d, 0)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
@@ -146,16 +179,17 @@ __device__ __forceinline__ thread_place place() {
 
 /// a = A1·B1ᵀ and b = A2·B2ᵀ over the head dimension (shared-memory rows of 64 elements, both
 /// operands K-major; a1 … b2 their shared addresses), issued as one wgmma group.
-template <class T>
-__device__ __forceinline__ void wgmma_two_products(float (&a)[32], std::uint32_t a1,
-                                                   std::uint32_t b1, float (&b)[32],
+template <class T, int N = 64>
+__device__ __forceinline__ void wgmma_two_products(float (&a)[N / 2], std::uint32_t a1,
+                                                   std::uint32_t b1, float (&b)[N / 2],
                                                    std::uint32_t a2, std::uint32_t b2) {
+  const std::uint64_t da1 = desc(a1), db1 = desc(b1), da2 = desc(a2), db2 = desc(b2);
 #pragma unroll
   for (int k = 0; k < D / 16; ++k)
-    wgmma_ss<T>(a, desc(a1 + k * QK_KSTEP), desc(b1 + k * QK_KSTEP), k > 0);
+    wgmma_ss<T, N>(a, desc_at(da1, k * QK_KSTEP), desc_at(db1, k * QK_KSTEP), k > 0);
 #pragma unroll
   for (int k = 0; k < D / 16; ++k)
-    wgmma_ss<T>(b, desc(a2 + k * QK_KSTEP), desc(b2 + k * QK_KSTEP), k > 0);
+    wgmma_ss<T, N>(b, desc_at(da2, k * QK_KSTEP), desc_at(db2, k * QK_KSTEP), k > 0);
   wg_commit();
 }
 
