@@ -58,49 +58,36 @@ __device__ __forceinline__ void pack_a(std::uint32_t (&a)[N / 16][4], const floa
     for (int e = 0; e < 4; ++e) a[kk][e] = pack2<T>(x[8 * kk + 2 * e], x[8 * kk + 2 * e + 1]);
 }
 
-template <bool Acc, class T>
-__device__ __forceinline__ float earlier(const T* p) {
-  if constexpr (Acc) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>)
-      return __bfloat162float(*p);
-    else
-      return __half2float(*p);
-  } else {
-    return 0.0f;
-  }
-}
-template <class T>
-__device__ __forceinline__ T to_t(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16_rn(x);
-  else
-    return __float2half_rn(x);
-}
-
 /// Adds (Acc) or writes a warp's m64n64 accumulator rows, times `mul`, into rows of `dst`
-/// (row stride `stride`); rows ≥ T are not written.
+/// (row stride `stride`), two neighbouring columns per 4-byte access; rows ≥ T are not written.
 template <bool Acc, class T>
 __device__ __forceinline__ void store_rows(T* dst, std::int64_t stride, const float (&x)[32],
                                            float mul, int row_base, int T_len) {
+  using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row_base + g + 8 * r;
     if (row >= T_len) continue;
-    T* p = dst + static_cast<std::int64_t>(row) * stride;
+    T2* p = reinterpret_cast<T2*>(dst + static_cast<std::int64_t>(row) * stride + 2 * t);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int c = 8 * j + 2 * t;
-      p[c] = to_t<T>(earlier<Acc>(p + c) + x[4 * j + 2 * r] * mul);
-      p[c + 1] = to_t<T>(earlier<Acc>(p + c + 1) + x[4 * j + 2 * r + 1] * mul);
+      float lo = x[4 * j + 2 * r] * mul, hi = x[4 * j + 2 * r + 1] * mul;
+      if constexpr (Acc) {
+        const T2 e = p[4 * j];
+        lo = fmaf(x[4 * j + 2 * r], mul, __low2float(e));
+        hi = fmaf(x[4 * j + 2 * r + 1], mul, __high2float(e));
+      }
+      const std::uint32_t v = pack2<T>(lo, hi);
+      p[4 * j] = *reinterpret_cast<const T2*>(&v);
     }
   }
 }
 
 template <class T, int WGS, int TILE, int NS, bool Overlap, bool Acc>
-__global__ void __launch_bounds__(WGS * 128, 1)
-    attn_backward_dkdv_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
-                             T* dqkv, attn_shape s) {
+__device__ __forceinline__ void dkdv_block(const T* qkv, const T* dout, const float* lse,
+                                           const float* delta, T* dqkv, const attn_shape& s,
+                                           int bh, int kb) {
   static_assert(NS >= (Overlap ? 3 : 2) && TILE <= WGS * 128);
   // With Overlap a stage is still read by the gradient products of the tile before; without, a
   // tile's products end within its step.
@@ -112,8 +99,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   unsigned char* sg = sq + NS * TB;    // dO, NS stages
   float* sl = reinterpret_cast<float*>(sg + NS * TB);  // lse of each stage's queries
   float* sd = sl + NS * TILE;                          // Δ
-  const int kb = blockIdx.y;  // the first key blocks see the most queries: launched first
-  const int b = blockIdx.x / s.Hkv, kvh = blockIdx.x % s.Hkv, group = s.H / s.Hkv;
+  const int b = bh / s.Hkv, kvh = bh % s.Hkv, group = s.H / s.Hkv;
   const auto [wg, warp, g, t] = place();
   const int k0 = kb * BK;
   const int key_base = k0 + wg * 64 + warp * 16;  // this warp's keys: key_base + g, + 8
@@ -230,9 +216,9 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 }
 
 template <class T, int WGS, int TILE, int NS, bool Acc>
-__global__ void __launch_bounds__(WGS * 128, 1)
-    attn_backward_dq_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
-                           T* dqkv, attn_shape s) {
+__device__ __forceinline__ void dq_block(const T* qkv, const T* dout, const float* lse,
+                                         const float* delta, T* dqkv, const attn_shape& s, int bh,
+                                         int qb) {
   static_assert(NS >= 3);
   constexpr int BM = WGS * 64, PF = NS - 2, TB = TILE * ROWB;
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -240,8 +226,7 @@ __global__ void __launch_bounds__(WGS * 128, 1)
   unsigned char* sg = sq + BM * ROWB;
   unsigned char* sk = sg + BM * ROWB;  // NS stages of TILE keys
   unsigned char* sv = sk + NS * TB;
-  const int qb = gridDim.y - 1 - blockIdx.y;  // heaviest (last) query blocks first
-  const int b = blockIdx.x / s.H, h = blockIdx.x % s.H, kvh = h / (s.H / s.Hkv);
+  const int b = bh / s.H, h = bh % s.H, kvh = h / (s.H / s.Hkv);
   const auto [wg, warp, g, t] = place();
   const int q0 = qb * BM;
   const int row_base = q0 + wg * 64 + warp * 16;
@@ -357,28 +342,73 @@ struct bwd_shape {
   int wgs, kv_tile, kv_stages;
   bool kv_overlap;
   int q_tile, q_stages;
+  bool fused;  // one launch for both kernels
 };
-constexpr bwd_shape shipped_shape{1, 64, 3, false, 64, 3};
+constexpr bwd_shape shipped_shape{1, 64, 3, false, 64, 3, true};
+
+template <class T, int WGS, int KVT, int KVS, bool KVO, int QT, int QS, bool Acc>
+__global__ void __launch_bounds__(WGS * 128, 1)
+    attn_backward_dkdv_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
+                             T* dqkv, attn_shape s) {
+  // The first key blocks see the most queries: launched first.
+  dkdv_block<T, WGS, KVT, KVS, KVO, Acc>(qkv, dout, lse, delta, dqkv, s, blockIdx.x, blockIdx.y);
+}
+template <class T, int WGS, int KVT, int KVS, bool KVO, int QT, int QS, bool Acc>
+__global__ void __launch_bounds__(WGS * 128, 1)
+    attn_backward_dq_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
+                           T* dqkv, attn_shape s) {
+  // The last query blocks see the most keys: launched first.
+  dq_block<T, WGS, QT, QS, Acc>(qkv, dout, lse, delta, dqkv, s, blockIdx.x,
+                                gridDim.y - 1 - blockIdx.y);
+}
+/// Both kernels as one grid (they read the same inputs and write different columns of dqkv):
+/// the dK/dV blocks, then the dQ blocks, each heaviest first, so that the dQ blocks fill the
+/// multiprocessors the last dK/dV blocks leave.
+template <class T, int WGS, int KVT, int KVS, bool KVO, int QT, int QS, bool Acc>
+__global__ void __launch_bounds__(WGS * 128, WGS == 1 ? 3 : 1)
+    attn_backward_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
+                        T* dqkv, attn_shape s, int batch, int blocks) {
+  const int kv_rows = batch * s.Hkv, i = static_cast<int>(blockIdx.x);
+  if (i < kv_rows * blocks) {
+    dkdv_block<T, WGS, KVT, KVS, KVO, Acc>(qkv, dout, lse, delta, dqkv, s, i % kv_rows,
+                                           i / kv_rows);
+  } else {
+    const int j = i - kv_rows * blocks, q_rows = batch * s.H;
+    dq_block<T, WGS, QT, QS, Acc>(qkv, dout, lse, delta, dqkv, s, j % q_rows,
+                                  blocks - 1 - j / q_rows);
+  }
+}
 
 template <class T, bool Acc, bwd_shape C>
 void launch(const void* qkv, const void* dout, const float* lse, const float* delta, void* dqkv,
             int batch, const attn_shape& s, cudaStream_t stream) {
-  static std::array<std::once_flag, 64> once_kv, once_q;
+  static std::array<std::once_flag, 64> once_kv, once_q, once_both;
   constexpr int rows = C.wgs * 64;
-  const unsigned blocks = static_cast<unsigned>((s.T + rows - 1) / rows);
-  auto dkdv = attn_backward_dkdv_wgmma<T, C.wgs, C.kv_tile, C.kv_stages, C.kv_overlap, Acc>;
+  const int blocks = (s.T + rows - 1) / rows;
   constexpr int smem_kv = 2 * rows * ROWB + C.kv_stages * C.kv_tile * (2 * ROWB + 2 * 4);
-  allow_shared_memory(dkdv, smem_kv, once_kv);
-  dkdv<<<dim3(batch * s.Hkv, blocks), C.wgs * 128, smem_kv, stream>>>(
-      static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, static_cast<T*>(dqkv),
-      s);
-  TROUPE_CUDA_CHECK(cudaGetLastError());
-  auto dq = attn_backward_dq_wgmma<T, C.wgs, C.q_tile, C.q_stages, Acc>;
   constexpr int smem_q = 2 * rows * ROWB + C.q_stages * C.q_tile * 2 * ROWB;
-  allow_shared_memory(dq, smem_q, once_q);
-  dq<<<dim3(batch * s.H, blocks), C.wgs * 128, smem_q, stream>>>(
-      static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, static_cast<T*>(dqkv),
-      s);
+  const auto* q = static_cast<const T*>(qkv);
+  const auto* g = static_cast<const T*>(dout);
+  auto* d = static_cast<T*>(dqkv);
+  if constexpr (C.fused) {
+    auto both = attn_backward_wgmma<T, C.wgs, C.kv_tile, C.kv_stages, C.kv_overlap, C.q_tile,
+                                    C.q_stages, Acc>;
+    constexpr int smem = smem_kv > smem_q ? smem_kv : smem_q;
+    allow_shared_memory(both, smem, once_both);
+    const unsigned grid = static_cast<unsigned>(batch * (s.Hkv + s.H) * blocks);
+    both<<<grid, C.wgs * 128, smem, stream>>>(q, g, lse, delta, d, s, batch, blocks);
+  } else {
+    const auto ub = static_cast<unsigned>(blocks);
+    auto dkdv = attn_backward_dkdv_wgmma<T, C.wgs, C.kv_tile, C.kv_stages, C.kv_overlap,
+                                         C.q_tile, C.q_stages, Acc>;
+    allow_shared_memory(dkdv, smem_kv, once_kv);
+    dkdv<<<dim3(batch * s.Hkv, ub), C.wgs * 128, smem_kv, stream>>>(q, g, lse, delta, d, s);
+    TROUPE_CUDA_CHECK(cudaGetLastError());
+    auto dq = attn_backward_dq_wgmma<T, C.wgs, C.kv_tile, C.kv_stages, C.kv_overlap, C.q_tile,
+                                     C.q_stages, Acc>;
+    allow_shared_memory(dq, smem_q, once_q);
+    dq<<<dim3(batch * s.H, ub), C.wgs * 128, smem_q, stream>>>(q, g, lse, delta, d, s);
+  }
 }
 
 }  // namespace
