@@ -3,16 +3,20 @@
 // for 16-bit types at head size 64 without packed documents. Each gradient element has one
 // writer and a fixed order of additions, so the result is the same bits on every run.
 //
-// dK/dV kernel: a block owns WGS·64 keys of one kv head (their K and V in shared memory) and
-// streams tiles of 64 queries, of every query head of the group in head order, through a ring of
-// NS stages (Q, dO, lse, Δ). Per warpgroup (64 keys) and tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both
+// dK/dV blocks: a block owns WGS·64 keys of one kv head (their K and V in shared memory) and
+// streams tiles of queries, of every query head of the group in head order, through a ring of NS
+// stages (Q, dO, lse, Δ). Per warpgroup (64 keys) and tile: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both
 // operands from shared memory), Pᵀ = exp(Sᵀ·scale − lse), dSᵀ = Pᵀ ∘ (dPᵀ − Δ), then dV += Pᵀ·dO
 // and dK += dSᵀ·Q with Pᵀ and dSᵀ from registers (the accumulator layout is the A operand's) and
-// dO, Q N-major from the same stage. Those two are issued with the next tile's Sᵀ and dPᵀ, so the
-// exponentials of one tile run while the tensor cores finish the previous one.
+// dO, Q N-major from the same stage. With Overlap those two are issued with the next tile's Sᵀ
+// and dPᵀ; without, a tile's products end within its step and the other blocks on the
+// multiprocessor fill the tensor cores meanwhile (the shipped shape: fewer registers, 3 blocks).
 //
-// dQ kernel: a block owns WGS·64 queries of one head (Q and dO in shared memory) and streams
-// tiles of 64 keys (K, V): S = Q·Kᵀ, dP = dO·Vᵀ, P, dS as above, dQ += dS·K (K N-major).
+// dQ blocks: a block owns WGS·64 queries of one head (Q and dO in shared memory) and streams
+// tiles of keys (K, V): S = Q·Kᵀ, dP = dO·Vᵀ, P, dS as above, dQ += dS·K (K N-major).
+//
+// Both kinds of block run in one grid (attn_backward_wgmma) or as two kernels (bwd_shape::fused).
+// Tiles that hold no masked element (most of them) take a softmax loop without the mask.
 #include "kernels/cuda/attention_sm90.hpp"
 
 #include <array>
@@ -336,8 +340,9 @@ __device__ __forceinline__ void dq_block(const T* qkv, const T* dout, const floa
 }
 
 /// A backward's block shapes: warpgroups per block (64 keys or queries each), the tile the dK/dV
-/// kernel streams (queries), its ring's stages and whether a tile's softmax runs beside the
-/// gradient products of the tile before; the dQ kernel's tile (keys) and stages.
+/// blocks stream (queries), its ring's stages and whether a tile's softmax runs beside the
+/// gradient products of the tile before; the dQ blocks' tile (keys) and stages; one launch or two.
+/// Measured on the H200 against the others in docs/cuda.md ("The Hopper kernels").
 struct bwd_shape {
   int wgs, kv_tile, kv_stages;
   bool kv_overlap;
