@@ -6,13 +6,16 @@
 # metrics.jsonl, then the step alone (gpu_gpt2_bench) and bench/torch_gpt2.py with torch.compile;
 # the message-hash and actor-runtime GPU tests first; and the recording's cost on the CPU
 # (configs/tiny.toml pinned to two cores, on and off); a LLaMA-3-style 1B
-# (bench/configs/llama3_1b_1gpu.toml) through `troupe train` beside torch.compile of the same model.
+# (bench/configs/llama3_1b_1gpu.toml) through `troupe train` beside torch.compile of the same model;
+# and, as part gpt2-1.5b (not in the default parts), GPT-2 1.5B (bench/configs/gpt2_1.5b_1gpu.toml)
+# through `troupe train` beside torch.compile, 10 steps.
 #
 #   bash bench/gpu/pack.sh build-cuda     # where troupe was built with CUDA
 #   bash bench/gpu/product.sh [steps]     # on the GPU machine, from the repository root
 #   PARTS="gpt2 llama" bash bench/gpu/product.sh 25   # only some parts (default: gpt2 llama cpu)
 #
-# Results: $RESULTS/results.jsonl, $RESULTS/llama.jsonl, $RESULTS/cpu.jsonl and the tables in $RESULTS/product.md.
+# Results: $RESULTS/results.jsonl, llama.jsonl, big.jsonl, cpu.jsonl and the tables in
+# $RESULTS/product.md.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 set -uo pipefail
 S=bench
@@ -48,6 +51,16 @@ timeout 100 $B/gpu_gpt2_bench --tag gpu_gpt2_bench --steps 20 2>&1 | tail -1 | t
 timeout 200 python3 $S/torch_gpt2.py --compile --tag torch.compile 2>&1 | tail -1 | tee -a $O/results.jsonl
 fi
 
+if part gpt2-1.5b; then
+echo "== GPT-2 1.5B (48 x 1600, 25 heads), B 16, T 1024, bf16, one GPU"
+python3 $S/train_bench.py data $W/data --tokens 3000000 --vocab 50257 >/dev/null
+python3 $S/train_bench.py run --troupe $B/troupe $S/configs/gpt2_1.5b_1gpu.toml --steps 10 \
+  --out $O/big.jsonl --set data.train=$W/data/train.bin --set data.val=$W/data/val.bin \
+  --mode train --label "1.5B train (defaults)"
+timeout 400 python3 $S/torch_gpt2.py --compile --tag torch.compile --layers 48 --embd 1600 \
+  --heads 25 --steps 10 2>&1 | tail -1 | tee -a $O/big.jsonl
+fi
+
 if part llama; then
 echo "== LLaMA-3-style 1B (16 x 2048, 32/8 heads, vocabulary 128,256), B 4, T 2048, bf16, one GPU"
 python3 $S/train_bench.py data $W/llama --tokens 3000000 --vocab 128256 >/dev/null
@@ -73,5 +86,7 @@ fi
 
 : > $O/product.md
 part gpt2 && python3 $S/train_bench.py table $O/results.jsonl --baseline torch.compile | tee -a $O/product.md
+part gpt2-1.5b && python3 $S/train_bench.py table $O/big.jsonl --baseline torch.compile |
+  tee -a $O/product.md
 part llama && python3 $S/train_bench.py table $O/llama.jsonl --baseline torch.compile | tee -a $O/product.md
 part cpu && python3 $S/train_bench.py table $O/cpu.jsonl | tee -a $O/product.md
