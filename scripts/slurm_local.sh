@@ -40,24 +40,9 @@ export SLURM_CONF="$conf"
 node="$(hostname -s)"
 partition=local
 
-# A TCP port on this machine that no socket uses now.
+# A TCP port on this machine that no socket uses now (scripts/free_port.sh).
 free_port() {
-  local lo=32768 p
-  read -r lo _ < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
-  for _ in $(seq 200); do
-    # Below the kernel's ephemeral range: inside it, any outgoing connection may take the port
-    # as its local end between this check and the job's bind.
-    if ((lo > 12000)); then
-      p=$((10000 + RANDOM % (lo - 10000)))
-    else
-      p=$((20000 + RANDOM % 40000))
-    fi
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
-    if command -v ss >/dev/null && [ -n "$(ss -Htan "sport = :$p" 2>/dev/null)" ]; then continue; fi
-    echo "$p"
-    return
-  done
-  die "no free TCP port found"
+  bash "$root/scripts/free_port.sh" || die "no free TCP port found"
 }
 
 pid_of() {  # pid file -> pid, when that process is alive

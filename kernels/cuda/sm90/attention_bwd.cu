@@ -34,15 +34,6 @@ namespace {
 
 using namespace sm90;
 
-
-template <int N>
-__device__ __forceinline__ void pin_u(std::uint32_t (&x)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(x[i][e])::"memory");
-}
-
 /// Starts copying n floats from src (n ≤ blockDim.x; entries at or past `valid` are zeros).
 __device__ __forceinline__ void load_floats(float* dst, const float* src, int n, int valid) {
   const int i = threadIdx.x;
@@ -76,11 +67,14 @@ __device__ __forceinline__ void store_rows(T* dst, std::int64_t stride, const fl
     T2* p = reinterpret_cast<T2*>(dst + static_cast<std::int64_t>(row) * stride + 2 * t);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      float lo = x[4 * j + 2 * r] * mul, hi = x[4 * j + 2 * r + 1] * mul;
+      float lo, hi;
       if constexpr (Acc) {
         const T2 e = p[4 * j];
         lo = fmaf(x[4 * j + 2 * r], mul, __low2float(e));
         hi = fmaf(x[4 * j + 2 * r + 1], mul, __high2float(e));
+      } else {
+        lo = x[4 * j + 2 * r] * mul;
+        hi = x[4 * j + 2 * r + 1] * mul;
       }
       const std::uint32_t v = pack2<T>(lo, hi);
       p[4 * j] = *reinterpret_cast<const T2*>(&v);
