@@ -194,6 +194,11 @@ class profiling_backend final : public kernels::backend {
                         tensor& dx, tensor& dw) override {
     timed("rmsnorm_backward", [&] { in_.rmsnorm_backward(dy, x, w, r, dx, dw); });
   }
+  void rmsnorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                 const tensor& r, const tensor& res, tensor& dx,
+                                 tensor& dw) override {
+    timed("rmsnorm_backward", [&] { in_.rmsnorm_backward_residual(dy, x, w, r, res, dx, dw); });
+  }
   void gelu_forward(const tensor& x, tensor& y) override {
     timed("gelu_forward", [&] { in_.gelu_forward(x, y); });
   }

@@ -202,6 +202,11 @@ class backend {
                                tensor& rstd) = 0;
   virtual void rmsnorm_backward(const tensor& dy, const tensor& x, const tensor& w,
                                 const tensor& rstd, tensor& dx, tensor& dw) = 0;
+  /// dx = residual + RMSNorm's input gradient (written; dw accumulates as in rmsnorm_backward):
+  /// layernorm_backward_residual's twin for LLaMA's pre-norm blocks.
+  virtual void rmsnorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                         const tensor& rstd, const tensor& residual, tensor& dx,
+                                         tensor& dw);
 
   // --- pointwise --------------------------------------------------------------------------------
   /// GELU, tanh approximation (GPT-2).
@@ -209,6 +214,8 @@ class backend {
   virtual void gelu_backward(const tensor& dy, const tensor& x, tensor& dx) = 0;
   /// y = silu(gate) * up (LLaMA MLP).
   virtual void swiglu_forward(const tensor& gate, const tensor& up, tensor& y) = 0;
+  /// dgate and dup written, not accumulated: the MLP's only use, where both are fresh buffers, so
+  /// the backward neither zeroes them first nor reads them.
   virtual void swiglu_backward(const tensor& dy, const tensor& gate, const tensor& up,
                                tensor& dgate, tensor& dup) = 0;
   /// y = a + b (y may alias a).

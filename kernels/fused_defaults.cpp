@@ -61,6 +61,15 @@ void backend::layernorm_backward_residual(const tensor& dy, const tensor& x, con
   layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
 }
 
+void backend::rmsnorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                        const tensor& rstd, const tensor& residual, tensor& dx,
+                                        tensor& dw) {
+  TROUPE_CHECK(!dx.defined() || !residual.defined() || dx.raw() != residual.raw(),
+               "rmsnorm_backward_residual: dx must not alias the residual");
+  copy(residual, dx);
+  rmsnorm_backward(dy, x, w, rstd, dx, dw);
+}
+
 void backend::attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
                                        const tensor& lse, const attention_dims& d, tensor& dqkv) {
   zero(dqkv);

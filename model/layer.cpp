@@ -96,8 +96,7 @@ void layer_ops::norm_backward_residual(const tensor& dy, const tensor& x, const 
   if (cfg_.arch == core::arch_kind::gpt2) {
     be_.layernorm_backward_residual(dy, x, w, mean, rstd, residual, dx, dw, db);
   } else {
-    be_.copy(residual, dx);
-    be_.rmsnorm_backward(dy, x, w, rstd, dx, dw);
+    be_.rmsnorm_backward_residual(dy, x, w, rstd, residual, dx, dw);
   }
 }
 

@@ -14,6 +14,22 @@
 namespace troupe::model {
 namespace {
 
+/// q, k and v seen as one [q rows + k rows + v rows, C] matrix when they lie back to back in one
+/// buffer, in that order (the parameter and gradient buffers of a chunk keep a layer's projections
+/// so, unless padding separates them); else an undefined tensor.
+tensor back_to_back(const tensor& q, const tensor& k, const tensor& v) {
+  if (!q.defined() || !k.defined() || !v.defined()) return {};
+  if (q.store() != k.store() || k.store() != v.store()) return {};
+  if (q.type() != k.type() || k.type() != v.type() || q.rank() != 2 || k.rank() != 2 ||
+      v.rank() != 2 || k.dim(1) != q.dim(1) || v.dim(1) != q.dim(1))
+    return {};
+  if (k.byte_offset() != q.byte_offset() + q.bytes() ||
+      v.byte_offset() != k.byte_offset() + k.bytes())
+    return {};
+  return tensor::over(q.store(), q.byte_offset(), {q.dim(0) + k.dim(0) + v.dim(0), q.dim(1)},
+                      q.type());
+}
+
 class llama_layer_ops final : public layer_ops {
  public:
   using layer_ops::layer_ops;
@@ -61,10 +77,18 @@ class llama_layer_ops final : public layer_ops {
     lora_backward_weight(w.k_l, a.n1, s.d_qkv, g.k_l, q);
     lora_backward_weight(w.v_l, a.n1, s.d_qkv, g.v_l, q + k);
     if (!g.q_w.defined() && !g.k_w.defined() && !g.v_w.defined()) return;
+    tensor none;
+    if (!kv_replicated_) {
+      // The three gradients back to back: one GEMM accumulates into all of them.
+      tensor all = back_to_back(g.q_w, g.k_w, g.v_w);
+      if (all.defined()) {
+        be_.linear_backward_weight(s.d_qkv, a.n1, all, none);
+        return;
+      }
+    }
     if (!dstacked_.defined())
       dstacked_ = alloc({qkv_width_, cfg_.hidden_size}, core::dtype::f32);
     be_.zero(dstacked_);
-    tensor none;
     be_.linear_backward_weight(s.d_qkv, a.n1, dstacked_, none);
     tensor parts[3] = {dstacked_.rows(0, q), dstacked_.rows(q, q + k), dstacked_.rows(q + k, q + 2 * k)};
     if (kv_replicated_) {
@@ -97,7 +121,7 @@ class llama_layer_ops final : public layer_ops {
     tensor dact = alloc({n, ffn_});
     be_.linear_backward_input_write(dy, w.out_w, dact);
     lora_backward_input(w.out_l, dy, dact);
-    tensor dgate = zeros({n, ffn_}), dup = zeros({n, ffn_});
+    tensor dgate = alloc({n, ffn_}), dup = alloc({n, ffn_});
     be_.swiglu_backward(dact, a.fc, a.up, dgate, dup);
     be_.linear_backward_input_write(dgate, w.fc_w, dn2);
     lora_backward_input(w.fc_l, dgate, dn2);
@@ -120,8 +144,11 @@ class llama_layer_ops final : public layer_ops {
   }
 
  private:
-  /// The fused [q; k; v] weight of layer w, rebuilt in the shared scratch.
-  const tensor& stacked(const layer_tensors& w) {
+  /// The fused [q; k; v] weight of layer w: the three in place when they lie back to back, else
+  /// rebuilt in the shared scratch.
+  tensor stacked(const layer_tensors& w) {
+    tensor all = back_to_back(w.q_w, w.k_w, w.v_w);
+    if (all.defined()) return all;
     if (!stacked_.defined()) stacked_ = alloc({qkv_width_, cfg_.hidden_size}, w.q_w.type());
     std::int64_t row = 0;
     for (const tensor* part : {&w.q_w, &w.k_w, &w.v_w}) {

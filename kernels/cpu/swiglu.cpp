@@ -24,8 +24,8 @@ TROUPE_SIMD_CLONES void swiglu_backward_range(const float* dy, const float* gate
   for (std::int64_t i = i0; i < i1; ++i) {
     const float g = gate[i];
     const float s = fast_sigmoid(g);
-    dgate[i] += dy[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
-    dup[i] += dy[i] * (g * s);
+    dgate[i] = dy[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
+    dup[i] = dy[i] * (g * s);
   }
 }
 

@@ -74,6 +74,9 @@ class cuda_backend final : public backend {
                        tensor& rstd) override;
   void rmsnorm_backward(const tensor& dy, const tensor& x, const tensor& w, const tensor& rstd,
                         tensor& dx, tensor& dw) override;
+  void rmsnorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                 const tensor& rstd, const tensor& residual, tensor& dx,
+                                 tensor& dw) override;
 
   void gelu_forward(const tensor& x, tensor& y) override;
   void gelu_backward(const tensor& dy, const tensor& x, tensor& dx) override;
@@ -167,6 +170,9 @@ class cuda_backend final : public backend {
 
  private:
   void activate() const;
+  /// rmsnorm_backward, onto dx or (written) onto the residual when one is given.
+  void rmsnorm_backward_impl(const tensor& dy, const tensor& x, const tensor& w,
+                             const tensor& rstd, const tensor* residual, tensor& dx, tensor& dw);
   std::unique_ptr<context> ctx_;
 };
 

@@ -1,6 +1,8 @@
 // RMSNorm (LLaMA): y = x·rstd·w with rstd = 1/√(mean(x²) + eps) saved in fp32, and the backward
-// dx += rstd·(w·dy − x̂·mean(w·dy·x̂)) with x̂ = x·rstd, dw += Σ dy·x̂. Same shape as layernorm.cu:
-// one warp per row with 16-byte accesses, and the weight gradient as a deterministic column sum.
+// dx += rstd·(w·dy − x̂·mean(w·dy·x̂)) with x̂ = x·rstd, dw += Σ dy·x̂; with a residual, dx =
+// residual + the same term, read from the residual's buffer (no copy into dx first). Same shape as
+// layernorm.cu: one warp per row with 16-byte accesses, and the weight gradient as a deterministic
+// column sum.
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_backend.hpp"
@@ -37,9 +39,11 @@ __global__ void rmsnorm_forward_kernel(const T* x, const void* w, int wc, float 
   if (lane == 0) rstd_out[row] = rstd;
 }
 
+/// dx = base + the input gradient, base = dx (accumulate) or the residual.
 template <class T, int V>
 __global__ void rmsnorm_backward_dx_kernel(const T* dy, const T* x, const void* w, int wc,
-                                           const float* rstd, T* dx, std::int64_t rows, int C) {
+                                           const float* rstd, const T* base, T* dx,
+                                           std::int64_t rows, int C) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) +
                            threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -56,10 +60,11 @@ __global__ void rmsnorm_backward_dx_kernel(const T* dy, const T* x, const void* 
   }
   const float m = warp_sum(s) / C;
   T* dxr = dx + row * C;
+  const T* br = base + row * C;
   for (int c = lane * V; c < C; c += 32 * V) {
     pack<T, V> px = *reinterpret_cast<const pack<T, V>*>(xr + c);
     pack<T, V> pd = *reinterpret_cast<const pack<T, V>*>(dyr + c);
-    pack<T, V> po = *reinterpret_cast<const pack<T, V>*>(dxr + c);
+    pack<T, V> po = *reinterpret_cast<const pack<T, V>*>(br + c);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float wdy = load_f(w, wc, c + k) * to_f(pd.v[k]);
@@ -117,9 +122,21 @@ void cuda_backend::rmsnorm_forward(const tensor& x, const tensor& w, float eps, 
 
 void cuda_backend::rmsnorm_backward(const tensor& dy, const tensor& x, const tensor& w,
                                     const tensor& rstd, tensor& dx, tensor& dw) {
+  rmsnorm_backward_impl(dy, x, w, rstd, nullptr, dx, dw);
+}
+
+void cuda_backend::rmsnorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
+                                             const tensor& rstd, const tensor& residual,
+                                             tensor& dx, tensor& dw) {
+  rmsnorm_backward_impl(dy, x, w, rstd, &residual, dx, dw);
+}
+
+void cuda_backend::rmsnorm_backward_impl(const tensor& dy, const tensor& x, const tensor& w,
+                                         const tensor& rstd, const tensor* residual, tensor& dx,
+                                         tensor& dw) {
   activate();
   context& ctx = *ctx_;
-  const char* op = "cuda rmsnorm_backward";
+  const char* op = residual ? "cuda rmsnorm_backward_residual" : "cuda rmsnorm_backward";
   require_float(x, op, "x");
   require(x.rank() >= 1, op, "x must have a channel dimension");
   const int C = static_cast<int>(x.dim(-1));
@@ -134,15 +151,21 @@ void cuda_backend::rmsnorm_backward(const tensor& dy, const tensor& x, const ten
   require_numel(dw, C, op, "dw");
   require_type(rstd, dtype::f32, op, "rstd");
   require_numel(rstd, rows, op, "rstd");
+  if (residual) {
+    require_type(*residual, x.type(), op, "residual");
+    require_numel(*residual, x.numel(), op, "residual");
+    require(residual->raw() != dx.raw(), op, "dx must not alias the residual");
+  }
   if (rows == 0) return;
+  const tensor& base = residual ? *residual : dx;
   const unsigned grid = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
   dispatch_float(x.type(), op, [&](auto tag) {
     using T = decltype(tag);
-    with_row_vector<T>({&x, &dy, &dx}, C, [&](auto v) {
+    with_row_vector<T>({&x, &dy, &dx, &base}, C, [&](auto v) {
       rmsnorm_backward_dx_kernel<T, decltype(v)::value>
-          <<<grid, rows_per_block * 32, 0, ctx.stream>>>(dy.data<T>(), x.data<T>(), w.raw(),
-                                                         code_of(w.type()), rstd.data<float>(),
-                                                         dx.data<T>(), rows, C);
+          <<<grid, rows_per_block * 32, 0, ctx.stream>>>(
+              dy.data<T>(), x.data<T>(), w.raw(), code_of(w.type()), rstd.data<float>(),
+              base.data<T>(), dx.data<T>(), rows, C);
     });
     TROUPE_CUDA_CHECK_LAUNCH();
     rmsnorm_weight_terms<T> f{dy.data<T>(), x.data<T>(), rstd.data<float>(), C};

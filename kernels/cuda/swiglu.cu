@@ -1,5 +1,5 @@
-// SwiGLU (LLaMA MLP): y = silu(gate) · up with silu(g) = g·σ(g); backward
-// dgate += dy·up·σ(g)·(1 + g·(1 − σ(g))), dup += dy·silu(g). Memory-bound maps through
+// SwiGLU (LLaMA MLP): y = silu(gate) · up with silu(g) = g·σ(g); backward (written)
+// dgate = dy·up·σ(g)·(1 + g·(1 − σ(g))), dup = dy·silu(g). Memory-bound maps through
 // elementwise.cuh, fp32 math with the accurate expf.
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_context.hpp"
@@ -19,13 +19,13 @@ struct swiglu_forward_op {
   }
 };
 
-/// in {dy, gate, up, dgate, dup}, out {dgate, dup}.
+/// in {dy, gate, up}, out {dgate, dup}.
 struct swiglu_backward_op {
   __device__ void operator()(const float* in, float* out) const {
     const float g = in[1], u = in[2], d = in[0];
     const float sg = sigmoid_f(g);
-    out[0] = in[3] + d * u * sg * (1.0f + g * (1.0f - sg));
-    out[1] = in[4] + d * g * sg;
+    out[0] = d * u * sg * (1.0f + g * (1.0f - sg));
+    out[1] = d * g * sg;
   }
 };
 
@@ -50,7 +50,7 @@ void cuda_backend::swiglu_backward(const tensor& dy, const tensor& gate, const t
   dispatch_float(gate.type(), op, [&](auto tag) {
     using T = decltype(tag);
     launch_elementwise<T>(
-        gate.numel(), {dy.data<T>(), gate.data<T>(), up.data<T>(), dgate.data<T>(), dup.data<T>()},
+        gate.numel(), {dy.data<T>(), gate.data<T>(), up.data<T>()},
         {dgate.data<T>(), dup.data<T>()}, swiglu_backward_op{}, ctx_->stream);
   });
 }

@@ -236,6 +236,14 @@ TEST_CASE("cuda layernorm and rmsnorm match the CPU forward and backward") {
       be.gpu->rmsnorm_backward(gdy, gx, gw, grrstd, grdx, grdw);
       check_close(download(*be.gpu, grdx), rdx_ref, rtol, "rmsnorm dx");
       check_close(download(*be.gpu, grdw), rdw_ref, rtol, "rmsnorm fp32 dw");
+      // The residual read from its own buffer and dx written (NaN before): the same bits as
+      // accumulating onto a dx that held the residual.
+      tensor gres = upload(*be.gpu, dx0, t), gwdx = poisoned(*be.gpu, {N, C}, t);
+      tensor gwdw = upload(*be.gpu, dw0, dtype::f32);
+      be.gpu->rmsnorm_backward_residual(gdy, gx, gw, grrstd, gres, gwdx, gwdw);
+      CHECK(same_bits(be.gpu->to_host(gwdx), be.gpu->to_host(grdx)));
+      CHECK(same_bits(be.gpu->to_host(gwdw), be.gpu->to_host(grdw)));
+      CHECK_THROWS(be.gpu->rmsnorm_backward_residual(gdy, gx, gw, grrstd, gres, gres, gwdw));
     }
   }
 }
@@ -270,7 +278,7 @@ TEST_CASE("cuda pointwise ops (gelu, swiglu, add, accumulate, scale) match the C
       check_close(download(*be.gpu, gs), s_ref, rtol, "swiglu");
       tensor dg_ref = d0.clone(), du_ref = d1.clone();
       be.cpu->swiglu_backward(dy, x, u, dg_ref, du_ref);
-      tensor gdg = upload(*be.gpu, d0, t), gdu = upload(*be.gpu, d1, t);
+      tensor gdg = poisoned(*be.gpu, {n}, t), gdu = poisoned(*be.gpu, {n}, t);  // written
       be.gpu->swiglu_backward(gdy, gx, gu, gdg, gdu);
       check_close(download(*be.gpu, gdg), dg_ref, rtol, "swiglu dgate");
       check_close(download(*be.gpu, gdu), du_ref, rtol, "swiglu dup");

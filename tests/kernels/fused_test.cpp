@@ -114,6 +114,21 @@ TEST_CASE("layernorm_backward_residual writes residual + the norm's input gradie
   CHECK_THROWS(be->layernorm_backward_residual(dy, x, w, mean, rstd, res, res, dw, db));
 }
 
+TEST_CASE("rmsnorm_backward_residual writes residual + the norm's input gradient") {
+  auto be = make_backend("cpu");
+  tensor x = randn({N, IC}, 22), w = randn({IC}, 23), dy = randn({N, IC}, 24);
+  tensor res = randn({N, IC}, 25), dw0 = randn({IC}, 26);
+  tensor y = be->empty({N, IC}, dtype::f32), rstd = be->empty({N}, dtype::f32);
+  be->rmsnorm_forward(x, w, 1e-6f, y, rstd);
+  tensor dx_acc = res.clone(), dw_acc = dw0.clone();
+  be->rmsnorm_backward(dy, x, w, rstd, dx_acc, dw_acc);
+  tensor dx = nan_filled(*be, {N, IC}), dw = dw0.clone();
+  be->rmsnorm_backward_residual(dy, x, w, rstd, res, dx, dw);
+  CHECK(same_bits(dx, dx_acc));
+  CHECK(same_bits(dw, dw_acc));
+  CHECK_THROWS(be->rmsnorm_backward_residual(dy, x, w, rstd, res, res, dw));
+}
+
 TEST_CASE("attention_backward_write overwrites dqkv with the gradient attention_backward adds") {
   auto be = make_backend("cpu");
   const attention_dims d{2, 5, 4, 2, 4};
