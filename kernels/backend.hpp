@@ -238,7 +238,8 @@ class backend {
   /// alias x.
   virtual void rope_forward(const tensor& x, int seq, int heads_total, int rot_heads, int head_dim,
                             const rope_spec& rope, tensor& y) = 0;
-  /// dx += Rᵀ dy for rotated heads, dx += dy for the rest.
+  /// dx = Rᵀ dy for rotated heads, dx = dy for the rest (written, not accumulated); dx may alias
+  /// dy, which turns the attention's q/k/v gradient into its projections' in place.
   virtual void rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,
                              int head_dim, const rope_spec& rope, tensor& dx) = 0;
   /// Causal attention on fused qkv[B*T, (H + 2*Hkv)*D] (query heads, then key heads, then value
@@ -273,7 +274,7 @@ class backend {
   /// Training with packed documents (attention_dims::doc_start): each row at its position within
   /// its document, int32 [N] on the backend's device. The backward twins of
   /// embedding_forward_at and rope_forward_at: dwte[tokens[r]] += dout[r], dwpe[positions[r]] +=
-  /// dout[r] (each table row receiving its rows in row order); dx += Rᵀ dy at positions[r]. The
+  /// dout[r] (each table row receiving its rows in row order); dx = Rᵀ dy at positions[r]. The
   /// defaults throw: a backend that trains on packed documents overrides all of them.
   virtual void embedding_backward_at(const tensor& dout, const tensor& tokens,
                                      const tensor& positions, tensor& dwte, tensor& dwpe);

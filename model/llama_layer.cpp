@@ -54,7 +54,7 @@ class llama_layer_ops final : public layer_ops {
   void qkv_backward_input(const layer_tensors& w, const tensor& dqkv, tensor& dn1,
                           layer_stash& s, const tensor* positions) override {
     const int heads = heads_, kv = kv_heads_;
-    tensor d_proj = zeros(dqkv.shape());
+    tensor d_proj = dqkv;  // turned back in place: the attention's gradient is not read again
     if (positions)
       be_.rope_backward_at(dqkv, *positions, heads + 2 * kv, heads + kv, cfg_.head_dim(),
                            rope_of(cfg_), d_proj);

@@ -139,7 +139,8 @@ void cpu_backend::rope_forward_at(const tensor& x, const tensor& positions, int 
   }
 }
 
-// dx += Rᵀ dy for one row turned by (cs, sn); the heads past rot_heads pass dy through.
+// dx = Rᵀ dy for one row turned by (cs, sn) (dr may be gr); the heads past rot_heads pass dy
+// through.
 static void unrotate_row(const float* gr, float* dr, const float* cs, const float* sn, int rot_heads,
                   int head_dim, std::int64_t width) {
   const int half = head_dim / 2;
@@ -148,12 +149,13 @@ static void unrotate_row(const float* gr, float* dr, const float* cs, const floa
     float* d = dr + h * head_dim;
     for (int i = 0; i < half; ++i) {
       const float g1 = g[i], g2 = g[i + half];
-      d[i] += g1 * cs[i] + g2 * sn[i];
-      d[i + half] += g2 * cs[i] - g1 * sn[i];
+      d[i] = g1 * cs[i] + g2 * sn[i];
+      d[i + half] = g2 * cs[i] - g1 * sn[i];
     }
   }
-  for (std::int64_t j = static_cast<std::int64_t>(rot_heads) * head_dim; j < width; ++j)
-    dr[j] += gr[j];
+  if (dr != gr)
+    for (std::int64_t j = static_cast<std::int64_t>(rot_heads) * head_dim; j < width; ++j)
+      dr[j] = gr[j];
 }
 
 void cpu_backend::rope_backward(const tensor& dy, int seq, int heads_total, int rot_heads,

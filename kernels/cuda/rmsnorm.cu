@@ -2,7 +2,7 @@
 // dx += rstd·(w·dy − x̂·mean(w·dy·x̂)) with x̂ = x·rstd, dw += Σ dy·x̂; with a residual, dx =
 // residual + the same term, read from the residual's buffer (no copy into dx first). Same shape as
 // layernorm.cu: one warp per row with 16-byte accesses, and the weight gradient as a deterministic
-// column sum.
+// column sum (16-byte loads when dy and x allow them).
 #include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_backend.hpp"
@@ -84,6 +84,49 @@ struct rmsnorm_weight_terms {
     acc[0] += to_f(dy[r * C + c]) * to_f(x[r * C + c]) * rstd[r];
   }
 };
+
+/// column_partial_kernel with rmsnorm_weight_terms for V adjacent columns per thread, dy and x
+/// loaded 16 bytes at a time (a warp reads 512 contiguous bytes of a row instead of 64): each
+/// column's additions are the same (same rows, same order, the same fp32 expression), so the
+/// partial sums are bit for bit the generic kernel's.
+template <class T, int V>
+__global__ void rmsnorm_weight_partial_vec(const T* dy, const T* x, const float* rstd,
+                                           std::int64_t rows, int C, std::int64_t chunk_rows,
+                                           float* partial) {
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+  if (c >= C) return;
+  const std::int64_t r0 = blockIdx.y * chunk_rows;
+  const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  float acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+  constexpr int U = 2;  // rows loaded before any is added: more bytes in flight per thread
+  std::int64_t r = r0;
+  for (; r + U <= r1; r += U) {
+    pack<T, V> pd[U], px[U];
+    float rs[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      pd[u] = *reinterpret_cast<const pack<T, V>*>(dy + (r + u) * C + c);
+      px[u] = *reinterpret_cast<const pack<T, V>*>(x + (r + u) * C + c);
+      rs[u] = rstd[r + u];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] += to_f(pd[u].v[k]) * to_f(px[u].v[k]) * rs[u];
+  }
+  for (; r < r1; ++r) {
+    const pack<T, V> pd = *reinterpret_cast<const pack<T, V>*>(dy + r * C + c);
+    const pack<T, V> px = *reinterpret_cast<const pack<T, V>*>(x + r * C + c);
+    const float rs = rstd[r];
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] += to_f(pd.v[k]) * to_f(px.v[k]) * rs;
+  }
+  float* out = partial + static_cast<std::int64_t>(blockIdx.y) * C + c;
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = acc[k];
+}
 
 // ------------------------------------------------------------------------------------------------
 // the backend's methods
@@ -168,6 +211,25 @@ void cuda_backend::rmsnorm_backward_impl(const tensor& dy, const tensor& x, cons
               base.data<T>(), dx.data<T>(), rows, C);
     });
     TROUPE_CUDA_CHECK_LAUNCH();
+    bool done = false;
+    with_row_vector<T>({&x, &dy}, C, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      if constexpr (V > 1) {
+        const column_chunks ch = column_chunking(rows);
+        scratch partial(ctx, sizeof(float) * static_cast<std::size_t>(ch.chunks) * C);
+        const int threads = 128, lanes = C / V;
+        const dim3 grid((lanes + threads - 1) / threads, ch.chunks);
+        rmsnorm_weight_partial_vec<T, V><<<grid, threads, 0, ctx.stream>>>(
+            dy.data<T>(), x.data<T>(), rstd.data<float>(), rows, C, ch.chunk_rows,
+            partial.as<float>());
+        TROUPE_CUDA_CHECK_LAUNCH();
+        column_finish_kernel<<<finish_grid(C), finish_block(), 0, ctx.stream>>>(
+            partial.as<float>(), ch.chunks, C, dw.raw(), code_of(dw.type()));
+        TROUPE_CUDA_CHECK_LAUNCH();
+        done = true;
+      }
+    });
+    if (done) return;
     rmsnorm_weight_terms<T> f{dy.data<T>(), x.data<T>(), rstd.data<float>(), C};
     void* const outs[1] = {dw.raw()};
     const int codes[1] = {code_of(dw.type())};

@@ -2,7 +2,7 @@
 // rot_heads heads of a row, element i < D/2 pairs with i + D/2 and the pair turns by the angle
 // a = t·f_i of position t = row % T (generation and packed documents: t = positions[row];
 // f_i = theta^(-2i/D), or its llama3-scaled value: kernels/rope_freq.hpp); the other heads are
-// copied. The backward applies the transpose (inverse rotation) and accumulates.
+// copied. The backward applies the transpose (inverse rotation), written (in place when dx is dy).
 //
 // The angle is computed exactly as the CPU reference does (kernels/cpu/rope.cpp): in double, with
 // cos/sin rounded once to float. In fp32 the product t·inv_freq alone is off by up to ~1e-4 rad at
@@ -31,7 +31,8 @@ __device__ __forceinline__ void rope_angle(std::int64_t t, int i, int head_dim,
 /// i alone, so the block computes cos and sin of its row's head_dim / 2 angles once, into shared
 /// memory, and every head of the row reads them: the same values the per-pair computation gave,
 /// at 1 / heads_total of its fp64 work. Forward: y = R x on the first rot_heads heads, the others
-/// copied (when y is not x). Backward: dx += Rᵀ dy, the others dx += dy.
+/// copied (when y is not x). Backward: dx = Rᵀ dy, the others dx = dy (copied when dx is not dy).
+/// A thread reads both elements of its pair before it writes them, so out may be in.
 template <bool Backward>
 __global__ void rope_kernel(const void* in, void* out, int code, int seq, int heads_total,
                             int rot_heads, int head_dim, rope_spec rope, std::int64_t rows,
@@ -59,14 +60,13 @@ __global__ void rope_kernel(const void* in, void* out, int code, int seq, int he
           store_f(out, code, base + i + half, a2);
         }
       } else {
-        const float d1 = load_f(out, code, base + i), d2 = load_f(out, code, base + i + half);
         if (h < rot_heads) {
           const float c = cs[i], s = cs[half + i];
-          store_f(out, code, base + i, d1 + (a1 * c + a2 * s));
-          store_f(out, code, base + i + half, d2 + (a2 * c - a1 * s));
-        } else {
-          store_f(out, code, base + i, d1 + a1);
-          store_f(out, code, base + i + half, d2 + a2);
+          store_f(out, code, base + i, a1 * c + a2 * s);
+          store_f(out, code, base + i + half, a2 * c - a1 * s);
+        } else if (in != out) {
+          store_f(out, code, base + i, a1);
+          store_f(out, code, base + i + half, a2);
         }
       }
     }

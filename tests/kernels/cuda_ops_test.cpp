@@ -145,6 +145,33 @@ TEST_CASE("cuda bias gradient: the 16-byte column-sum kernel gives the generic k
   }
 }
 
+TEST_CASE("cuda rmsnorm weight gradient: the 16-byte column-sum kernel gives the generic bits") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // N spans several row chunks (32 rows each) and a ragged last one.
+  const std::int64_t N = 1000, C = 136;
+  for (dtype t : float_types) {
+    INFO("dtype " << core::dtype_name(t));
+    tensor x = rounded(random_host({N, C}, 51), t), dy = rounded(random_host({N, C}, 52), t);
+    tensor w = random_host({C}, 53), dw0 = random_host({C}, 54);
+    tensor gw = upload(*be.gpu, w, dtype::f32);
+    tensor rstd = poisoned(*be.gpu, {N}, dtype::f32), y = poisoned(*be.gpu, {N, C}, t);
+    tensor gx = upload(*be.gpu, x, t), gdy = upload(*be.gpu, dy, t);
+    be.gpu->rmsnorm_forward(gx, gw, 1e-6f, y, rstd);
+    // The same x and dy one element off their 16-byte alignment: the generic kernel.
+    tensor px = upload(*be.gpu, tensor::zeros({N * C + 1}), t).slice(1, {N, C});
+    tensor pdy = upload(*be.gpu, tensor::zeros({N * C + 1}), t).slice(1, {N, C});
+    be.gpu->copy(gx, px);
+    be.gpu->copy(gdy, pdy);
+    tensor dx1 = poisoned(*be.gpu, {N, C}, t), dx2 = poisoned(*be.gpu, {N, C}, t);
+    tensor dw1 = upload(*be.gpu, dw0, dtype::f32), dw2 = upload(*be.gpu, dw0, dtype::f32);
+    tensor res = upload(*be.gpu, tensor::zeros({N, C}), t);
+    be.gpu->rmsnorm_backward_residual(gdy, gx, gw, rstd, res, dx1, dw1);
+    be.gpu->rmsnorm_backward_residual(pdy, px, gw, rstd, res, dx2, dw2);
+    CHECK(same_bits(be.gpu->to_host(dw1), be.gpu->to_host(dw2)));
+  }
+}
+
 TEST_CASE("cuda embedding forward and backward match the CPU, repeated tokens included") {
   if (!gpu_or_skip()) return;
   backends be;
@@ -325,9 +352,12 @@ TEST_CASE("cuda rope matches the CPU, rotating only the first rot_heads heads") 
     check_close(download(*be.gpu, gx), y_ref, rtol, "rope forward in place");
     tensor dx_ref = dx0.clone();
     be.cpu->rope_backward(dy, T, heads_total, rot, D, rope_spec{10000.0f}, dx_ref);
-    tensor gdx = upload(*be.gpu, dx0, t);
+    tensor gdx = poisoned(*be.gpu, {N, W}, t);  // written
     be.gpu->rope_backward(upload(*be.gpu, dy, t), T, heads_total, rot, D, rope_spec{10000.0f}, gdx);
     check_close(download(*be.gpu, gdx), dx_ref, rtol, "rope backward");
+    tensor gdy = upload(*be.gpu, dy, t);
+    be.gpu->rope_backward(gdy, T, heads_total, rot, D, rope_spec{10000.0f}, gdy);  // in place
+    CHECK(same_bits(be.gpu->to_host(gdy), be.gpu->to_host(gdx)));
   }
 }
 
