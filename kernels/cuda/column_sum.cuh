@@ -30,6 +30,41 @@ __global__ void column_partial_kernel(F f, std::int64_t rows, int cols, std::int
     partial[(static_cast<std::int64_t>(o) * chunks + chunk) * cols + c] = acc[o];
 }
 
+/// Partial column sums of V adjacent columns per thread, for terms whose operands move in 16-byte
+/// packs (a warp reads 512 contiguous bytes of a row instead of 64). F has a `slot` type and
+/// `rows_in_flight`: that many rows are loaded (`f.load(r, c, slot&)`) before any is added
+/// (`f.add(const slot&, float (&acc)[V])`), so more bytes are in flight per thread. Each column's
+/// additions are those of column_partial_kernel with the matching scalar functor (same rows, same
+/// order, the same fp32 expression), so the sums are bit for bit the same.
+template <int V, class F>
+__global__ void column_partial_vec_kernel(F f, std::int64_t rows, int cols,
+                                          std::int64_t chunk_rows, float* partial) {
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+  if (c >= cols) return;
+  const std::int64_t r0 = blockIdx.y * chunk_rows;
+  const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  float acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+  constexpr int U = F::rows_in_flight;
+  std::int64_t r = r0;
+  for (; r + U <= r1; r += U) {
+    typename F::slot s[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) f.load(r + u, c, s[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) f.add(s[u], acc);
+  }
+  for (; r < r1; ++r) {
+    typename F::slot s;
+    f.load(r, c, s);
+    f.add(s, acc);
+  }
+  float* out = partial + static_cast<std::int64_t>(blockIdx.y) * cols + c;
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = acc[k];
+}
+
 /// Threads of a finishing block: 32 columns (x) × 32 chunk lanes (y).
 constexpr int finish_cols = 32, finish_lanes = 32;
 
@@ -95,6 +130,24 @@ void column_sums(context& ctx, const F& f, std::int64_t rows, int cols, void* co
         codes[o]);
     TROUPE_CUDA_CHECK_LAUNCH();
   }
+}
+
+/// out += column sums through column_partial_vec_kernel (V columns per thread; cols % V == 0) and
+/// column_finish_kernel: the chunks, the order and so the bits of column_sums with the scalar
+/// functor.
+template <int V, class F>
+void column_sums_vec(context& ctx, const F& f, std::int64_t rows, int cols, void* out, int code) {
+  if (rows == 0 || cols == 0) return;
+  const column_chunks ch = column_chunking(rows);
+  scratch partial(ctx, sizeof(float) * static_cast<std::size_t>(ch.chunks) * cols);
+  const int threads = 128, lanes = cols / V;
+  const dim3 grid((lanes + threads - 1) / threads, ch.chunks);
+  column_partial_vec_kernel<V><<<grid, threads, 0, ctx.stream>>>(f, rows, cols, ch.chunk_rows,
+                                                                  partial.as<float>());
+  TROUPE_CUDA_CHECK_LAUNCH();
+  column_finish_kernel<<<finish_grid(cols), finish_block(), 0, ctx.stream>>>(
+      partial.as<float>(), ch.chunks, cols, out, code);
+  TROUPE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace troupe::kernels::cuda

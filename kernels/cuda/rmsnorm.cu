@@ -85,48 +85,29 @@ struct rmsnorm_weight_terms {
   }
 };
 
-/// column_partial_kernel with rmsnorm_weight_terms for V adjacent columns per thread, dy and x
-/// loaded 16 bytes at a time (a warp reads 512 contiguous bytes of a row instead of 64): each
-/// column's additions are the same (same rows, same order, the same fp32 expression), so the
-/// partial sums are bit for bit the generic kernel's.
+/// rmsnorm_weight_terms for V adjacent columns, dy and x loaded 16 bytes at a time
+/// (column_partial_vec_kernel): the same additions, the same fp32 expression.
 template <class T, int V>
-__global__ void rmsnorm_weight_partial_vec(const T* dy, const T* x, const float* rstd,
-                                           std::int64_t rows, int C, std::int64_t chunk_rows,
-                                           float* partial) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
-  if (c >= C) return;
-  const std::int64_t r0 = blockIdx.y * chunk_rows;
-  const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
-  float acc[V];
-#pragma unroll
-  for (int k = 0; k < V; ++k) acc[k] = 0.0f;
-  constexpr int U = 2;  // rows loaded before any is added: more bytes in flight per thread
-  std::int64_t r = r0;
-  for (; r + U <= r1; r += U) {
-    pack<T, V> pd[U], px[U];
-    float rs[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      pd[u] = *reinterpret_cast<const pack<T, V>*>(dy + (r + u) * C + c);
-      px[u] = *reinterpret_cast<const pack<T, V>*>(x + (r + u) * C + c);
-      rs[u] = rstd[r + u];
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int k = 0; k < V; ++k) acc[k] += to_f(pd[u].v[k]) * to_f(px[u].v[k]) * rs[u];
+struct rmsnorm_weight_vec_terms {
+  static constexpr int rows_in_flight = 2;
+  struct slot {
+    pack<T, V> dy, x;
+    float rstd;
+  };
+  const T* dy;
+  const T* x;
+  const float* rstd;
+  int C;
+  __device__ void load(std::int64_t r, int c, slot& s) const {
+    s.dy = *reinterpret_cast<const pack<T, V>*>(dy + r * C + c);
+    s.x = *reinterpret_cast<const pack<T, V>*>(x + r * C + c);
+    s.rstd = rstd[r];
   }
-  for (; r < r1; ++r) {
-    const pack<T, V> pd = *reinterpret_cast<const pack<T, V>*>(dy + r * C + c);
-    const pack<T, V> px = *reinterpret_cast<const pack<T, V>*>(x + r * C + c);
-    const float rs = rstd[r];
+  __device__ void add(const slot& s, float (&acc)[V]) const {
 #pragma unroll
-    for (int k = 0; k < V; ++k) acc[k] += to_f(pd.v[k]) * to_f(px.v[k]) * rs;
+    for (int k = 0; k < V; ++k) acc[k] += to_f(s.dy.v[k]) * to_f(s.x.v[k]) * s.rstd;
   }
-  float* out = partial + static_cast<std::int64_t>(blockIdx.y) * C + c;
-#pragma unroll
-  for (int k = 0; k < V; ++k) out[k] = acc[k];
-}
+};
 
 // ------------------------------------------------------------------------------------------------
 // the backend's methods
@@ -215,17 +196,10 @@ void cuda_backend::rmsnorm_backward_impl(const tensor& dy, const tensor& x, cons
     with_row_vector<T>({&x, &dy}, C, [&](auto v) {
       constexpr int V = decltype(v)::value;
       if constexpr (V > 1) {
-        const column_chunks ch = column_chunking(rows);
-        scratch partial(ctx, sizeof(float) * static_cast<std::size_t>(ch.chunks) * C);
-        const int threads = 128, lanes = C / V;
-        const dim3 grid((lanes + threads - 1) / threads, ch.chunks);
-        rmsnorm_weight_partial_vec<T, V><<<grid, threads, 0, ctx.stream>>>(
-            dy.data<T>(), x.data<T>(), rstd.data<float>(), rows, C, ch.chunk_rows,
-            partial.as<float>());
-        TROUPE_CUDA_CHECK_LAUNCH();
-        column_finish_kernel<<<finish_grid(C), finish_block(), 0, ctx.stream>>>(
-            partial.as<float>(), ch.chunks, C, dw.raw(), code_of(dw.type()));
-        TROUPE_CUDA_CHECK_LAUNCH();
+        column_sums_vec<V>(ctx,
+                           rmsnorm_weight_vec_terms<T, V>{dy.data<T>(), x.data<T>(),
+                                                          rstd.data<float>(), C},
+                           rows, C, dw.raw(), code_of(dw.type()));
         done = true;
       }
     });
