@@ -240,11 +240,13 @@ void randomise(chunk& c, kernels::backend& be, std::uint64_t seed) {
 /// 1 / the trained targets, and the float64 reference divides its sum by the count it makes itself.
 /// With `dropout`, both rates are set and the chunk's forward draws the masks of a training
 /// micro-batch (a step and first sequence other than 0), which the reference applies too.
+/// `hidden` (when not 0) replaces the tiny config's width.
 void check_gradients(core::arch_kind arch, const core::lora_config& lora = {},
-                     bool masked_mean = false, bool dropout = false) {
+                     bool masked_mean = false, bool dropout = false, int hidden = 0) {
   auto be = kernels::make_backend("cpu");
   core::model_config cfg = model::testing::tiny_config(arch);
   cfg.lora = lora;
+  if (hidden > 0) cfg.hidden_size = hidden;
   if (dropout) {
     cfg.attention_dropout = 0.25f;
     cfg.hidden_dropout = 0.2f;
@@ -336,6 +338,24 @@ TEST_CASE("gpt2 analytic gradients match float64 finite differences for every te
 
 TEST_CASE("llama analytic gradients match float64 finite differences for every tensor") {
   check_gradients(core::arch_kind::llama);
+}
+
+TEST_CASE("llama gradients match float64 finite differences with q, k and v back to back") {
+  // At width 64 each projection fills whole 1024-element blocks of the flat buffer, so the three
+  // lie back to back and the layer runs them as one matrix in place (llama_layer.cpp); at the
+  // tiny width above they are apart and the layer stacks copies.
+  core::model_config cfg = model::testing::tiny_config(core::arch_kind::llama);
+  cfg.hidden_size = 64;
+  auto be = kernels::make_backend("cpu");
+  chunk c(cfg, partition(cfg, 1)[0], *be);
+  std::map<std::string, param_info> at;
+  for (const auto& p : c.params()) at[p.name] = p;
+  const std::string l = "model.layers.0.self_attn.";
+  const param_info &q = at.at(l + "q_proj.weight"), &k = at.at(l + "k_proj.weight"),
+                   &v = at.at(l + "v_proj.weight");
+  CHECK(k.offset == q.offset + q.numel);
+  CHECK(v.offset == k.offset + k.numel);
+  check_gradients(core::arch_kind::llama, {}, false, false, 64);
 }
 
 // LoRA: the adapters of every linear module (and, trained in full beside them, the norms) against
