@@ -358,6 +358,15 @@ TEST_CASE("cuda rope matches the CPU, rotating only the first rot_heads heads") 
     tensor gdy = upload(*be.gpu, dy, t);
     be.gpu->rope_backward(gdy, T, heads_total, rot, D, rope_spec{10000.0f}, gdy);  // in place
     CHECK(same_bits(be.gpu->to_host(gdy), be.gpu->to_host(gdx)));
+    // One element off 16-byte alignment takes the scalar kernel: the same bits as the 16-byte one.
+    tensor sx = upload(*be.gpu, tensor::zeros({N * W + 1}), t).slice(1, {N, W});
+    tensor sy = upload(*be.gpu, tensor::zeros({N * W + 1}), t).slice(1, {N, W});
+    be.gpu->copy(upload(*be.gpu, x, t), sx);
+    be.gpu->rope_forward(sx, T, heads_total, rot, D, rope_spec{10000.0f}, sy);
+    CHECK(same_bits(be.gpu->to_host(sy), be.gpu->to_host(gy)));
+    be.gpu->copy(upload(*be.gpu, dy, t), sx);
+    be.gpu->rope_backward(sx, T, heads_total, rot, D, rope_spec{10000.0f}, sy);
+    CHECK(same_bits(be.gpu->to_host(sy), be.gpu->to_host(gdx)));
   }
 }
 
