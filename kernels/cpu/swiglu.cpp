@@ -1,5 +1,5 @@
 // SwiGLU (LLaMA MLP): y = silu(gate) * up, silu(g) = g * sigmoid(g).
-//   dgate += dy * up * s (1 + g (1 - s)),  dup += dy * g * s,  s = sigmoid(g)
+//   dgate = dy * up * s (1 + g (1 - s)),  dup = dy * g * s,  s = sigmoid(g)  (written)
 #include "kernels/check.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/cpu/fast_math.hpp"
