@@ -151,6 +151,10 @@ class profiling_backend final : public kernels::backend {
   void linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw, tensor& db) override {
     timed("linear_backward_weight", [&] { in_.linear_backward_weight(dy, x, dw, db); });
   }
+  void linear_backward_weight_write(const tensor& dy, const tensor& x, tensor& dw,
+                                    tensor& db) override {
+    timed("linear_backward_weight_write", [&] { in_.linear_backward_weight_write(dy, x, dw, db); });
+  }
   void linear_forward_residual(const tensor& x, const tensor& w, const tensor& b, const tensor& r,
                                tensor& y) override {
     timed("linear_forward_residual", [&] { in_.linear_forward_residual(x, w, b, r, y); });

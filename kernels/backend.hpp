@@ -170,6 +170,11 @@ class backend {
                                    tensor& y);
   /// dx = dy · w (written, not accumulated).
   virtual void linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx);
+  /// dw = dyᵀ · x; db = Σ_rows dy (when defined), both written: the first weight gradient of a
+  /// step into a gradient buffer that zero_grads left unzeroed (model/chunk.cpp). Bits: those of
+  /// zeroing dw and db and calling linear_backward_weight, but for the sign of zeros.
+  virtual void linear_backward_weight_write(const tensor& dy, const tensor& x, tensor& dw,
+                                            tensor& db);
   /// dx = (dy · w) ⊙ gelu'(pre) (written): the gradient of c_fc's output through the GELU, given
   /// the gradient dy of the next linear layer's output and its weight w.
   virtual void linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,

@@ -43,6 +43,13 @@ void backend::linear_backward_input_write(const tensor& dy, const tensor& w, ten
   linear_backward_input(dy, w, dx);
 }
 
+void backend::linear_backward_weight_write(const tensor& dy, const tensor& x, tensor& dw,
+                                           tensor& db) {
+  zero(dw);
+  if (db.defined()) zero(db);
+  linear_backward_weight(dy, x, dw, db);
+}
+
 void backend::linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
                                          tensor& dx) {
   tensor d_act = empty(dx.shape(), dx.type());

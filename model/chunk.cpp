@@ -12,6 +12,7 @@
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "core/error.hpp"
 #include "model/layer.hpp"
@@ -193,6 +194,13 @@ class chunk_impl {
   std::map<int, mb_state> states_;
   std::map<int, tensor> losses_;  // per-row losses of each micro-batch, on the device
   std::size_t bytes_ = 0, peak_ = 0;
+  // Gradients that zero_grads leaves as they are: the linear weights' (and their biases'), which
+  // the first weight pass of a step writes (layer_tensors::fresh). fresh_layers_[l] / fresh_head_:
+  // not yet written since the last zero_grads. unwritten_: the ranges of grads_ zero_grads clears.
+  std::vector<bool> fresh_layers_;
+  bool fresh_head_ = false;
+  std::vector<std::pair<std::int64_t, std::int64_t>> unwritten_;
+  bool ranges_known_ = false;
 
   std::pair<bool, const param_info*> info(const std::string& name) const {
     auto it = index_.find(name);
@@ -246,6 +254,79 @@ class chunk_impl {
       const auto [frozen, p] = info(name);
       return frozen ? tensor{} : grads_.slice(p->offset, p->shape);
     });
+  }
+
+  /// The gradients of layer `l` (or of the head, l = -1) that its weight pass writes when fresh:
+  /// each linear weight whose gradient is wanted, with its bias.
+  std::vector<tensor> written_by(const views& g, int l) const {
+    std::vector<tensor> out;
+    auto add = [&](const tensor& w, const tensor* b) {
+      if (!w.defined()) return;
+      out.push_back(w);
+      if (b && b->defined()) out.push_back(*b);
+    };
+    if (l < 0) {
+      add(g.head.head_w, nullptr);
+      return out;
+    }
+    const layer_tensors& t = g.layers[static_cast<std::size_t>(l)];
+    add(t.qkv_w, &t.qkv_b);
+    add(t.q_w, nullptr);
+    add(t.k_w, nullptr);
+    add(t.v_w, nullptr);
+    add(t.proj_w, &t.proj_b);
+    add(t.fc_w, &t.fc_b);
+    add(t.up_w, nullptr);
+    add(t.out_w, &t.out_b);
+    return out;
+  }
+  std::pair<std::int64_t, std::int64_t> range_in_grads(const tensor& t) const {
+    const auto begin =
+        static_cast<std::int64_t>((t.byte_offset() - grads_.byte_offset()) / sizeof(float));
+    return {begin, begin + t.numel()};
+  }
+  /// Clears what no weight pass writes and marks the rest fresh.
+  void zero_grads() {
+    if (!ranges_known_) {
+      const views g = gradients();
+      std::vector<std::pair<std::int64_t, std::int64_t>> written;
+      for (int l = -1; l < spec_.num_layers; ++l)
+        if (l >= 0 || spec_.has_head)
+          for (const tensor& t : written_by(g, l)) written.push_back(range_in_grads(t));
+      std::sort(written.begin(), written.end());
+      std::int64_t at = 0;
+      for (auto [b, e] : written) {
+        if (b > at) unwritten_.emplace_back(at, b);
+        at = std::max(at, e);
+      }
+      if (at < grads_.numel()) unwritten_.emplace_back(at, grads_.numel());
+      ranges_known_ = true;
+    }
+    for (auto [b, e] : unwritten_) {
+      tensor part = grads_.slice(b, {e - b});
+      be_.zero(part);
+    }
+    fresh_layers_.assign(static_cast<std::size_t>(spec_.num_layers), true);
+    fresh_head_ = spec_.has_head;
+  }
+  /// Whether layer l's (head: l = -1) weight pass writes its gradients, once per zero_grads.
+  bool take_fresh(int l) {
+    if (l < 0) return std::exchange(fresh_head_, false);
+    if (static_cast<std::size_t>(l) >= fresh_layers_.size()) return false;
+    const bool f = fresh_layers_[static_cast<std::size_t>(l)];
+    fresh_layers_[static_cast<std::size_t>(l)] = false;
+    return f;
+  }
+  /// Zeroes the gradients still fresh, for a reader that comes before their weight pass (the
+  /// values are then those of a zeroed buffer, as before any backward).
+  void settle() {
+    bool any = fresh_head_;
+    for (bool f : fresh_layers_) any = any || f;
+    if (!any) return;
+    const views g = gradients();
+    for (int l = -1; l < spec_.num_layers; ++l)
+      if ((l >= 0 || spec_.has_head) && take_fresh(l))
+        for (tensor t : written_by(g, l)) be_.zero(t);
   }
 
   /// Bytes held by st (each storage once: a layer's output is the next layer's input).
@@ -557,6 +638,7 @@ class chunk_impl {
       account(st);
       if (with_weights) {
         name_op(spec_.first_layer + l, st, comm_op::backward_weight);
+        g.layers[l].fresh = take_fresh(l);
         ops_->backward_weight(w.layers[l], st.layers[l], st.stash[l], g.layers[l]);
         st.layers[l] = {};
         st.stash[l] = {};
@@ -601,6 +683,7 @@ class chunk_impl {
     if (spec_.has_head && !st.head_weight_done) head_backward_weight(st, w.head, g.head);
     for (int l = spec_.num_layers - 1; l >= 0; --l) {
       name_op(spec_.first_layer + l, st, comm_op::backward_weight);
+      g.layers[l].fresh = take_fresh(l);
       ops_->backward_weight(w.layers[l], st.layers[l], st.stash[l], g.layers[l]);
     }
     if (spec_.has_embedding && st.d_emb.defined())
@@ -659,7 +742,10 @@ class chunk_impl {
   void head_backward_weight(mb_state& st, const head_tensors& w, head_tensors& g) {
     head_acts& h = st.head;
     tensor none;
-    if (g.head_w.defined())
+    const bool fresh = take_fresh(-1);
+    if (g.head_w.defined() && fresh)
+      be_.linear_backward_weight_write(h.dlogits, tp_on() ? h.n_all : h.n, g.head_w, none);
+    else if (g.head_w.defined())
       be_.linear_backward_weight(h.dlogits, tp_on() ? h.n_all : h.n, g.head_w, none);
     if (!st.head_norm_done && sp()) {
       head_norm_weight(st, w, g, nullptr);
@@ -692,12 +778,18 @@ core::shape_t chunk::whole_shape(const std::string& name) const {
 const std::vector<param_info>& chunk::params() const { return impl_->infos_; }
 const std::vector<param_info>& chunk::frozen_params() const { return impl_->frozen_infos_; }
 tensor& chunk::flat_params() { return impl_->params_; }
-tensor& chunk::flat_grads() { return impl_->grads_; }
+tensor& chunk::flat_grads() {
+  impl_->settle();
+  return impl_->grads_;
+}
 tensor& chunk::flat_low() { return impl_->low_; }
 tensor& chunk::flat_frozen() { return impl_->frozen_; }
 tensor& chunk::flat_frozen_low() { return impl_->frozen_low_; }
 tensor chunk::param(const std::string& name) { return impl_->param_view(name); }
-tensor chunk::grad(const std::string& name) { return impl_->grad_view(name); }
+tensor chunk::grad(const std::string& name) {
+  impl_->settle();
+  return impl_->grad_view(name);
+}
 bool chunk::frozen(const std::string& name) const { return impl_->info(name).first; }
 
 void chunk::init(std::uint64_t seed) {
@@ -738,7 +830,7 @@ void chunk::trainable_updated() {
   if (impl_->low_.defined()) impl_->be_.convert(impl_->params_, impl_->low_);
 }
 
-void chunk::zero_grads() { impl_->be_.zero(impl_->grads_); }
+void chunk::zero_grads() { impl_->zero_grads(); }
 
 void chunk::set_recompute(core::recompute_mode mode, const std::vector<bool>& layers) {
   chunk_impl& m = *impl_;

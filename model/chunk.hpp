@@ -130,6 +130,10 @@ class chunk {
   void params_updated();
   /// After only the trainable weights changed (an optimizer step): refresh their copy.
   void trainable_updated();
+  /// Starts a step's gradients: zeroes those the backward adds into, and lets the first weight
+  /// pass of each layer (and of the head) write its linear weights' gradients instead of adding
+  /// them to zeros (no memset of the largest part of the buffer). grad() and flat_grads() zero
+  /// what is still unwritten, so a reader never sees the last step's values.
   void zero_grads();
 
   /// Which activations forwards keep. `layers` (global layer indices, [num_layers] or empty =

@@ -30,7 +30,7 @@ class gpt2_layer_ops final : public layer_ops {
 
   void qkv_backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
                            layer_tensors& g) override {
-    if (g.qkv_w.defined()) be_.linear_backward_weight(s.d_qkv, a.n1, g.qkv_w, g.qkv_b);
+    if (g.qkv_w.defined()) weight_grad(s.d_qkv, a.n1, g.qkv_w, g.qkv_b, g.fresh);
     lora_backward_weight(w.qkv_l, a.n1, s.d_qkv, g.qkv_l);
   }
 
@@ -74,10 +74,10 @@ class gpt2_layer_ops final : public layer_ops {
     if (g.out_w.defined() || g.out_l.defined()) {
       tensor act = alloc(a.fc.shape());
       be_.gelu_forward(a.fc, act);
-      if (g.out_w.defined()) be_.linear_backward_weight(s.d_out, act, g.out_w, g.out_b);
+      if (g.out_w.defined()) weight_grad(s.d_out, act, g.out_w, g.out_b, g.fresh);
       lora_backward_weight(w.out_l, act, s.d_out, g.out_l);
     }
-    if (g.fc_w.defined()) be_.linear_backward_weight(s.d_fc, a.n2, g.fc_w, g.fc_b);
+    if (g.fc_w.defined()) weight_grad(s.d_fc, a.n2, g.fc_w, g.fc_b, g.fresh);
     lora_backward_weight(w.fc_l, a.n2, s.d_fc, g.fc_l);
   }
 

@@ -299,7 +299,7 @@ void layer_ops::backward_weight(const layer_tensors& w, const layer_acts& a,
     fs = &whole_s;
   }
   mlp_backward_weight(w, *full, *fs, g);
-  if (g.proj_w.defined()) be_.linear_backward_weight(fs->d_mid, a.att, g.proj_w, g.proj_b);
+  if (g.proj_w.defined()) weight_grad(fs->d_mid, a.att, g.proj_w, g.proj_b, g.fresh);
   lora_backward_weight(w.proj_l, a.att, fs->d_mid, g.proj_l);
   qkv_backward_weight(w, *full, *fs, g);
   if (s.norms_done) return;

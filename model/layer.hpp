@@ -54,12 +54,16 @@ struct layer_tensors {
   lora_pair qkv_l;          // GPT-2 c_attn
   lora_pair q_l, k_l, v_l;  // LLaMA q/k/v_proj
   lora_pair proj_l, fc_l, up_l, out_l;
+  // Gradient views only: the chunk did not zero the linear weights' gradients (and their biases)
+  // for this step, so their weight-gradient GEMMs write instead of adding (chunk.cpp, zero_grads).
+  bool fresh = false;
 };
 
 /// Final norm and LM head.
 struct head_tensors {
   tensor norm_w, norm_b;  // ln_f / model.norm (bias: GPT-2 only)
   tensor head_w;          // lm_head.weight [V, C]
+  bool fresh = false;     // gradient views: head_w's gradient is written (layer_tensors::fresh)
 };
 
 /// Token embedding and (GPT-2) position embedding.
@@ -322,6 +326,8 @@ class layer_ops {
   /// frozen modules are undefined and skipped, so with `w` undefined this does nothing.
   void lora_backward_weight(const lora_pair& w, const tensor& x, const tensor& dy, lora_pair& g,
                             std::int64_t col = 0);
+  /// dw += dyᵀ·x, db += Σ_rows dy; written instead when `fresh` (layer_tensors::fresh).
+  void weight_grad(const tensor& dy, const tensor& x, tensor& dw, tensor& db, bool fresh);
 
   core::model_config cfg_;
   kernels::backend& be_;

@@ -79,17 +79,16 @@ class llama_layer_ops final : public layer_ops {
     if (!g.q_w.defined() && !g.k_w.defined() && !g.v_w.defined()) return;
     tensor none;
     if (!kv_replicated_) {
-      // The three gradients back to back: one GEMM accumulates into all of them.
+      // The three gradients back to back: one GEMM adds into (or writes) all of them.
       tensor all = back_to_back(g.q_w, g.k_w, g.v_w);
       if (all.defined()) {
-        be_.linear_backward_weight(s.d_qkv, a.n1, all, none);
+        weight_grad(s.d_qkv, a.n1, all, none, g.fresh);
         return;
       }
     }
     if (!dstacked_.defined())
       dstacked_ = alloc({qkv_width_, cfg_.hidden_size}, core::dtype::f32);
-    be_.zero(dstacked_);
-    be_.linear_backward_weight(s.d_qkv, a.n1, dstacked_, none);
+    be_.linear_backward_weight_write(s.d_qkv, a.n1, dstacked_, none);
     tensor parts[3] = {dstacked_.rows(0, q), dstacked_.rows(q, q + k), dstacked_.rows(q + k, q + 2 * k)};
     if (kv_replicated_) {
       // Ranks that hold the same key/value head each saw the gradient of their query heads only.
@@ -98,8 +97,13 @@ class llama_layer_ops final : public layer_ops {
       parts[2] = kv_sum.rows(k, 2 * k);
     }
     tensor* grads[3] = {&g.q_w, &g.k_w, &g.v_w};
-    for (int i = 0; i < 3; ++i)
-      if (grads[i]->defined()) be_.accumulate(parts[i], *grads[i]);
+    for (int i = 0; i < 3; ++i) {
+      if (!grads[i]->defined()) continue;
+      if (g.fresh)
+        be_.copy(parts[i], *grads[i]);
+      else
+        be_.accumulate(parts[i], *grads[i]);
+    }
   }
 
   tensor mlp_forward(const layer_tensors& w, layer_acts& a) override {
@@ -135,11 +139,11 @@ class llama_layer_ops final : public layer_ops {
   void mlp_backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
                            layer_tensors& g) override {
     tensor none;
-    if (g.out_w.defined()) be_.linear_backward_weight(s.d_out, a.act, g.out_w, none);
+    if (g.out_w.defined()) weight_grad(s.d_out, a.act, g.out_w, none, g.fresh);
     lora_backward_weight(w.out_l, a.act, s.d_out, g.out_l);
-    if (g.fc_w.defined()) be_.linear_backward_weight(s.d_fc, a.n2, g.fc_w, none);
+    if (g.fc_w.defined()) weight_grad(s.d_fc, a.n2, g.fc_w, none, g.fresh);
     lora_backward_weight(w.fc_l, a.n2, s.d_fc, g.fc_l);
-    if (g.up_w.defined()) be_.linear_backward_weight(s.d_up, a.n2, g.up_w, none);
+    if (g.up_w.defined()) weight_grad(s.d_up, a.n2, g.up_w, none, g.fresh);
     lora_backward_weight(w.up_l, a.n2, s.d_up, g.up_l);
   }
 

@@ -50,6 +50,14 @@ void layer_ops::lora_backward_input(const lora_pair& w, const tensor& dy, tensor
   be_.linear_backward_input(dh, w.a, dx);
 }
 
+void layer_ops::weight_grad(const tensor& dy, const tensor& x, tensor& dw, tensor& db,
+                            bool fresh) {
+  if (fresh)
+    be_.linear_backward_weight_write(dy, x, dw, db);
+  else
+    be_.linear_backward_weight(dy, x, dw, db);
+}
+
 void layer_ops::lora_backward_weight(const lora_pair& w, const tensor& x, const tensor& dy,
                                      lora_pair& g, std::int64_t col) {
   if (!w.defined() || !g.defined()) return;
@@ -70,8 +78,7 @@ void layer_ops::lora_backward_weight(const lora_pair& w, const tensor& x, const 
   const core::shape_t shape{dy.dim(1), r};
   if (!db_pad_.defined() || db_pad_.shape() != shape)
     db_pad_ = alloc(shape, core::dtype::f32);
-  be_.zero(db_pad_);
-  be_.linear_backward_weight(dy, h, db_pad_, none);
+  be_.linear_backward_weight_write(dy, h, db_pad_, none);
   be_.accumulate(db_pad_.rows(col, col + g.b.dim(0)), g.b);
 }
 

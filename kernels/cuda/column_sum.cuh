@@ -89,11 +89,13 @@ __device__ inline float column_total(const float* partial, int chunks, int cols,
 inline dim3 finish_grid(int cols) { return dim3((cols + finish_cols - 1) / finish_cols); }
 inline dim3 finish_block() { return dim3(finish_cols, finish_lanes); }
 
+/// out[c] += the column's total, or out[c] = it with `write` (out is not read: it may hold
+/// anything).
 __global__ inline void column_finish_kernel(const float* partial, int chunks, int cols, void* out,
-                                            int code) {
+                                            int code, bool write) {
   const int c = blockIdx.x * finish_cols + threadIdx.x;
   const float s = column_total(partial, chunks, cols, c);
-  if (threadIdx.y == 0 && c < cols) store_f(out, code, c, load_f(out, code, c) + s);
+  if (threadIdx.y == 0 && c < cols) store_f(out, code, c, write ? s : load_f(out, code, c) + s);
 }
 
 /// How column_sums cuts `rows` into chunks: enough chunks to fill the GPU for narrow matrices, few
@@ -109,10 +111,10 @@ inline column_chunks column_chunking(std::int64_t rows) {
 }
 
 /// Launches the two passes on ctx's stream; out[o] (dtype codes[o], `cols` elements) may be null to
-/// skip that output.
+/// skip that output. The sums are added to out, or written with `write`.
 template <int NOUT, class F>
 void column_sums(context& ctx, const F& f, std::int64_t rows, int cols, void* const (&out)[NOUT],
-                 const int (&codes)[NOUT]) {
+                 const int (&codes)[NOUT], bool write = false) {
   if (rows == 0 || cols == 0) return;
   const column_chunks ch = column_chunking(rows);
   const std::int64_t chunk_rows = ch.chunk_rows;
@@ -127,16 +129,17 @@ void column_sums(context& ctx, const F& f, std::int64_t rows, int cols, void* co
     if (!out[o]) continue;
     column_finish_kernel<<<finish_grid(cols), finish_block(), 0, ctx.stream>>>(
         partial.as<float>() + static_cast<std::int64_t>(o) * chunks * cols, chunks, cols, out[o],
-        codes[o]);
+        codes[o], write);
     TROUPE_CUDA_CHECK_LAUNCH();
   }
 }
 
-/// out += column sums through column_partial_vec_kernel (V columns per thread; cols % V == 0) and
-/// column_finish_kernel: the chunks, the order and so the bits of column_sums with the scalar
-/// functor.
+/// out += column sums (out = them with `write`) through column_partial_vec_kernel (V columns per
+/// thread; cols % V == 0) and column_finish_kernel: the chunks, the order and so the bits of
+/// column_sums with the scalar functor.
 template <int V, class F>
-void column_sums_vec(context& ctx, const F& f, std::int64_t rows, int cols, void* out, int code) {
+void column_sums_vec(context& ctx, const F& f, std::int64_t rows, int cols, void* out, int code,
+                     bool write = false) {
   if (rows == 0 || cols == 0) return;
   const column_chunks ch = column_chunking(rows);
   scratch partial(ctx, sizeof(float) * static_cast<std::size_t>(ch.chunks) * cols);
@@ -146,7 +149,7 @@ void column_sums_vec(context& ctx, const F& f, std::int64_t rows, int cols, void
                                                                   partial.as<float>());
   TROUPE_CUDA_CHECK_LAUNCH();
   column_finish_kernel<<<finish_grid(cols), finish_block(), 0, ctx.stream>>>(
-      partial.as<float>(), ch.chunks, cols, out, code);
+      partial.as<float>(), ch.chunks, cols, out, code, write);
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 

@@ -58,6 +58,8 @@ class cuda_backend final : public backend {
   void linear_gelu_forward(const tensor& x, const tensor& w, const tensor& b, tensor& pre,
                            tensor& y) override;
   void linear_backward_input_write(const tensor& dy, const tensor& w, tensor& dx) override;
+  void linear_backward_weight_write(const tensor& dy, const tensor& x, tensor& dw,
+                                    tensor& db) override;
   void linear_backward_input_gelu(const tensor& dy, const tensor& w, const tensor& pre,
                                   tensor& dx) override;
 

@@ -100,10 +100,11 @@ struct bias_vec_terms {
 
 namespace {
 
-/// db += Σ_rows dy over a dense [rows, cols] dy: the vectorised partial kernel when dy moves in
-/// 16-byte packs, the generic column_sums otherwise; both then finish with column_finish_kernel
-/// (the same chunks, the same order, the same bits).
-void bias_gradient(context& ctx, const tensor& dy, std::int64_t rows, int cols, tensor& db) {
+/// db += Σ_rows dy (db = Σ_rows dy with `write`) over a dense [rows, cols] dy: the vectorised
+/// partial kernel when dy moves in 16-byte packs, the generic column_sums otherwise; both then
+/// finish with column_finish_kernel (the same chunks, the same order, the same bits).
+void bias_gradient(context& ctx, const tensor& dy, std::int64_t rows, int cols, tensor& db,
+                   bool write) {
   bool done = false;
   dispatch_float(dy.type(), "cuda linear_backward_weight", [&](auto tag) {
     using T = decltype(tag);
@@ -111,7 +112,7 @@ void bias_gradient(context& ctx, const tensor& dy, std::int64_t rows, int cols, 
       constexpr int V = decltype(v)::value;
       if constexpr (V > 1) {
         column_sums_vec<V>(ctx, bias_vec_terms<T, V>{dy.data<T>(), cols}, rows, cols, db.raw(),
-                           code_of(db.type()));
+                           code_of(db.type()), write);
         done = true;
       }
     });
@@ -120,7 +121,7 @@ void bias_gradient(context& ctx, const tensor& dy, std::int64_t rows, int cols, 
   bias_terms f{dy.raw(), code_of(dy.type()), cols};
   void* const outs[1] = {db.raw()};
   const int codes[1] = {code_of(db.type())};
-  column_sums<1>(ctx, f, rows, cols, outs, codes);
+  column_sums<1>(ctx, f, rows, cols, outs, codes, write);
 }
 
 cudaDataType_t cuda_type(dtype t) {
@@ -643,11 +644,11 @@ void cuda_backend::linear_backward_input_gelu(const tensor& dy, const tensor& w,
   });
 }
 
-void cuda_backend::linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw,
-                                          tensor& db) {
-  activate();
-  context& ctx = *ctx_;
-  const char* op = "cuda linear_backward_weight";
+namespace {
+
+/// dw (+)= dyᵀ·x and db (+)= Σ_rows dy: beta 1 accumulates, beta 0 writes.
+void weight_gradient(context& ctx, const tensor& dy, const tensor& x, tensor& dw, tensor& db,
+                     float beta, const char* op) {
   require_float(dw, op, "dw");
   require(dw.rank() == 2, op, "dw must be [out, in], got " + core::shape_string(dw.shape()));
   const std::int64_t OC = dw.dim(0), IC = dw.dim(1);
@@ -664,11 +665,31 @@ void cuda_backend::linear_backward_weight(const tensor& dy, const tensor& x, ten
     require_float(db, op, "db");
     require_numel(db, OC, op, "db");
   }
-  if (N == 0) return;
-  gemm_call g = dense_gemm(false, true, IC, OC, N, x, dy, dw, 1);
+  if (N == 0) {
+    if (beta == 0) {  // an empty sum, written
+      TROUPE_CUDA_CHECK(cudaMemsetAsync(dw.raw(), 0, dw.bytes(), ctx.stream));
+      if (db.defined()) TROUPE_CUDA_CHECK(cudaMemsetAsync(db.raw(), 0, db.bytes(), ctx.stream));
+    }
+    return;
+  }
+  gemm_call g = dense_gemm(false, true, IC, OC, N, x, dy, dw, beta);
   g.ldb = W;  // B = dy transposed: n = OC columns of padded rows
   gemm(ctx, g);
-  if (db.defined()) bias_gradient(ctx, dy, N, static_cast<int>(OC), db);
+  if (db.defined()) bias_gradient(ctx, dy, N, static_cast<int>(OC), db, beta == 0);
+}
+
+}  // namespace
+
+void cuda_backend::linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw,
+                                          tensor& db) {
+  activate();
+  weight_gradient(*ctx_, dy, x, dw, db, 1, "cuda linear_backward_weight");
+}
+
+void cuda_backend::linear_backward_weight_write(const tensor& dy, const tensor& x, tensor& dw,
+                                                tensor& db) {
+  activate();
+  weight_gradient(*ctx_, dy, x, dw, db, 0, "cuda linear_backward_weight_write");
 }
 
 void set_gemm_log(bool on) { gemm_log.store(on); }

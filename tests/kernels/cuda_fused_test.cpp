@@ -5,6 +5,8 @@
 // with a message where no GPU is visible.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "tests/kernels/cuda_test_util.hpp"
 #include "kernels/select.hpp"
@@ -97,6 +99,48 @@ TEST_CASE("cuda fused linear input gradients (written, DGELU epilogue) match the
         gpu->linear_backward_input_gelu(gdy, gw, gpre, dx);
       }, "gelu input gradient deterministic");
       check_close(gdfc, dfc_ref, rtol, "dx = (dy*w) gelu'(pre)");
+    }
+  }
+}
+
+TEST_CASE("cuda weight gradients written (beta 0) give the bits of zeroing and adding") {
+  // linear_backward_weight_write: the first weight gradient of a step into an unzeroed buffer
+  // (model/chunk.cpp, zero_grads). dw through a beta-0 GEMM, db through column sums that store
+  // instead of adding; against the CPU, and bit for bit against zeros + linear_backward_weight.
+  if (!gpu_or_skip()) return;
+  auto cpu = make_backend("cpu");
+  auto gpu = make_backend("cuda");
+  const std::int64_t N = 200, IC = 96;
+  for (std::int64_t OC : {136, 60}) {
+    for (dtype t : float_types) {
+      for (bool bias : {true, false}) {
+        // Without a bias the head's case too: dy rows padded to a multiple of 64 (logits_width).
+        const std::int64_t W = bias ? OC : (OC + 63) / 64 * 64;
+        INFO("dtype " << core::dtype_name(t) << ", OC " << OC << ", width " << W);
+        tensor dy = rounded(random_host({N, OC}, 51), t);
+        tensor padded = tensor::zeros({N, W});  // the padding's gradient is zero
+        for (std::int64_t r = 0; r < N; ++r)
+          std::copy_n(dy.data<float>() + r * OC, OC, padded.data<float>() + r * W);
+        tensor x = rounded(random_host({N, IC}, 52), t);
+        tensor gdy = upload(*gpu, padded, t), gx = upload(*gpu, x, t);
+        tensor dw_ref = tensor::zeros({OC, IC}), db_ref = tensor::zeros({OC});
+        tensor no_db;
+        cpu->linear_backward_weight(dy, x, dw_ref, bias ? db_ref : no_db);
+
+        tensor zw = upload(*gpu, tensor::zeros({OC, IC}), dtype::f32);
+        tensor zb = bias ? upload(*gpu, tensor::zeros({OC}), dtype::f32) : tensor{};
+        gpu->linear_backward_weight(gdy, gx, zw, zb);
+        tensor ww = poisoned(*gpu, {OC, IC}, dtype::f32);
+        tensor wb = bias ? poisoned(*gpu, {OC}, dtype::f32) : tensor{};
+        gpu->linear_backward_weight_write(gdy, gx, ww, wb);
+        const double rtol = rtol_for(t);
+        check_close(download(*gpu, ww), dw_ref, rtol, "dw = dy^T x");
+        CHECK_MESSAGE(same_bits(gpu->to_host(ww), gpu->to_host(zw)), "dw: written vs added");
+        if (bias) {
+          check_close(download(*gpu, wb), db_ref, rtol, "db = sum dy");
+          CHECK_MESSAGE(same_bits(gpu->to_host(wb), gpu->to_host(zb)), "db: written vs added");
+        }
+      }
     }
   }
 }

@@ -4,7 +4,9 @@
 // a GPU.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "model/chunk.hpp"
@@ -148,6 +150,47 @@ TEST_CASE("cuda bf16 training tracks the fp32 CPU losses and learns") {
     last = cb;
   }
   CHECK(last < first - 0.05);  // six steps on one batch at lr 3e-3 lower its loss
+}
+
+}  // namespace troupe::kernels::cuda_test
+
+namespace troupe::kernels::cuda_test {
+
+// zero_grads leaves the linear weights' gradients to the first weight pass, which writes them
+// (beta-0 GEMMs, column sums stored): NaN left in the whole buffer must not reach one element of
+// the next step's gradient, and the step must give the bits of the one before (same inputs).
+TEST_CASE("cuda gradients of a step hold nothing of the buffer's old contents") {
+  if (!gpu_or_skip()) return;
+  auto gpu = make_backend("cuda");
+  core::model_config llama = small_gpt2();
+  llama.arch = core::arch_kind::llama;
+  llama.num_kv_heads = 1;
+  llama.ffn_hidden_size = 256;
+  llama.tie_embeddings = false;
+  for (const core::model_config& m : {small_gpt2(), llama}) {
+    INFO((m.arch == core::arch_kind::llama ? "llama" : "gpt2"));
+    for (auto p : {core::precision_kind::fp32, core::precision_kind::bf16}) {
+      INFO((p == core::precision_kind::bf16 ? "bf16" : "fp32"));
+      run r(*gpu, p, m);
+      const std::int64_t rows = 4 * m.seq_length;
+      const tensor tok = random_tokens(rows, m.vocab_size, 70);
+      const tensor tgt = random_tokens(rows, m.vocab_size, 71);
+      auto pass = [&] {
+        r.c.zero_grads();
+        r.c.forward(0, tok, tgt, 1.0f / static_cast<float>(rows));
+        r.c.backward(0, tensor{});
+        return gpu->to_host(r.c.flat_grads());
+      };
+      const tensor first = pass();
+      tensor nan = tensor::zeros(r.c.flat_grads().shape());
+      std::fill_n(nan.data<float>(), nan.numel(), std::numeric_limits<float>::quiet_NaN());
+      gpu->copy(nan, r.c.flat_grads());
+      const tensor second = pass();
+      const float* g = second.data<float>();
+      CHECK(std::all_of(g, g + second.numel(), [](float x) { return std::isfinite(x); }));
+      CHECK(same_bits(first, second));
+    }
+  }
 }
 
 }  // namespace troupe::kernels::cuda_test
