@@ -233,6 +233,13 @@ TEST_CASE("a step's gradients never hold the last step's: zeroed or written by t
   // of the head writes the linear weights' gradients. NaN left in the whole buffer by an earlier
   // step must not reach a single gradient, padding included, in any backward order.
   auto be = kernels::make_backend("cpu");
+  auto poison = [&](std::vector<chunk>& chunks) {
+    for (auto& c : chunks) {
+      tensor nan = tensor::zeros(c.flat_grads().shape());
+      std::fill_n(nan.data<float>(), nan.numel(), std::nanf(""));
+      be->copy(nan, c.flat_grads());
+    }
+  };
   for (arch_kind arch : both_archs) {
     CAPTURE(arch_name(arch));
     core::model_config cfg = tiny_config(arch, 4);
@@ -242,11 +249,7 @@ TEST_CASE("a step's gradients never hold the last step's: zeroed or written by t
       const run_result ref = run_two(chunks, *be, cfg);
       for (bool split_backward : {false, true}) {
         CAPTURE(split_backward);
-        for (auto& c : chunks) {
-          tensor nan = tensor::zeros(c.flat_grads().shape());
-          std::fill_n(nan.data<float>(), nan.numel(), std::nanf(""));
-          be->copy(nan, c.flat_grads());
-        }
+        poison(chunks);
         const run_result r = run_two(chunks, *be, cfg, split_backward);
         CHECK(r.losses == ref.losses);
         CHECK(differing(ref.grads, r.grads).empty());
@@ -257,12 +260,8 @@ TEST_CASE("a step's gradients never hold the last step's: zeroed or written by t
         }
       }
       // A reader before the backward sees zeros, not the NaN: grad() zeroes what is unwritten.
-      for (auto& c : chunks) {
-        tensor nan = tensor::zeros(c.flat_grads().shape());
-        std::fill_n(nan.data<float>(), nan.numel(), std::nanf(""));
-        be->copy(nan, c.flat_grads());
-        c.zero_grads();
-      }
+      poison(chunks);
+      for (auto& c : chunks) c.zero_grads();
       for (const auto& [name, g] : by_name(chunks, *be, true)) {
         CAPTURE(name);
         CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }));
