@@ -18,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "actors/recorder.hpp"
 #include "runtime/runtime.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/select.hpp"
@@ -205,6 +206,46 @@ TEST_CASE("cuda actor runtime: the same pipeline config twice gives the same bit
   auto a = actors_run(cfg);
   cfg.runtime.run_dir = tmp / "b";
   check_identical(actors_run(cfg), a);
+}
+
+/// Every record of a run's message logs as a line, sorted (the actors' threads interleave them).
+std::vector<std::string> logged_messages(const std::string& run_dir) {
+  std::vector<std::string> out;
+  for (int rank = 0;; ++rank) {
+    if (!std::ifstream(run_dir + "/messages/rank_" + std::to_string(rank) + ".log")) break;
+    auto log = actors::read_log(run_dir + "/messages", rank);
+    REQUIRE_MESSAGE(log.ok(), (log.ok() ? std::string() : log.err().message));
+    for (const auto& r : log.value().records) out.push_back(actors::to_line(r));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST_CASE("cuda actor runtime: gradients and parameters hashed off the path log the bytes sent") {
+  if (!gpu_or_skip()) return;
+  // The step's gradient slices, reduced gradients and updated parameters are hashed on a stream of
+  // their own while the next step runs (backend::message_hash_deferred); with record_tensors every
+  // message is copied to the host and hashed there, before anything runs on. Both runs train the
+  // same bits, so their logs must be equal line for line: a hash that read a buffer after its next
+  // write would differ. One replica (the shard updates the stage's buffers in place), and two
+  // replicas under ZeRO-1 at pipeline_stage 2 (reduced gradients copied back into the buffer).
+  for (int dp : {1, 2}) {
+    INFO("data_parallel = " << dp);
+    scratch_dir tmp("cuda_rt_hash_off_path");
+    auto cfg = gpu_config(tmp, "device", dp == 1 ? 1 : 2);
+    cfg.parallel.data_parallel = dp;
+    cfg.optimizer.zero_stage = dp == 1 ? 0 : 1;
+    cfg.runtime.record = true;
+    const auto device = actors_run(cfg);
+    cfg.runtime.run_dir = tmp / "host";
+    cfg.runtime.record_tensors = true;
+    const auto host = actors_run(cfg);
+    check_identical(device, host);
+    const auto a = logged_messages(tmp / "device"), b = logged_messages(tmp / "host");
+    REQUIRE(a.size() == b.size());
+    CHECK(a.size() > 20);
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == b[i]);
+  }
 }
 
 TEST_CASE("cuda actor runtime: fp16 with dynamic loss scaling skips like the single-rank loop") {
