@@ -164,9 +164,7 @@ void route(Self* self, const job& j, const address& from, const address& to,
            const transport::tag& tg, core::tensor t, const send_note& note = {}) {
   const int src = j.worker_of(from), dst = j.worker_of(to);
   if (j.perturb) t = perturb_send(*j.perturb, from, src, to, dst, tg, std::move(t), note.be);
-  if (j.sink)
-    observe_send(*j.sink, from, src, to, dst, tg, t, note.be, note.sample, note.memo, nullptr,
-                 hashed_off_path(tg.kind));
+  if (j.sink) observe_send(*j.sink, from, src, to, dst, tg, t, note.be, note.sample, note.memo);
   j.endpoint(src).send(dst, std::move(t), tg);
   self->send(j.actor_of(to), tensor_ready{tg.step, tg.kind, tg.chunk, tg.mb, tg.part, src});
 }

@@ -499,8 +499,7 @@ class known_hash final : public kernels::pending_value {
 
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
                   const transport::tag& tg, const core::tensor& t, kernels::backend* be,
-                  const sample_key* sample, hash_memo* memo, const std::string* op,
-                  bool deferred) {
+                  const sample_key* sample, hash_memo* memo, const std::string* op) {
   if (sink.wants_bytes()) {
     core::tensor host = host_view(t, be);
     message_record r = record_of(from, src, to, dst, tg, host, sample);
@@ -516,7 +515,7 @@ void observe_send(message_sink& sink, const address& from, int src, const addres
   std::shared_ptr<kernels::pending_value> h;
   if (t.defined() && !t.dev().is_cpu()) {
     TROUPE_CHECK(be != nullptr, "a device tensor reached the message log without its backend");
-    h = deferred ? be->message_hash_deferred(t) : be->message_hash_async(t);
+    h = be->message_hash_async(t);
   } else if (memo && t.defined() && t.bytes() > 0 && memo->store == t.store() &&
              memo->data == t.raw() && memo->bytes == t.bytes()) {
     h = std::make_shared<known_hash>(memo->hash);

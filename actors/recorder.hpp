@@ -212,12 +212,10 @@ struct hash_memo {
 /// are the final ones): on the device when the sink takes pending hashes, else through a host
 /// copy. A host tensor's hash comes from `memo` when it holds these very bytes, and goes into it.
 /// `op`: the record's op, when the tag does not say it (a tensor-parallel collective's name).
-/// `deferred`: the sender writes t's bytes again only after `be->join_hashes()`, so the device
-/// hashes them off its path (backend::message_hash_deferred).
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
                   const transport::tag& tg, const core::tensor& t, kernels::backend* be,
                   const sample_key* sample, hash_memo* memo = nullptr,
-                  const std::string* op = nullptr, bool deferred = false);
+                  const std::string* op = nullptr);
 /// Shows `sink` a tensor worker `dst` received from `src`, when it wants the bytes.
 void observe_receive(message_sink& sink, int src, int dst, const transport::tag& tg,
                      const core::tensor& t, kernels::backend* be);

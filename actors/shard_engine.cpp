@@ -122,7 +122,6 @@ bool shard_engine::reduce(std::int64_t step) {
   for (std::size_t i = 0; i < chunks_.size(); ++i)
     for (int d = 0; d < layout_.dp; ++d)
       if (!stash_.count(key(i, d))) return false;
-  be_.join_hashes();  // the buffers the last step's messages left in are written from here on
   norm_parts_.clear();
   nonfinite_.clear();
   bool adopted = false;
@@ -273,7 +272,6 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
   TROUPE_CHECK(reduced_step_ == step, "shard(pp=" + std::to_string(pp_) + ", part=" +
                                           std::to_string(part_) + ") asked to update step " +
                                           std::to_string(step) + " before its gradients arrived");
-  be_.join_hashes();
   if (host_) {
     // Piece by piece as each copy lands, the freed buffer taking the next piece's copy; AdamW is
     // element-wise, so the pieces give the bits of one update of the whole slice. A skipped step

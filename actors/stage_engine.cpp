@@ -87,14 +87,7 @@ void stage_engine::begin_step(std::int64_t step, float loss_scale, bool again) {
   device_spans_.clear();
   reduce_state_.clear();
   finishing_ = false;
-  grads_cleared_ = false;
-}
-
-void stage_engine::prepare_grads() {
-  if (grads_cleared_) return;
-  be_.join_hashes();
   for (auto& c : chunks_) c.zero_grads();
-  grads_cleared_ = true;
 }
 
 void stage_engine::deliver(const transport::tag& tg, core::tensor t) {
@@ -200,9 +193,6 @@ bool stage_engine::run() {
       kill_self(op);
     // On a device, the instruction's time on its stream: from when the stream reached the work
     // queued before it (its inputs waited for) to when it ran what the instruction queued.
-    if (op.kind == op_kind::B || op.kind == op_kind::I || op.kind == op_kind::W ||
-        op.kind == op_kind::REDUCE_GRAD)
-      prepare_grads();
     std::shared_ptr<kernels::time_mark> m0;
     if (!be_.dev().is_cpu() && schedules::is_compute(op.kind)) m0 = be_.mark_time();
     if (!execute(op)) {
@@ -440,7 +430,6 @@ bool stage_engine::reduce_grad(int c) {
 
 bool stage_engine::finish_step() {
   finishing_ = true;
-  prepare_grads();
   auto t0 = clock::now();
   for (int i = 0; i < layout_.v; ++i) {
     int c = layout_.chunk_of(pp_, i);
@@ -490,7 +479,6 @@ bool stage_engine::finish_step() {
       if (!same) in_place = false;
       if (hi > lo && !same) be_.copy(src, dst);
       if (layout_.returns_reduced_grads()) {
-        be_.join_hashes();  // the slices sent from this buffer are hashed before it is written
         core::tensor gdst = ch.flat_grads().slice(lo, {hi - lo});
         core::tensor src = take(tag_of(tensor_kind::reduced_grad, c, -1, k));
         if (hi > lo) be_.copy(src, gdst);

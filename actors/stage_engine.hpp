@@ -123,10 +123,6 @@ class stage_engine {
   bool execute(const schedules::instruction& op);
   bool reduce_grad(int chunk);
   void send_slices(int chunk);
-  /// Clears the step's gradients once, before the first instruction that writes them: the last
-  /// step's gradient slices may still be hashed for the log (wire.hpp's hashed_off_path) while
-  /// this step's forwards run.
-  void prepare_grads();
   bool finish_step();
   model::chunk& chunk_for(int global_chunk);
   bool has(const transport::tag& tg) const { return stash_.count(tg) > 0; }
@@ -180,7 +176,6 @@ class stage_engine {
   };
   std::map<int, reduce_progress> reduce_state_;
   bool finishing_ = false;  // past the last instruction: deferred reductions run now
-  bool grads_cleared_ = false;  // prepare_grads ran this step
   std::optional<core::fault_spec> fault_;  // test only (inject)
   bool nan_injected_ = false;
 };

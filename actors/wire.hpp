@@ -29,16 +29,6 @@ enum class tensor_kind : std::uint32_t {
                      // `chunk` is the receiving stage's first chunk)
 };
 
-/// Whether messages of `kind` are hashed for the log off the sender's path
-/// (backend::message_hash_deferred): the buffers a step's gradients and updated parameters leave
-/// in, which their senders write again only after backend::join_hashes() (the stage before its
-/// gradients are cleared or overwritten, the optimizer shard before it reduces or updates).
-inline bool hashed_off_path(std::uint32_t kind) {
-  return kind == static_cast<std::uint32_t>(tensor_kind::grad_slice) ||
-         kind == static_cast<std::uint32_t>(tensor_kind::reduced_grad) ||
-         kind == static_cast<std::uint32_t>(tensor_kind::param_slice);
-}
-
 /// Kinds of a tensor-parallel group's collective tags start here (actors/tp_group.hpp): kind =
 /// tp_kind_base | comm_op << 8 | n (the op's n-th collective), with the top bit set for an
 /// all-reduce's gather phase.

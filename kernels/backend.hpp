@@ -422,18 +422,6 @@ class backend {
   /// after the hash, so a receiver's wait_ready also orders its writes after it. Not while
   /// recording a graph.
   virtual std::shared_ptr<pending_value> message_hash_async(const tensor& x);
-  /// message_hash_async off this backend's path, for a tensor its sender writes again only after
-  /// join_hashes(): the CUDA backend hashes x on a stream of its own at a lower priority than its
-  /// work, once the work queued so far has run, and does not mark x ready after the hash, so a
-  /// receiver's wait_ready does not wait for it and the hash overlaps the work queued after it.
-  /// The caller must call join_hashes() before anything writes x's bytes again; x's memory is not
-  /// reused before the hash has read it. By default (the CPU) message_hash_async.
-  virtual std::shared_ptr<pending_value> message_hash_deferred(const tensor& x) {
-    return message_hash_async(x);
-  }
-  /// Orders this backend's later work after every message_hash_deferred queued so far (on the
-  /// device: the host does not wait).
-  virtual void join_hashes() {}
   // --- device timelines (docs/runtime.md, "Busy and idle time on the device") -------------------
   /// A mark after the work queued so far. The host does not wait; on the CPU, whose ops finish
   /// before they return, it is the host's clock now.

@@ -156,8 +156,6 @@ class cuda_backend final : public backend {
   void record_ready(const tensor& t) override;
   void wait_ready(const tensor& t) override;
   std::shared_ptr<pending_value> message_hash_async(const tensor& x) override;
-  std::shared_ptr<pending_value> message_hash_deferred(const tensor& x) override;
-  void join_hashes() override;
   std::uint64_t peak_memory_bytes() const override;
   std::shared_ptr<time_mark> mark_time() override;
   std::vector<std::chrono::steady_clock::time_point> mark_times(

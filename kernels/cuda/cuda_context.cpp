@@ -66,8 +66,6 @@ context::~context() {
   }
   if (lt) cublasLtDestroy(lt);
   if (clock_stream) cudaStreamDestroy(clock_stream);
-  if (hash_stream) cudaStreamSynchronize(hash_stream->stream);
-  for (cudaEvent_t e : hashes_pending) alloc->recycle_event(e);
   // The stream itself goes when the last hand-off state that remembers it does (stream_handle).
 }
 

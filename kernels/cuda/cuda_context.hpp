@@ -51,10 +51,6 @@ struct context {
   bool hopper_attention = false;
   std::shared_ptr<stream_handle> stream_owner;  // shared with hand-off states (cuda_handoff.hpp)
   cudaStream_t stream = nullptr;                // stream_owner->stream
-  /// message_hash_deferred's stream (made by its first call), below `stream`'s priority, and
-  /// the events of its hashes that join_hashes has not yet ordered `stream` after.
-  std::shared_ptr<stream_handle> hash_stream;
-  std::vector<cudaEvent_t> hashes_pending;
   cudaStream_t clock_stream = nullptr;          // idle: anchors time marks (mark_times)
   std::shared_ptr<event_pool> marks;  // timing events of time marks (shared: marks may outlive it)
   cublasLtHandle_t lt = nullptr;

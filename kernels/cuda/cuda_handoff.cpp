@@ -46,14 +46,9 @@ void add_user(handoff_state& h, const std::shared_ptr<stream_handle>& s) {
 
 }  // namespace
 
-stream_handle::stream_handle(int dev, bool low) : device(dev) {
+stream_handle::stream_handle(int dev) : device(dev) {
   TROUPE_CUDA_CHECK(cudaSetDevice(device));
-  // Lower numbers run first. Work streams take the level above the lowest, so that what runs at
-  // the lowest (message_hash_deferred's hashes) gets the SMs their blocks leave free.
-  int least = 0, greatest = 0;
-  TROUPE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  const int priority = low || greatest == least ? least : least - 1;
-  TROUPE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, priority));
+  TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 }
 
 stream_handle::~stream_handle() {

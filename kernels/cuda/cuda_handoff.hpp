@@ -27,9 +27,7 @@ namespace troupe::kernels::cuda {
 /// A backend's stream, shared with the hand-off states that remember it, so that it outlives its
 /// backend while tensors it used may still be released.
 struct stream_handle {
-  /// A new non-blocking stream on `device`; `low`: at the device's lowest priority, where
-  /// backends' streams run one level above it (when the device has levels).
-  explicit stream_handle(int device, bool low = false);
+  explicit stream_handle(int device);  // a new non-blocking stream on `device`
   ~stream_handle();                    // waits for it and destroys it
   stream_handle(const stream_handle&) = delete;
   stream_handle& operator=(const stream_handle&) = delete;

@@ -257,36 +257,8 @@ class pending_hash final : public pending_value {
 
 namespace {
 
-/// A scratch block of ctx's allocator for work on `stream`: back to the cache at once when that is
-/// the allocator's own stream (later work there runs after), else once `stream` has run the work
-/// queued on it so far.
-class stream_scratch {
- public:
-  stream_scratch(context& ctx, std::size_t bytes, cudaStream_t stream)
-      : ctx_(ctx), stream_(stream), p_(ctx.alloc->allocate(bytes)) {}
-  ~stream_scratch() {
-    if (stream_ == ctx_.stream) {
-      ctx_.alloc->release(p_);
-      return;
-    }
-    cudaEvent_t e = ctx_.alloc->take_event();
-    cudaEventRecord(e, stream_);
-    ctx_.alloc->release_after(p_, {e});
-  }
-  stream_scratch(const stream_scratch&) = delete;
-  stream_scratch& operator=(const stream_scratch&) = delete;
-  std::uint64_t* words() const { return static_cast<std::uint64_t*>(p_); }
-
- private:
-  context& ctx_;
-  cudaStream_t stream_;
-  void* p_;
-};
-
-/// The message hash of x's bytes (kernels/message_hash.hpp), queued on `stream` (ctx's own or its
-/// hash stream); get() waits.
-std::shared_ptr<pending_value> launch_message_hash(context& ctx, const tensor& x,
-                                                   cudaStream_t stream) {
+/// The message hash of x's bytes (kernels/message_hash.hpp), queued on ctx.stream; get() waits.
+std::shared_ptr<pending_value> launch_message_hash(context& ctx, const tensor& x) {
   slot_pool& p = pool(ctx.device);
   slot_pool::slot s = p.take();
   auto result = std::make_shared<pending_hash>(p, s);
@@ -295,26 +267,25 @@ std::shared_ptr<pending_value> launch_message_hash(context& ctx, const tensor& x
   std::uint64_t seed = 0;
   // Two scratch levels alternate; the first is the largest (n / 512 bytes).
   const std::uint64_t first = (n + message_hash_block - 1) / message_hash_block;
-  std::unique_ptr<stream_scratch> a, b;
+  std::unique_ptr<scratch> a, b;
   if (n > message_hash_block) {
-    a = std::make_unique<stream_scratch>(ctx, first * sizeof(std::uint64_t), stream);
+    a = std::make_unique<scratch>(ctx, first * sizeof(std::uint64_t));
     const std::uint64_t second = (first * 8 + message_hash_block - 1) / message_hash_block;
-    if (first * 8 > message_hash_block)
-      b = std::make_unique<stream_scratch>(ctx, second * sizeof(std::uint64_t), stream);
+    if (first * 8 > message_hash_block) b = std::make_unique<scratch>(ctx, second * sizeof(std::uint64_t));
   }
-  stream_scratch* levels[2] = {a.get(), b.get()};
+  scratch* levels[2] = {a.get(), b.get()};
   int next = 0;
   while (n > message_hash_block) {
     const std::uint64_t blocks = (n + message_hash_block - 1) / message_hash_block;
-    std::uint64_t* out = levels[next]->words();
-    launch_level(in, n, seed, blocks, out, stream);
+    auto* out = levels[next]->as<std::uint64_t>();
+    launch_level(in, n, seed, blocks, out, ctx.stream);
     seed = n;
     n = blocks * sizeof(std::uint64_t);
     in = reinterpret_cast<const unsigned char*>(out);
     next ^= 1;
   }
-  launch_level(in, n, seed, 1, s.device, stream);
-  TROUPE_CUDA_CHECK(cudaEventRecord(s.done, stream));
+  launch_level(in, n, seed, 1, s.device, ctx.stream);
+  TROUPE_CUDA_CHECK(cudaEventRecord(s.done, ctx.stream));
   return result;
 }
 
@@ -328,40 +299,10 @@ std::shared_ptr<pending_value> cuda_backend::message_hash_async(const tensor& x)
   activate();
   if (ctx_->capturing)
     throw core::failure("cuda message_hash_async: a hash read by the host cannot be recorded in a graph");
-  auto h = launch_message_hash(*ctx_, x, ctx_->stream);
+  auto h = launch_message_hash(*ctx_, x);
   // Whoever waits for x from now on also waits for the hash's reads of it.
   if (x.defined() && x.bytes() > 0) cuda::record_ready(ctx_->stream_owner, x);
   return h;
-}
-
-std::shared_ptr<pending_value> cuda_backend::message_hash_deferred(const tensor& x) {
-  if (!x.defined() || x.bytes() == 0 || x.dev().is_cpu()) return message_hash_async(x);
-  activate();
-  if (ctx_->capturing)
-    throw core::failure(
-        "cuda message_hash_deferred: a hash read by the host cannot be recorded in a graph");
-  context& c = *ctx_;
-  if (!c.hash_stream) c.hash_stream = std::make_shared<stream_handle>(c.device, true);
-  // The hash stream waits for x's bytes; it becomes one of x's users, so x's block is given out
-  // again only after the hash has read it.
-  cuda::record_ready(c.stream_owner, x);
-  cuda::wait_ready(c.hash_stream, x);
-  auto h = launch_message_hash(c, x, c.hash_stream->stream);
-  cudaEvent_t done = c.alloc->take_event();
-  TROUPE_CUDA_CHECK(cudaEventRecord(done, c.hash_stream->stream));
-  c.hashes_pending.push_back(done);
-  return h;
-}
-
-void cuda_backend::join_hashes() {
-  if (ctx_->hashes_pending.empty()) return;
-  activate();
-  // A wait takes the event's state when it is queued: the event may be recorded again at once.
-  for (cudaEvent_t e : ctx_->hashes_pending) {
-    TROUPE_CUDA_CHECK(cudaStreamWaitEvent(ctx_->stream, e, 0));
-    ctx_->alloc->recycle_event(e);
-  }
-  ctx_->hashes_pending.clear();
 }
 
 }  // namespace troupe::kernels::cuda

@@ -221,17 +221,17 @@ std::vector<std::string> logged_messages(const std::string& run_dir) {
   return out;
 }
 
-TEST_CASE("cuda actor runtime: gradients and parameters hashed off the path log the bytes sent") {
+TEST_CASE("cuda actor runtime: messages hashed on the device log what a host copy's hash logs") {
   if (!gpu_or_skip()) return;
-  // The step's gradient slices, reduced gradients and updated parameters are hashed on a stream of
-  // their own while the next step runs (backend::message_hash_deferred); with record_tensors every
-  // message is copied to the host and hashed there, before anything runs on. Both runs train the
-  // same bits, so their logs must be equal line for line: a hash that read a buffer after its next
-  // write would differ. One replica (the shard updates the stage's buffers in place), and two
-  // replicas under ZeRO-1 at pipeline_stage 2 (reduced gradients copied back into the buffer).
+  // By default every device tensor a message carries is hashed on its sender's stream
+  // (backend::message_hash_async) and the host reads only the 8-byte result; with record_tensors
+  // every message is copied to the host and hashed there. Both runs train the same bits, so their
+  // logs must be equal line for line: a hash that read a buffer before its last write, or after
+  // the next one, would differ. One replica (the shard updates the stage's buffers in place), and
+  // two replicas under ZeRO-1 at pipeline_stage 2 (reduced gradients copied back into the buffer).
   for (int dp : {1, 2}) {
     INFO("data_parallel = " << dp);
-    scratch_dir tmp("cuda_rt_hash_off_path");
+    scratch_dir tmp("cuda_rt_hash_device_host");
     auto cfg = gpu_config(tmp, "device", dp == 1 ? 1 : 2);
     cfg.parallel.data_parallel = dp;
     cfg.optimizer.zero_stage = dp == 1 ? 0 : 1;
