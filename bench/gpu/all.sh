@@ -24,7 +24,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 all=(product steps bubbles record cpu)
-if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 if [[ ${1:-} == --list ]]; then printf '%s\n' "${all[@]}"; exit 0; fi
 sections=("$@")
 [[ ${#sections[@]} -gt 0 ]] || sections=("${all[@]}")
