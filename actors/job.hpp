@@ -155,6 +155,8 @@ struct send_note {
   kernels::backend* be = nullptr;
   const sample_key* sample = nullptr;
   hash_memo* memo = nullptr;  // shared by one batch of sends (recorder.hpp)
+  /// The tensor's message hash, already queued by the sender (observe_send's `hash`).
+  std::shared_ptr<kernels::pending_value> hash = nullptr;
 };
 
 /// Sends a tensor from the actor at `from`: bytes over the sender worker's transport endpoint, a
@@ -163,8 +165,15 @@ template <class Self>
 void route(Self* self, const job& j, const address& from, const address& to,
            const transport::tag& tg, core::tensor t, const send_note& note = {}) {
   const int src = j.worker_of(from), dst = j.worker_of(to);
-  if (j.perturb) t = perturb_send(*j.perturb, from, src, to, dst, tg, std::move(t), note.be);
-  if (j.sink) observe_send(*j.sink, from, src, to, dst, tg, t, note.be, note.sample, note.memo);
+  std::shared_ptr<kernels::pending_value> hash = note.hash;
+  if (j.perturb) {
+    const void* before = t.defined() ? t.raw() : nullptr;
+    t = perturb_send(*j.perturb, from, src, to, dst, tg, std::move(t), note.be);
+    if (!t.defined() || t.raw() != before) hash = nullptr;  // perturbed: other bytes
+  }
+  if (j.sink)
+    observe_send(*j.sink, from, src, to, dst, tg, t, note.be, note.sample, note.memo, nullptr,
+                 std::move(hash));
   j.endpoint(src).send(dst, std::move(t), tg);
   self->send(j.actor_of(to), tensor_ready{tg.step, tg.kind, tg.chunk, tg.mb, tg.part, src});
 }

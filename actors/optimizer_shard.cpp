@@ -31,7 +31,7 @@ void apply_when_reduced(shard_self* self, const job& j, int pp, int part) {
   eng.apply(d.step, d.scale, d.lr, d.adam_step, d.skip);
   for (auto& o : eng.take_outgoing())
     route(self, j, address{role::shard, pp, part, eng.tp()}, o.to, o.tag, std::move(o.t),
-          send_note{st.b->be.get()});
+          send_note{st.b->be.get(), nullptr, nullptr, std::move(o.hash)});
   self->send(j.coordinator, shard_report{d.step, pp, j.layout.part_id(part, eng.tp()),
                                          eng.state_bytes(), eng.peak_device_bytes()});
 }
@@ -54,6 +54,8 @@ void forget_when_reduced(shard_self* self, const job& j, int pp, int part) {
 caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
                           int part, std::shared_ptr<shard_bundle> b) {
   self->state.b = std::move(b);
+  // A sink that takes pending hashes gets the parameters' from AdamW itself.
+  self->state.b->engine->hash_updates(j->sink && !j->sink->wants_bytes());
   const int t = self->state.b->engine->tp();
   self->state.worker = j->layout.worker(part, pp, t);
   report_exceptions(self, j, address{role::shard, pp, part, t},

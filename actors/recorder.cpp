@@ -499,7 +499,8 @@ class known_hash final : public kernels::pending_value {
 
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
                   const transport::tag& tg, const core::tensor& t, kernels::backend* be,
-                  const sample_key* sample, hash_memo* memo, const std::string* op) {
+                  const sample_key* sample, hash_memo* memo, const std::string* op,
+                  std::shared_ptr<kernels::pending_value> hash) {
   if (sink.wants_bytes()) {
     core::tensor host = host_view(t, be);
     message_record r = record_of(from, src, to, dst, tg, host, sample);
@@ -512,8 +513,10 @@ void observe_send(message_sink& sink, const address& from, int src, const addres
   r.dtype = t.type();
   r.shape = t.shape();
   if (sample) r.sample = *sample;
-  std::shared_ptr<kernels::pending_value> h;
-  if (t.defined() && !t.dev().is_cpu()) {
+  std::shared_ptr<kernels::pending_value> h = std::move(hash);
+  if (h) {
+    // queued by the sender with the bytes it wrote
+  } else if (t.defined() && !t.dev().is_cpu()) {
     TROUPE_CHECK(be != nullptr, "a device tensor reached the message log without its backend");
     h = be->message_hash_async(t);
   } else if (memo && t.defined() && t.bytes() > 0 && memo->store == t.store() &&

@@ -212,10 +212,13 @@ struct hash_memo {
 /// are the final ones): on the device when the sink takes pending hashes, else through a host
 /// copy. A host tensor's hash comes from `memo` when it holds these very bytes, and goes into it.
 /// `op`: the record's op, when the tag does not say it (a tensor-parallel collective's name).
+/// `hash`: t's message hash, already queued by the sender (the optimizer shard's AdamW hashes the
+/// parameters it writes), taken in place of hashing t when the sink takes pending hashes.
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
                   const transport::tag& tg, const core::tensor& t, kernels::backend* be,
                   const sample_key* sample, hash_memo* memo = nullptr,
-                  const std::string* op = nullptr);
+                  const std::string* op = nullptr,
+                  std::shared_ptr<kernels::pending_value> hash = nullptr);
 /// Shows `sink` a tensor worker `dst` received from `src`, when it wants the bytes.
 void observe_receive(message_sink& sink, int src, int dst, const transport::tag& tg,
                      const core::tensor& t, kernels::backend* be);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "kernels/message_hash.hpp"
 #include "model/tensor_parallel.hpp"
 
 namespace troupe::actors {
@@ -272,6 +273,7 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
   TROUPE_CHECK(reduced_step_ == step, "shard(pp=" + std::to_string(pp_) + ", part=" +
                                           std::to_string(part_) + ") asked to update step " +
                                           std::to_string(step) + " before its gradients arrived");
+  std::vector<std::shared_ptr<kernels::pending_value>> param_hashes(chunks_.size());
   if (host_) {
     // Piece by piece as each copy lands, the freed buffer taking the next piece's copy; AdamW is
     // element-wise, so the pieces give the bits of one update of the whole slice. A skipped step
@@ -299,6 +301,23 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
       }
       copy_next_piece(c.buffer);
     }
+  } else if (!skip && hash_updates_) {
+    hash_blocks_.resize(chunks_.size());
+    for (std::size_t i = 0; i < chunks_.size(); ++i) {
+      if (master_[i].numel() == 0) continue;
+      std::vector<model::param_slot> mine;
+      for (std::size_t s = 0; s < slots_.size(); ++s)
+        if (slot_chunk_[s] == i) mine.push_back(slots_[s]);
+      model::param_slot whole{{}, master_[i], reduced_[i], moments_[i].exp_avg,
+                              moments_[i].exp_avg_sq, low_[i]};
+      if (!hash_blocks_[i].defined())
+        hash_blocks_[i] = be_.empty(
+            {static_cast<std::int64_t>(kernels::message_hash_blocks_of(master_[i].bytes()))},
+            core::dtype::i64);
+      model::adamw_update_hashed(be_, mine, cfg_.optimizer, lr, scale, adam_step, whole,
+                                 hash_blocks_[i]);
+      param_hashes[i] = be_.message_hash_of_blocks_async(hash_blocks_[i], master_[i].bytes());
+    }
   } else if (!skip) {
     model::adamw_update_t(be_, slots_, cfg_.optimizer, lr, scale, adam_step);
   }
@@ -314,7 +333,7 @@ void shard_engine::apply(std::int64_t step, float scale, double lr, std::int64_t
       out_.push_back(outgoing{to,
                               transport::tag{step, static_cast<std::uint32_t>(tensor_kind::param_slice),
                                              chunks_[i].chunk, -1, part_},
-                              hand_over(be_, params, false)});
+                              hand_over(be_, params, false), param_hashes[i]});
       if (layout_.returns_reduced_grads())
         out_.push_back(outgoing{to,
                                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::reduced_grad),

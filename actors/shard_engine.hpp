@@ -82,6 +82,10 @@ class shard_engine {
   /// saw an overflow), no update at all. Either way queues the parameter slices (and, under
   /// ZeRO-1, the reduced gradients) for the replicas, which wait for them to finish the step.
   void apply(std::int64_t step, float scale, double lr, std::int64_t adam_step, bool skip);
+  /// With `on`, apply() hashes the parameter slices it updates as AdamW writes them
+  /// (model::adamw_update_hashed) and attaches each slice's message hash to its outgoing
+  /// parameter messages, so recording does not read them again; off by default.
+  void hash_updates(bool on) { hash_updates_ = on; }
   /// apply without loss scaling: t = step + 1, never skipped.
   void apply(std::int64_t step, float scale, double lr) { apply(step, scale, lr, step + 1, false); }
   /// Peak device memory of this shard's backend (0 on the CPU).
@@ -164,6 +168,8 @@ class shard_engine {
   std::vector<std::pair<int, std::vector<std::int64_t>>> norm_parts_;
   std::string nonfinite_;
   std::map<int, std::uint64_t> grad_hashes_;  // global chunk -> hash (runtime.forensics)
+  bool hash_updates_ = false;
+  std::vector<core::tensor> hash_blocks_;  // per chunk (hash_updates): the first hash level
   std::vector<outgoing> out_;
 };
 

@@ -36,6 +36,8 @@ struct outgoing {
   address to;
   transport::tag tag;
   core::tensor t;
+  /// t's message hash when the sender queued it already (shard_engine's hashed AdamW), else null.
+  std::shared_ptr<kernels::pending_value> hash = nullptr;
 };
 
 /// `t` made ready to leave backend `be` for another backend (another stream on a GPU): when

@@ -2,9 +2,16 @@
 // for every tensor a message carries, on device tensors from 4 MiB to a size of your choice, from
 // the buffer's start (the 16-byte aligned path) and from 2 bytes in (a view: the unaligned path).
 // Prints GB/s of the tensor's bytes per hash, from wall time over a batch of hashes queued on one
-// stream, and a JSON line. A program, not a test (docs/design.md, rule 10): it asserts nothing.
+// stream, and a JSON line. With --adamw P, instead the optimizer shard's update of P million fp32
+// parameters laid out as a LLaMA-3-style chunk lays them out (tensors at multiples of 1024
+// elements, runs of decay and no decay): AdamW alone (adamw_runs), AdamW then the message hash of
+// the parameters it wrote (recording's cost before adamw_runs_hashed), and adamw_runs_hashed with
+// the hash finished from its blocks (what the shard runs with recording on); milliseconds per
+// update, the median of R. A program, not a test (docs/design.md, rule 10): it asserts nothing.
 //
 //   gpu_message_hash_bench [--mib M] [--reps R] [--json FILE]
+//   gpu_message_hash_bench --adamw P [--reps R] [--json FILE]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,11 +22,79 @@
 
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/message_hash.hpp"
 #include "kernels/select.hpp"
+
+namespace {
+
+using troupe::core::dtype;
+using troupe::core::tensor;
+
+/// AdamW over `millions` million parameters three ways (see the header); prints and returns the
+/// JSON line.
+std::string adamw_bench(troupe::kernels::backend& be, double millions, int reps) {
+  const auto n = static_cast<std::int64_t>(millions * 1e6) / 1024 * 1024;
+  // One LLaMA-3-style layer's tensors (hidden 2048, 8 of 32 heads for keys and values, SwiGLU
+  // 8192), repeated: the norms do not decay, the matrices do.
+  const std::int64_t layer[] = {2048, 2048 * 2048, 512 * 2048, 512 * 2048, 2048 * 2048, 2048,
+                                8192 * 2048, 8192 * 2048, 2048 * 8192};
+  std::vector<troupe::kernels::adamw_run> runs;
+  for (std::int64_t at = 0, k = 0; at < n; ++k) {
+    const std::int64_t len = std::min(layer[k % 9], n - at);
+    runs.push_back({at, at + len, len != 2048});
+    at += (len + 1023) / 1024 * 1024;
+  }
+  tensor p = be.empty({n}, dtype::f32), g = be.empty({n}, dtype::f32);
+  tensor m = be.empty({n}, dtype::f32), v = be.empty({n}, dtype::f32);
+  tensor low = be.empty({n}, dtype::bf16);
+  for (tensor* t : {&p, &g, &m, &v}) be.zero(*t);
+  tensor blocks = be.empty({static_cast<std::int64_t>(troupe::kernels::message_hash_blocks_of(p.bytes()))},
+                           dtype::i64);
+  troupe::kernels::adamw_params ap;
+  ap.lr = 1e-4f;
+  ap.weight_decay = 0.1f;
+  ap.step = 3;
+  auto time = [&](auto&& update) {
+    update();  // warm up
+    be.synchronize();
+    std::vector<double> ms;
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      update();
+      be.synchronize();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  const double alone = time([&] { be.adamw_runs(p, g, m, v, runs, ap, low); });
+  const double then_hash = time([&] {
+    be.adamw_runs(p, g, m, v, runs, ap, low);
+    be.message_hash_async(p)->get();
+  });
+  const double hashed = time([&] {
+    be.adamw_runs_hashed(p, g, m, v, runs, ap, low, blocks);
+    be.message_hash_of_blocks_async(blocks, p.bytes())->get();
+  });
+  std::printf("%lld parameters, %zu runs\n", static_cast<long long>(n), runs.size());
+  std::printf("%-40s %9.3f ms\n", "adamw_runs", alone);
+  std::printf("%-40s %9.3f ms\n", "adamw_runs, then message_hash_async", then_hash);
+  std::printf("%-40s %9.3f ms\n", "adamw_runs_hashed, hash of its blocks", hashed);
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "{\"bench\":\"gpu_adamw_hash\",\"params\":%lld,\"runs\":%zu,\"adamw_ms\":%.3f,"
+                "\"adamw_then_hash_ms\":%.3f,\"adamw_hashed_ms\":%.3f}",
+                static_cast<long long>(n), runs.size(), alone, then_hash, hashed);
+  std::printf("%s\n", line);
+  return line;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::size_t mib = 2048;
   int reps = 20;
+  double adamw = 0;
   std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -27,18 +102,24 @@ int main(int argc, char** argv) {
       mib = std::strtoul(argv[++i], nullptr, 10);
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
+    } else if (a == "--adamw" && i + 1 < argc) {
+      adamw = std::strtod(argv[++i], nullptr);
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: gpu_message_hash_bench [--mib M] [--reps R] [--json FILE]\n");
+      std::fprintf(stderr, "usage: gpu_message_hash_bench [--mib M] [--reps R] [--json FILE]\n"
+                           "       gpu_message_hash_bench --adamw MILLION_PARAMS [--reps R] [--json FILE]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
   if (mib < 4) mib = 4;
   if (reps < 1) reps = 1;
-  using troupe::core::dtype;
-  using troupe::core::tensor;
   auto be = troupe::kernels::make_backend("cuda");
+  if (adamw > 0) {
+    const std::string line = adamw_bench(*be, adamw, reps);
+    if (!json.empty()) std::ofstream(json) << line << "\n";
+    return 0;
+  }
   const auto elements = static_cast<std::int64_t>((mib << 20) / 2);
   // The bytes' values do not change the hash's work, so the buffer is left as allocated.
   const tensor buf = be->empty({elements}, dtype::u16);

@@ -83,6 +83,45 @@ std::shared_ptr<pending_value> backend::message_hash_async(const tensor& x) {
 }
 
 namespace {
+
+/// Checks `blocks` against the message_hash_blocks_of(bytes) digests it must hold.
+void require_blocks(const tensor& blocks, std::uint64_t bytes, const char* op) {
+  const auto count = static_cast<std::int64_t>(message_hash_blocks_of(bytes));
+  if (!blocks.defined() || blocks.type() != core::dtype::i64 || blocks.numel() != count)
+    throw core::failure(std::string(op) + ": blocks must be int64 [" + std::to_string(count) +
+                        "] for " + std::to_string(bytes) + " bytes, got " +
+                        (blocks.defined() ? std::string(core::dtype_name(blocks.type())) + " " +
+                                                core::shape_string(blocks.shape())
+                                          : std::string("an undefined tensor")));
+}
+
+}  // namespace
+
+void backend::adamw_runs_hashed(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                                const std::vector<adamw_run>& runs, const adamw_params& p,
+                                tensor& low, tensor& blocks) {
+  require_blocks(blocks, param.bytes(), "adamw_runs_hashed");
+  adamw_runs(param, grad, m, v, runs, p, low);
+  if (param.bytes() == 0) return;
+  const tensor host = param.dev().is_cpu() ? param : to_host(param);
+  if (blocks.dev().is_cpu()) {
+    message_hash_blocks(host.raw(), host.bytes(), blocks.data<std::uint64_t>());
+    return;
+  }
+  tensor out = tensor::zeros(blocks.shape(), core::dtype::i64);
+  message_hash_blocks(host.raw(), host.bytes(), out.data<std::uint64_t>());
+  copy(out, blocks);
+}
+
+std::shared_ptr<pending_value> backend::message_hash_of_blocks_async(const tensor& blocks,
+                                                                    std::uint64_t bytes) {
+  require_blocks(blocks, bytes, "message_hash_of_blocks_async");
+  const tensor host = blocks.dev().is_cpu() ? blocks : to_host(blocks);
+  return std::make_shared<ready_value>(message_hash_of_blocks(
+      host.numel() > 0 ? host.data<std::uint64_t>() : nullptr, bytes));
+}
+
+namespace {
 struct host_mark : time_mark {
   std::chrono::steady_clock::time_point at;
 };

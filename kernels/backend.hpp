@@ -379,6 +379,15 @@ class backend {
       adamw(ps, grad.slice(r.begin, s), ms, vs, q, ls);
     }
   }
+  /// adamw_runs, and `blocks` (int64 [message_hash_blocks_of(param.bytes())]) receives the first
+  /// level of the message hash of param's bytes after the update (message_hash_blocks), elements
+  /// outside every run included; message_hash_of_blocks_async finishes the hash. When
+  /// adamw_params::grad_factor skips the update, the blocks are still those of param. The CUDA
+  /// backend hashes the parameters in registers as it writes them; this default runs adamw_runs,
+  /// then hashes param (through a host copy when it lives elsewhere).
+  virtual void adamw_runs_hashed(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                                 const std::vector<adamw_run>& runs, const adamw_params& p,
+                                 tensor& low, tensor& blocks);
   /// True when any element of x (fp32/bf16/f16) is NaN or infinite.
   virtual bool has_nonfinite(const tensor& x) = 0;
 
@@ -422,6 +431,11 @@ class backend {
   /// after the hash, so a receiver's wait_ready also orders its writes after it. Not while
   /// recording a graph.
   virtual std::shared_ptr<pending_value> message_hash_async(const tensor& x);
+  /// The message hash of `bytes` bytes whose first level is `blocks` (int64
+  /// [message_hash_blocks_of(bytes)], as adamw_runs_hashed writes them), computed after the work
+  /// queued so far, like message_hash_async; it reads only `blocks`.
+  virtual std::shared_ptr<pending_value> message_hash_of_blocks_async(const tensor& blocks,
+                                                                      std::uint64_t bytes);
   // --- device timelines (docs/runtime.md, "Busy and idle time on the device") -------------------
   /// A mark after the work queued so far. The host does not wait; on the CPU, whose ops finish
   /// before they return, it is the host's clock now.

@@ -30,26 +30,34 @@ inline void clear_upper_vector_state() {
 #endif
 }
 
-/// The message hash's levels (kernels/message_hash.hpp) over the leaf hash `leaf(p, n, seed)`.
+/// One level of the message hash (kernels/message_hash.hpp): out[i] = leaf(block i, seed).
 template <class Leaf>
-std::uint64_t levels(const unsigned char* p, std::size_t n, Leaf leaf) {
-  std::uint64_t seed = 0;
+void level(const unsigned char* p, std::size_t n, std::uint64_t seed, std::uint64_t* out,
+           Leaf leaf) {
+  const std::size_t count = message_hash_blocks_of(n);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t off = i * message_hash_block;
+    // The hardware prefetchers stop at page (4 KiB) boundaries, and a large tensor sent comes
+    // from memory: ask for the block after next while this one is hashed.
+    if (i + 2 < count) {
+      const std::size_t ahead = off + 2 * message_hash_block;
+      const std::size_t len = std::min(message_hash_block, n - ahead);
+      for (std::size_t l = 0; l < len; l += 64) __builtin_prefetch(p + ahead + l);
+    }
+    out[i] = leaf(p + off, std::min(message_hash_block, n - off), seed);
+  }
+}
+
+/// The message hash's levels from level `seed`'s data p[0, n) (seed 0: the tensor's own bytes)
+/// over the leaf hash `leaf(p, n, seed)`.
+template <class Leaf>
+std::uint64_t levels(const unsigned char* p, std::size_t n, std::uint64_t seed, Leaf leaf) {
   std::vector<std::uint64_t> digests;  // the next level (little-endian words on every host we build for)
   std::vector<std::uint64_t> held;     // the level being read, once it is made of digests
   while (n > message_hash_block) {
-    const std::size_t count = (n + message_hash_block - 1) / message_hash_block;
+    const std::size_t count = message_hash_blocks_of(n);
     digests.resize(count);
-    for (std::size_t i = 0; i < count; ++i) {
-      const std::size_t off = i * message_hash_block;
-      // The hardware prefetchers stop at page (4 KiB) boundaries, and a large tensor sent comes
-      // from memory: ask for the block after next while this one is hashed.
-      if (i + 2 < count) {
-        const std::size_t ahead = off + 2 * message_hash_block;
-        const std::size_t len = std::min(message_hash_block, n - ahead);
-        for (std::size_t l = 0; l < len; l += 64) __builtin_prefetch(p + ahead + l);
-      }
-      digests[i] = leaf(p + off, std::min(message_hash_block, n - off), seed);
-    }
+    level(p, n, seed, digests.data(), leaf);
     seed = n;
     held.swap(digests);
     p = reinterpret_cast<const unsigned char*>(held.data());
@@ -58,17 +66,30 @@ std::uint64_t levels(const unsigned char* p, std::size_t n, Leaf leaf) {
   return leaf(p, n, seed);
 }
 
+std::uint64_t xxh3_leaf(const void* q, std::size_t m, std::uint64_t s) {
+  const std::uint64_t h = TROUPE_XXH3_SEEDED(q, m, s);
+  clear_upper_vector_state();
+  return h;
+}
+
 }  // namespace
 
 std::uint64_t message_hash(const void* data, std::size_t n, message_hash_def def) {
   const auto* p = static_cast<const unsigned char*>(data);
   if (def == message_hash_def::xxh64)
-    return levels(p, n, [](const void* q, std::size_t m, std::uint64_t s) { return XXH64(q, m, s); });
-  return levels(p, n, [](const void* q, std::size_t m, std::uint64_t s) {
-    const std::uint64_t h = TROUPE_XXH3_SEEDED(q, m, s);
-    clear_upper_vector_state();
-    return h;
-  });
+    return levels(p, n, 0, [](const void* q, std::size_t m, std::uint64_t s) { return XXH64(q, m, s); });
+  return levels(p, n, 0, xxh3_leaf);
+}
+
+void message_hash_blocks(const void* data, std::size_t n, std::uint64_t* out) {
+  level(static_cast<const unsigned char*>(data), n, 0, out, xxh3_leaf);
+}
+
+std::uint64_t message_hash_of_blocks(const std::uint64_t* blocks, std::size_t n) {
+  // A tensor of one block hashes to that block's digest (seed 0); the empty one has no block.
+  if (n <= message_hash_block) return n == 0 ? xxh3_leaf(nullptr, 0, 0) : blocks[0];
+  return levels(reinterpret_cast<const unsigned char*>(blocks),
+                message_hash_blocks_of(n) * sizeof(std::uint64_t), n, xxh3_leaf);
 }
 
 }  // namespace troupe::kernels

@@ -48,6 +48,18 @@ inline constexpr message_hash_def message_hash_current = message_hash_def::xxh3;
 std::uint64_t message_hash(const void* data, std::size_t n,
                            message_hash_def def = message_hash_current);
 
+/// Blocks of the first level of a message hash of n bytes: ceil(n / message_hash_block).
+inline constexpr std::size_t message_hash_blocks_of(std::size_t n) {
+  return (n + message_hash_block - 1) / message_hash_block;
+}
+/// The first level of the current definition: out[i] = H(block i of the n bytes, seed 0), for the
+/// message_hash_blocks_of(n) blocks. What a kernel that reads a tensor anyway can compute on the
+/// way (the CUDA backend's adamw_runs_hashed), leaving the rest to message_hash_of_blocks.
+void message_hash_blocks(const void* data, std::size_t n, std::uint64_t* out);
+/// The message hash (current definition) of n bytes whose first level is `blocks`
+/// (message_hash_blocks_of(n) digests): equal to message_hash(data, n).
+std::uint64_t message_hash_of_blocks(const std::uint64_t* blocks, std::size_t n);
+
 namespace xxh3 {
 
 inline constexpr std::uint64_t p32_1 = 0x9E3779B1ull;

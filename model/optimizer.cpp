@@ -162,6 +162,38 @@ tensor span_of(const tensor& t, std::int64_t from, std::int64_t n) {
                       t.type());
 }
 
+/// The runs sorted, adjacent runs with the same decay flag made one (fewer runs, the same
+/// element-wise arithmetic).
+std::vector<kernels::adamw_run> merge_runs(std::vector<kernels::adamw_run> runs) {
+  std::sort(runs.begin(), runs.end(),
+            [](const kernels::adamw_run& a, const kernels::adamw_run& b) { return a.begin < b.begin; });
+  std::vector<kernels::adamw_run> merged;
+  for (const kernels::adamw_run& r : runs) {
+    if (!merged.empty() && merged.back().end == r.begin && merged.back().decay == r.decay)
+      merged.back().end = r.end;
+    else
+      merged.push_back(r);
+  }
+  return merged;
+}
+
+/// AdamW's arguments for adamw_update_t.
+kernels::adamw_params adamw_params_of(const core::optimizer_config& opt, double lr,
+                                      float grad_scale, std::int64_t t, const tensor& grad_factor,
+                                      const tensor& schedule) {
+  kernels::adamw_params base;
+  base.lr = static_cast<float>(lr);
+  base.beta1 = static_cast<float>(opt.beta1);
+  base.beta2 = static_cast<float>(opt.beta2);
+  base.eps = static_cast<float>(opt.eps);
+  base.grad_scale = grad_scale;
+  base.grad_factor = grad_factor;
+  base.schedule = schedule;
+  base.step = static_cast<int>(t);
+  base.weight_decay = static_cast<float>(opt.weight_decay);
+  return base;
+}
+
 /// One adamw_runs call over slots [first, last), which all pass same_buffers with slots[first].
 void adamw_group(kernels::backend& be, std::vector<param_slot>& slots, std::size_t first,
                  std::size_t last, const kernels::adamw_params& p) {
@@ -187,16 +219,7 @@ void adamw_group(kernels::backend& be, std::vector<param_slot>& slots, std::size
     const std::int64_t at = element_offset(slots[i].param) - element_offset(base.param) - lo;
     runs.push_back({at, at + n, slots[i].info.decay});
   }
-  // Adjacent runs with the same decay flag become one (fewer runs, same element-wise arithmetic).
-  std::sort(runs.begin(), runs.end(),
-            [](const kernels::adamw_run& a, const kernels::adamw_run& b) { return a.begin < b.begin; });
-  std::vector<kernels::adamw_run> merged;
-  for (const kernels::adamw_run& r : runs) {
-    if (!merged.empty() && merged.back().end == r.begin && merged.back().decay == r.decay)
-      merged.back().end = r.end;
-    else
-      merged.push_back(r);
-  }
+  const std::vector<kernels::adamw_run> merged = merge_runs(std::move(runs));
   const std::int64_t n = hi - lo;
   tensor param = span_of(base.param, lo, n), grad = span_of(base.grad, lo, n);
   tensor m = span_of(base.exp_avg, lo, n), v = span_of(base.exp_avg_sq, lo, n);
@@ -214,22 +237,33 @@ void adamw_update(kernels::backend& be, std::vector<param_slot>& slots,
 void adamw_update_t(kernels::backend& be, std::vector<param_slot>& slots,
                     const core::optimizer_config& opt, double lr, float grad_scale,
                     std::int64_t t, const tensor& grad_factor, const tensor& schedule) {
-  kernels::adamw_params base;
-  base.lr = static_cast<float>(lr);
-  base.beta1 = static_cast<float>(opt.beta1);
-  base.beta2 = static_cast<float>(opt.beta2);
-  base.eps = static_cast<float>(opt.eps);
-  base.grad_scale = grad_scale;
-  base.grad_factor = grad_factor;
-  base.schedule = schedule;
-  base.step = static_cast<int>(t);
-  base.weight_decay = static_cast<float>(opt.weight_decay);
+  const kernels::adamw_params base = adamw_params_of(opt, lr, grad_scale, t, grad_factor, schedule);
   for (std::size_t first = 0; first < slots.size();) {
     std::size_t last = first + 1;
     while (last < slots.size() && same_buffers(slots[first], slots[last])) ++last;
     adamw_group(be, slots, first, last, base);
     first = last;
   }
+}
+
+void adamw_update_hashed(kernels::backend& be, const std::vector<param_slot>& slots,
+                         const core::optimizer_config& opt, double lr, float grad_scale,
+                         std::int64_t t, param_slot& whole, tensor& blocks) {
+  kernels::adamw_params p = adamw_params_of(opt, lr, grad_scale, t, {}, {});
+  std::vector<kernels::adamw_run> runs;
+  for (const param_slot& s : slots) {
+    const std::int64_t n = s.param.numel();
+    if (n == 0) continue;
+    const std::int64_t at = element_offset(s.param) - element_offset(whole.param);
+    TROUPE_CHECK(at >= 0 && at + n <= whole.param.numel() && same_buffers(whole, s),
+                 "optimizer slot " + s.info.name + " does not lie in the buffers it is updated with");
+    for (const tensor* x : {&s.grad, &s.exp_avg, &s.exp_avg_sq, &s.low})
+      TROUPE_CHECK(!x->defined() || x->numel() == n,
+                   "optimizer slot " + s.info.name + ": its tensors differ in size");
+    runs.push_back({at, at + n, s.info.decay});
+  }
+  be.adamw_runs_hashed(whole.param, whole.grad, whole.exp_avg, whole.exp_avg_sq, merge_runs(runs),
+                       p, whole.low, blocks);
 }
 
 loss_scaler loss_scaler::from(const core::precision_config& p, std::int64_t updates_done) {

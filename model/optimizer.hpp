@@ -101,6 +101,14 @@ void adamw_update_t(kernels::backend& be, std::vector<param_slot>& slots,
                     const core::optimizer_config& opt, double lr, float grad_scale,
                     std::int64_t t, const tensor& grad_factor = {},
                     const tensor& schedule = {});
+/// adamw_update_t of `slots`, which all view the flat buffers of `whole` (its param, grad, moments
+/// and low copy, laid out alike), as one adamw_runs_hashed call over the whole buffer: `blocks`
+/// (int64 [kernels::message_hash_blocks_of(whole.param.bytes())]) receives the first level of
+/// the message hash of whole.param after the update, for backend::message_hash_of_blocks_async.
+/// The parameters get the bits adamw_update_t gives them.
+void adamw_update_hashed(kernels::backend& be, const std::vector<param_slot>& slots,
+                         const core::optimizer_config& opt, double lr, float grad_scale,
+                         std::int64_t t, param_slot& whole, tensor& blocks);
 
 /// The state of dynamic loss scaling, carried by whoever decides steps (the single-rank trainer, the
 /// coordinator) and saved in checkpoints. Disabled, it is inert: scale 1, AdamW's t = step + 1.

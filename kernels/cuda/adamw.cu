@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_context.hpp"
+#include "kernels/message_hash.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -161,6 +162,191 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+/// XXH3's default secret (kernels/message_hash.hpp), for adamw_block_kernel.
+__constant__ xxh3::secret c_adamw_secret = xxh3::default_secret;
+
+/// Elements of one message-hash block (4096 bytes of fp32).
+constexpr std::int64_t hash_block_elems = static_cast<std::int64_t>(message_hash_block / sizeof(float));
+static_assert(hash_block_elems == 1024, "adamw_block_kernel: a warp's 32 lanes read 8 float4 each");
+
+/// The run of element i in the block's shared table (the last with begin <= i), or -1 when i lies
+/// before the first run or after the run's end.
+__device__ __forceinline__ int run_of(std::int64_t i, const std::int64_t* begin_s,
+                                      const std::int64_t* end_s, int count) {
+  if (count == 0) return -1;
+  int a = 0, b = count - 1;
+  while (a < b) {
+    const int mid = (a + b + 1) / 2;
+    if (begin_s[mid] <= i)
+      a = mid;
+    else
+      b = mid - 1;
+  }
+  return i >= begin_s[a] && i < end_s[a] ? a : -1;
+}
+
+/// adamw_runs_kernel's update of blocks [first, last) of message_hash_block bytes of param (runs
+/// given relative to param's start, 16-byte aligned as adamw_runs_kernel<L, 4> needs), one warp
+/// per block, the run of a block found once when the block lies inside it (adamw_runs_kernel
+/// searches the table for every 16-byte group: 12.9 against 11.8 ms for LLaMA-3 1B's 1.5 billion
+/// parameters on the H200, with the hash below). With Hash, each block's message-hash digest
+/// (seed 0) of the parameters as written, from the registers that hold them. Lane l holds float4 32j + l of the block for j = 0..7, the layout of
+/// sumsq's norm blocks; as 16-byte pieces of XXH3's 64-byte stripes that is quarter l % 4 of stripe
+/// 8j + l / 4, so lane l feeds accumulators 2(l % 4) and 2(l % 4) + 1 (hash_blocks_kernel in
+/// message_hash.cu). Accumulation is addition modulo 2^64, so the 16 stripes of each 1024-byte
+/// round are summed in any order, across the eight lanes of a quarter by shuffles, before that
+/// round's scramble; the round ends, the last stripe and the merge are XXH3's for 4096 bytes.
+/// `update` false (the step skipped by grad_factor): the blocks are hashed, nothing is written.
+/// A last, shorter block is updated element by element and hashed by its warp's first lane.
+template <class L, bool Hash>
+__global__ void __launch_bounds__(256)
+    adamw_block_kernel(float* param, const float* grad, float* m, float* v, L* low, adamw_consts k,
+                       const __grid_constant__ adamw_run_table runs, std::int64_t n,
+                       std::int64_t first, std::int64_t last, std::uint64_t* digests) {
+  const bool update = take_factor(k);
+  if (!Hash && !update) return;
+  __shared__ std::int64_t begin_s[runs_per_launch], end_s[runs_per_launch];
+  __shared__ float wd_s[runs_per_launch];
+  __shared__ std::uint64_t kw[24];
+  const int count = runs.count;
+  for (int r = threadIdx.x; r < count; r += blockDim.x) {
+    begin_s[r] = runs.begin[r];
+    end_s[r] = runs.end[r];
+    wd_s[r] = runs.wd[r];
+  }
+  if (threadIdx.x < 24) kw[threadIdx.x] = c_adamw_secret.w[threadIdx.x];
+  __syncthreads();
+  // Key words at any byte offset (xxh3::key::u64 with seed 0).
+  auto key = [&](unsigned o) -> std::uint64_t {
+    const unsigned i = o >> 3, b = o & 7;
+    return b == 0 ? kw[i] : (kw[i] >> (8 * b)) | (kw[i + 1] << (64 - 8 * b));
+  };
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const unsigned q = static_cast<unsigned>(lane % 4);
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t blk = first + static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) +
+                          threadIdx.x / 32;
+       blk < last; blk += warps) {
+    const std::int64_t base = blk * hash_block_elems;
+    if (base + hash_block_elems > n) {
+      for (std::int64_t i = base + lane; i < n; i += 32) {
+        const int r = update ? run_of(i, begin_s, end_s, count) : -1;
+        if (r < 0) continue;
+        float pi = param[i], mi = m[i], vi = v[i];
+        adamw_element(pi, grad[i], mi, vi, k, wd_s[r]);
+        param[i] = pi;
+        m[i] = mi;
+        v[i] = vi;
+        if (low) low[i] = from_f<L>(pi);
+      }
+      if (!Hash) continue;
+      __syncwarp();  // the lanes' writes are visible to lane 0 from here
+      if (lane == 0)
+        digests[blk] = xxh3::xxh3_64(xxh3::byte_reader{reinterpret_cast<const unsigned char*>(param + base)},
+                                     static_cast<std::uint64_t>(n - base) * sizeof(float), 0,
+                                     c_adamw_secret);
+      continue;
+    }
+    std::uint64_t a0 = q == 0 ? xxh3::p32_3 : q == 1 ? xxh3::p64_2 : q == 2 ? xxh3::p64_4 : xxh3::p64_5;
+    std::uint64_t a1 = q == 0 ? xxh3::p64_1 : q == 1 ? xxh3::p64_3 : q == 2 ? xxh3::p32_2 : xxh3::p32_1;
+    // Most blocks lie inside one run (a tensor's): then every group is updated, with no search
+    // per group and its four loads issued together. The test is the same for the whole warp.
+    const int rb = update ? run_of(base, begin_s, end_s, count) : -1;
+    const bool inside = rb >= 0 && end_s[rb] >= base + hash_block_elems;
+    const float wd_b = rb >= 0 ? wd_s[rb] : 0.0f;
+#pragma unroll 1
+    for (int round = 0; round < 4; ++round) {
+      pack<float, 4> pp[2];
+      if (inside) {
+        pack<float, 4> pg[2], pm[2], pv[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const std::int64_t i = base + 4 * (32 * (2 * round + h) + lane);
+          pp[h] = *reinterpret_cast<const pack<float, 4>*>(param + i);
+          pg[h] = *reinterpret_cast<const pack<float, 4>*>(grad + i);
+          pm[h] = *reinterpret_cast<const pack<float, 4>*>(m + i);
+          pv[h] = *reinterpret_cast<const pack<float, 4>*>(v + i);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const std::int64_t i = base + 4 * (32 * (2 * round + h) + lane);
+          pack<L, 4> pl;
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            adamw_element(pp[h].v[x], pg[h].v[x], pm[h].v[x], pv[h].v[x], k, wd_b);
+            pl.v[x] = from_f<L>(pp[h].v[x]);
+          }
+          *reinterpret_cast<pack<float, 4>*>(param + i) = pp[h];
+          *reinterpret_cast<pack<float, 4>*>(m + i) = pm[h];
+          *reinterpret_cast<pack<float, 4>*>(v + i) = pv[h];
+          if (low) *reinterpret_cast<pack<L, 4>*>(low + i) = pl;
+        }
+      } else {
+        // A block with run ends or gaps in it (or none updated): group by group, each finding
+        // its own run; elements of no run are hashed as they are.
+#pragma unroll 1
+        for (int h = 0; h < 2; ++h) {
+          const std::int64_t i = base + 4 * (32 * (2 * round + h) + lane);
+          if (Hash) pp[h] = *reinterpret_cast<const pack<float, 4>*>(param + i);
+          const int r = update ? run_of(i, begin_s, end_s, count) : -1;
+          if (r < 0) continue;
+          if (!Hash) pp[h] = *reinterpret_cast<const pack<float, 4>*>(param + i);
+          const std::int64_t e = end_s[r];
+          const float wd = wd_s[r];
+          for (int x = 0; x < 4 && i + x < e; ++x) {
+            float mj = m[i + x], vj = v[i + x];
+            adamw_element(pp[h].v[x], grad[i + x], mj, vj, k, wd);
+            param[i + x] = pp[h].v[x];
+            m[i + x] = mj;
+            v[i + x] = vj;
+            if (low) low[i + x] = from_f<L>(pp[h].v[x]);
+          }
+        }
+      }
+      if (!Hash) continue;
+      std::uint64_t s0 = 0, s1 = 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // Stripe 8h + lane / 4 of the round, quarter q; the block's last stripe takes the
+        // secret at byte 121 (XXH3's last 64 bytes) in place of its round key.
+        const unsigned stripe = 8 * h + static_cast<unsigned>(lane / 4);
+        const bool tail = round == 3 && stripe == 15;
+        const std::uint64_t k0 = tail ? key(121 + 16 * q) : kw[stripe + 2 * q];
+        const std::uint64_t k1 = tail ? key(129 + 16 * q) : kw[stripe + 2 * q + 1];
+        const std::uint64_t w0 = static_cast<std::uint64_t>(__float_as_uint(pp[h].v[0])) |
+                                 (static_cast<std::uint64_t>(__float_as_uint(pp[h].v[1])) << 32);
+        const std::uint64_t w1 = static_cast<std::uint64_t>(__float_as_uint(pp[h].v[2])) |
+                                 (static_cast<std::uint64_t>(__float_as_uint(pp[h].v[3])) << 32);
+        const std::uint64_t v0 = w0 ^ k0, v1 = w1 ^ k1;
+        s0 += w1 + (v0 & 0xFFFFFFFFull) * (v0 >> 32);
+        s1 += w0 + (v1 & 0xFFFFFFFFull) * (v1 >> 32);
+      }
+      // The round's sum over the eight lanes of quarter q.
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) {
+        s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, off);
+        s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, off);
+      }
+      a0 += s0;
+      a1 += s1;
+      if (round < 3) {
+        a0 ^= a0 >> 47;
+        a0 ^= kw[16 + 2 * q];
+        a0 *= xxh3::p32_1;
+        a1 ^= a1 >> 47;
+        a1 ^= kw[17 + 2 * q];
+        a1 *= xxh3::p32_1;
+      }
+    }
+    if (!Hash) continue;
+    std::uint64_t hq = xxh3::mul_fold(a0 ^ key(11 + 16 * q), a1 ^ key(19 + 16 * q));
+    hq += __shfl_xor_sync(0xFFFFFFFFu, hq, 1);
+    hq += __shfl_xor_sync(0xFFFFFFFFu, hq, 2);
+    if (lane == 0)
+      digests[blk] = xxh3::avalanche(static_cast<std::uint64_t>(message_hash_block) * xxh3::p64_1 + hq);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // the backend's methods
 
@@ -211,6 +397,50 @@ void check_buffers(const char* op, const tensor& param, const tensor& grad, cons
   }
 }
 
+/// The runs with elements, sorted by begin; refused when one is not a range of the n elements or
+/// two overlap.
+std::vector<adamw_run> sorted_runs(const char* op, const std::vector<adamw_run>& runs,
+                                   std::int64_t n) {
+  std::vector<adamw_run> sorted;
+  for (const adamw_run& r : runs) {
+    require(r.begin >= 0 && r.begin <= r.end && r.end <= n, op,
+            "run [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
+                ") is not a range of the " + std::to_string(n) + " elements");
+    if (r.begin < r.end) sorted.push_back(r);
+  }
+  std::sort(sorted.begin(), sorted.end(),
+            [](const adamw_run& a, const adamw_run& b) { return a.begin < b.begin; });
+  for (std::size_t i = 1; i < sorted.size(); ++i)
+    require(sorted[i].begin >= sorted[i - 1].end, op,
+            "runs [" + std::to_string(sorted[i - 1].begin) + ", " +
+                std::to_string(sorted[i - 1].end) + ") and [" + std::to_string(sorted[i].begin) +
+                ", " + std::to_string(sorted[i].end) + ") overlap");
+  return sorted;
+}
+
+/// True when the buffers and runs allow 16-byte groups (adamw_runs_kernel<L, 4>).
+bool vectorised(const tensor& param, const tensor& grad, const tensor& m, const tensor& v,
+                const tensor& low, const std::vector<adamw_run>& sorted) {
+  bool vec = aligned16(param.raw()) && aligned16(grad.raw()) && aligned16(m.raw()) &&
+             aligned16(v.raw()) &&
+             (!low.defined() || reinterpret_cast<std::uintptr_t>(low.raw()) % 8 == 0);
+  for (const adamw_run& r : sorted) vec = vec && r.begin % 4 == 0;
+  return vec;
+}
+
+/// The table of runs [first, last) of `sorted` with their weight decay.
+adamw_run_table table_of(const std::vector<adamw_run>& sorted, std::size_t first, std::size_t last,
+                         float weight_decay) {
+  adamw_run_table t{};
+  t.count = static_cast<int>(last - first);
+  for (std::size_t i = first; i < last; ++i) {
+    t.begin[i - first] = sorted[i].begin;
+    t.end[i - first] = sorted[i].end;
+    t.wd[i - first] = sorted[i].decay ? weight_decay : 0.0f;
+  }
+  return t;
+}
+
 }  // namespace
 
 void cuda_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v,
@@ -241,6 +471,63 @@ void cuda_backend::adamw(tensor& param, const tensor& grad, tensor& m, tensor& v
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+/// True when adamw_block_kernel can take these runs: 16-byte groups, and every launch after the
+/// first (runs_per_launch runs each) begins on a block, so no block belongs to two launches.
+bool by_blocks(const tensor& param, const tensor& grad, const tensor& m, const tensor& v,
+               const tensor& low, const std::vector<adamw_run>& sorted) {
+  bool ok = vectorised(param, grad, m, v, low, sorted);
+  for (std::size_t first = runs_per_launch; first < sorted.size(); first += runs_per_launch)
+    ok = ok && sorted[first].begin % hash_block_elems == 0;
+  return ok;
+}
+
+/// adamw_block_kernel over the sorted runs, one launch per runs_per_launch of them (by_blocks
+/// holds). Without Hash each launch visits the blocks its runs touch; with Hash the launches
+/// together visit every block of param and write its digest into `digests`.
+template <bool Hash>
+void launch_by_blocks(cudaStream_t s, tensor& param, const tensor& grad, tensor& m, tensor& v,
+                      tensor& low, const std::vector<adamw_run>& sorted, const adamw_params& p,
+                      std::uint64_t* digests) {
+  const std::int64_t n = param.numel();
+  const std::int64_t nblocks = (n + hash_block_elems - 1) / hash_block_elems;
+  const adamw_consts k = consts_of(p);
+  const std::size_t launches =
+      std::max<std::size_t>(1, (sorted.size() + runs_per_launch - 1) / runs_per_launch);
+  for (std::size_t l = 0; l < launches; ++l) {
+    const std::size_t first = l * runs_per_launch;
+    const std::size_t last = std::min(sorted.size(), first + runs_per_launch);
+    if (!Hash && first == last) continue;
+    const adamw_run_table t = table_of(sorted, first, last, p.weight_decay);
+    std::int64_t b0 = 0, b1 = nblocks;
+    if (!Hash) {
+      b0 = sorted[first].begin / hash_block_elems;
+      b1 = (sorted[last - 1].end + hash_block_elems - 1) / hash_block_elems;
+    } else {
+      if (l > 0) b0 = sorted[first].begin / hash_block_elems;
+      if (l + 1 < launches) b1 = sorted[last].begin / hash_block_elems;
+    }
+    if (b1 <= b0) continue;
+    // Eight warps (blocks of 4096 bytes) per CUDA block, as many as keep the memory busy.
+    const auto grid = static_cast<unsigned>(std::min<std::int64_t>((b1 - b0 + 7) / 8, 4096));
+    auto run = [&](auto low_tag) {
+      using L = decltype(low_tag);
+      L* lp = low.defined() ? low.data<L>() : nullptr;
+      adamw_block_kernel<L, Hash><<<grid, 256, 0, s>>>(param.data<float>(), grad.data<float>(),
+                                                        m.data<float>(), v.data<float>(), lp, k, t,
+                                                        n, b0, b1, digests);
+    };
+    if (low.defined() && low.type() == dtype::f16)
+      run(f16{});
+    else
+      run(bf16{});
+    TROUPE_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
 void cuda_backend::adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
                               const std::vector<adamw_run>& runs, const adamw_params& p,
                               tensor& low) {
@@ -248,36 +535,17 @@ void cuda_backend::adamw_runs(tensor& param, const tensor& grad, tensor& m, tens
   cudaStream_t s = ctx_->stream;
   const char* op = "cuda adamw_runs";
   check_buffers(op, param, grad, m, v, p, low);
-  const std::int64_t n = param.numel();
-  std::vector<adamw_run> sorted;
-  for (const adamw_run& r : runs) {
-    require(r.begin >= 0 && r.begin <= r.end && r.end <= n, op,
-            "run [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
-                ") is not a range of the " + std::to_string(n) + " elements");
-    if (r.begin < r.end) sorted.push_back(r);
-  }
-  std::sort(sorted.begin(), sorted.end(),
-            [](const adamw_run& a, const adamw_run& b) { return a.begin < b.begin; });
-  for (std::size_t i = 1; i < sorted.size(); ++i)
-    require(sorted[i].begin >= sorted[i - 1].end, op,
-            "runs [" + std::to_string(sorted[i - 1].begin) + ", " +
-                std::to_string(sorted[i - 1].end) + ") and [" + std::to_string(sorted[i].begin) +
-                ", " + std::to_string(sorted[i].end) + ") overlap");
+  const std::vector<adamw_run> sorted = sorted_runs(op, runs, param.numel());
   if (sorted.empty()) return;
+  if (by_blocks(param, grad, m, v, low, sorted)) {
+    launch_by_blocks<false>(s, param, grad, m, v, low, sorted, p, nullptr);
+    return;
+  }
   const adamw_consts k = consts_of(p);
-  bool vec = aligned16(param.raw()) && aligned16(grad.raw()) && aligned16(m.raw()) &&
-             aligned16(v.raw()) &&
-             (!low.defined() || reinterpret_cast<std::uintptr_t>(low.raw()) % 8 == 0);
-  for (const adamw_run& r : sorted) vec = vec && r.begin % 4 == 0;
+  const bool vec = vectorised(param, grad, m, v, low, sorted);
   for (std::size_t first = 0; first < sorted.size(); first += runs_per_launch) {
     const std::size_t last = std::min(sorted.size(), first + runs_per_launch);
-    adamw_run_table t{};
-    t.count = static_cast<int>(last - first);
-    for (std::size_t i = first; i < last; ++i) {
-      t.begin[i - first] = sorted[i].begin;
-      t.end[i - first] = sorted[i].end;
-      t.wd[i - first] = sorted[i].decay ? p.weight_decay : 0.0f;
-    }
+    const adamw_run_table t = table_of(sorted, first, last, p.weight_decay);
     const std::int64_t lo = sorted[first].begin, hi = sorted[last - 1].end;
     // Enough resident threads to saturate memory; each block copies the table once.
     const int V = vec ? 4 : 1;
@@ -301,6 +569,27 @@ void cuda_backend::adamw_runs(tensor& param, const tensor& grad, tensor& m, tens
       run(bf16{});
     TROUPE_CUDA_CHECK_LAUNCH();
   }
+}
+
+void cuda_backend::adamw_runs_hashed(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                                     const std::vector<adamw_run>& runs, const adamw_params& p,
+                                     tensor& low, tensor& blocks) {
+  activate();
+  const char* op = "cuda adamw_runs_hashed";
+  check_buffers(op, param, grad, m, v, p, low);
+  require_type(blocks, dtype::i64, op, "blocks");
+  require_numel(blocks, static_cast<std::int64_t>(message_hash_blocks_of(param.bytes())), op,
+                "blocks (message_hash_blocks_of(param.bytes()))");
+  require(!blocks.dev().is_cpu(), op, "blocks must be device memory");
+  const std::vector<adamw_run> sorted = sorted_runs(op, runs, param.numel());
+  if (param.numel() == 0) return;
+  if (by_blocks(param, grad, m, v, low, sorted)) {
+    launch_by_blocks<true>(ctx_->stream, param, grad, m, v, low, sorted, p,
+                           blocks.data<std::uint64_t>());
+    return;
+  }
+  adamw_runs(param, grad, m, v, runs, p, low);
+  launch_message_hash_blocks(*ctx_, param.raw(), param.bytes(), blocks.data<std::uint64_t>());
 }
 
 }  // namespace troupe::kernels::cuda

@@ -145,6 +145,9 @@ class cuda_backend final : public backend {
   void adamw_runs(tensor& param, const tensor& grad, tensor& m, tensor& v,
                   const std::vector<adamw_run>& runs, const adamw_params& p,
                   tensor& low) override;
+  void adamw_runs_hashed(tensor& param, const tensor& grad, tensor& m, tensor& v,
+                         const std::vector<adamw_run>& runs, const adamw_params& p, tensor& low,
+                         tensor& blocks) override;
   bool has_nonfinite(const tensor& x) override;
 
   std::uint64_t graph_begin() override;
@@ -156,6 +159,8 @@ class cuda_backend final : public backend {
   void record_ready(const tensor& t) override;
   void wait_ready(const tensor& t) override;
   std::shared_ptr<pending_value> message_hash_async(const tensor& x) override;
+  std::shared_ptr<pending_value> message_hash_of_blocks_async(const tensor& blocks,
+                                                              std::uint64_t bytes) override;
   std::uint64_t peak_memory_bytes() const override;
   std::shared_ptr<time_mark> mark_time() override;
   std::vector<std::chrono::steady_clock::time_point> mark_times(

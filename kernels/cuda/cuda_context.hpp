@@ -84,4 +84,9 @@ class scratch {
   void* p_;
 };
 
+/// Queues on ctx.stream the first level of the message hash of in[0, n) (kernels/message_hash.hpp):
+/// out[i] = XXH3-64(block i, seed 0) for the message_hash_blocks_of(n) blocks
+/// (kernels/cuda/message_hash.cu).
+void launch_message_hash_blocks(context& ctx, const void* in, std::uint64_t n, std::uint64_t* out);
+
 }  // namespace troupe::kernels::cuda

@@ -257,14 +257,14 @@ class pending_hash final : public pending_value {
 
 namespace {
 
-/// The message hash of x's bytes (kernels/message_hash.hpp), queued on ctx.stream; get() waits.
-std::shared_ptr<pending_value> launch_message_hash(context& ctx, const tensor& x) {
+/// The message hash (kernels/message_hash.hpp) from a level's data in[0, n) with its seed (0: a
+/// tensor's own bytes; a tensor's byte count: its first level's digests), queued on ctx.stream;
+/// get() waits.
+std::shared_ptr<pending_value> launch_message_hash(context& ctx, const unsigned char* in,
+                                                   std::uint64_t n, std::uint64_t seed) {
   slot_pool& p = pool(ctx.device);
   slot_pool::slot s = p.take();
   auto result = std::make_shared<pending_hash>(p, s);
-  auto* in = static_cast<const unsigned char*>(x.defined() ? x.raw() : nullptr);
-  std::uint64_t n = x.defined() ? x.bytes() : 0;
-  std::uint64_t seed = 0;
   // Two scratch levels alternate; the first is the largest (n / 512 bytes).
   const std::uint64_t first = (n + message_hash_block - 1) / message_hash_block;
   std::unique_ptr<scratch> a, b;
@@ -291,18 +291,51 @@ std::shared_ptr<pending_value> launch_message_hash(context& ctx, const tensor& x
 
 }  // namespace
 
+void launch_message_hash_blocks(context& ctx, const void* in, std::uint64_t n, std::uint64_t* out) {
+  if (n == 0) return;
+  launch_level(static_cast<const unsigned char*>(in), n, 0, message_hash_blocks_of(n), out,
+               ctx.stream);
+}
+
 // ------------------------------------------------------------------------------------------------
-// the backend's method
+// the backend's methods
 
 std::shared_ptr<pending_value> cuda_backend::message_hash_async(const tensor& x) {
   if (x.defined() && x.dev().is_cpu()) return backend::message_hash_async(x);
   activate();
   if (ctx_->capturing)
     throw core::failure("cuda message_hash_async: a hash read by the host cannot be recorded in a graph");
-  auto h = launch_message_hash(*ctx_, x);
+  auto h = launch_message_hash(*ctx_, static_cast<const unsigned char*>(x.defined() ? x.raw() : nullptr),
+                               x.defined() ? x.bytes() : 0, 0);
   // Whoever waits for x from now on also waits for the hash's reads of it.
   if (x.defined() && x.bytes() > 0) cuda::record_ready(ctx_->stream_owner, x);
   return h;
+}
+
+std::shared_ptr<pending_value> cuda_backend::message_hash_of_blocks_async(const tensor& blocks,
+                                                                          std::uint64_t bytes) {
+  if (blocks.defined() && blocks.dev().is_cpu())
+    return backend::message_hash_of_blocks_async(blocks, bytes);
+  activate();
+  const char* op = "cuda message_hash_of_blocks_async";
+  require_type(blocks, dtype::i64, op, "blocks");
+  require_numel(blocks, static_cast<std::int64_t>(message_hash_blocks_of(bytes)), op,
+                "blocks (message_hash_blocks_of(bytes))");
+  if (ctx_->capturing)
+    throw core::failure(std::string(op) + ": a hash read by the host cannot be recorded in a graph");
+  const auto* in = static_cast<const unsigned char*>(blocks.raw());
+  if (bytes == 0) return launch_message_hash(*ctx_, nullptr, 0, 0);
+  if (bytes <= message_hash_block) {
+    // One block: the hash is its digest.
+    slot_pool& p = pool(ctx_->device);
+    slot_pool::slot sl = p.take();
+    auto result = std::make_shared<pending_hash>(p, sl);
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(sl.device, in, sizeof(std::uint64_t), cudaMemcpyDefault,
+                                      ctx_->stream));
+    TROUPE_CUDA_CHECK(cudaEventRecord(sl.done, ctx_->stream));
+    return result;
+  }
+  return launch_message_hash(*ctx_, in, message_hash_blocks_of(bytes) * sizeof(std::uint64_t), bytes);
 }
 
 }  // namespace troupe::kernels::cuda

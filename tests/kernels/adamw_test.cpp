@@ -1,7 +1,8 @@
-// adamw on the CPU backend.
+// adamw on the CPU backend, and adamw_runs_hashed's default (adamw_runs, then the hash blocks).
 #include <cmath>
 
 #include "tests/kernels/cpu_test_util.hpp"
+#include "kernels/message_hash.hpp"
 #include "kernels/select.hpp"
 
 namespace troupe::kernels::cpu_test {
@@ -139,6 +140,36 @@ TEST_CASE("adamw_runs gives the bits of one adamw call per run and leaves gaps u
     CHECK(a[3].data<std::uint16_t>()[gap] == 0);
   }
   CHECK(a[0].data<float>()[5] != before[0].data<float>()[5]);
+}
+
+TEST_CASE("adamw_runs_hashed gives adamw_runs's bits and the first level of the written hash") {
+  auto be = make_backend("cpu");
+  const int n = 3000;  // three blocks of 4096 bytes, the last one short
+  const std::vector<adamw_run> runs = {{1024, 1768, false}, {0, 1000, true}, {2048, 2999, true}};
+  adamw_params hp;
+  hp.lr = 2e-3f;
+  hp.weight_decay = 0.1f;
+  hp.step = 2;
+  tensor g = randn({n}, 31);
+  auto start = [&] {
+    std::vector<tensor> t{randn({n}, 32), randn({n}, 33, 0.01f), randn({n}, 34, 0.01f),
+                          tensor::zeros({n}, dtype::bf16)};
+    for (std::int64_t i = 0; i < n; ++i) t[2].data<float>()[i] = std::fabs(t[2].data<float>()[i]);
+    return t;
+  };
+  std::vector<tensor> a = start(), b = start();
+  tensor blocks = tensor::zeros({3}, dtype::i64);
+  be->adamw_runs_hashed(a[0], g, a[1], a[2], runs, hp, a[3], blocks);
+  be->adamw_runs(b[0], g, b[1], b[2], runs, hp, b[3]);
+  for (int i = 0; i < 4; ++i) CHECK(same_bits(a[i], b[i]));
+  std::uint64_t want[3];
+  message_hash_blocks(b[0].raw(), b[0].bytes(), want);
+  for (int i = 0; i < 3; ++i) CHECK(blocks.data<std::uint64_t>()[i] == want[i]);
+  CHECK(be->message_hash_of_blocks_async(blocks, b[0].bytes())->get() ==
+        message_hash(b[0].raw(), b[0].bytes()));
+  tensor wrong = tensor::zeros({2}, dtype::i64);
+  CHECK(failure_message([&] { be->adamw_runs_hashed(a[0], g, a[1], a[2], runs, hp, a[3], wrong); })
+            .find("blocks must be int64 [3]") != std::string::npos);
 }
 
 }  // namespace troupe::kernels::cpu_test

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tests/kernels/cuda_test_util.hpp"
+#include "kernels/message_hash.hpp"
 #include "kernels/select.hpp"
 
 namespace troupe::kernels::cuda_test {
@@ -97,6 +98,124 @@ TEST_CASE("cuda adamw_runs matches the CPU and one adamw launch per run bit for 
       CHECK(wrong == 0);
       CHECK(touched_gaps == 0);
     }
+  }
+}
+
+TEST_CASE("cuda adamw_runs_hashed: the bits of one adamw per run, and the message hash of what it "
+          "wrote; adamw_runs by blocks the same bits") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // Runs laid out as a chunk's flat buffer lays out tensors (each at a multiple of 1024 elements,
+  // one 4096-byte hash block, padded after it; adjacent ones of one decay merged), 170 of them:
+  // two launches, the second beginning on a block.
+  std::vector<adamw_run> chunk;
+  for (int k = 0; k < 170; ++k) {
+    const std::int64_t b = 1024 * (k + k / 5), len = k % 4 == 0 ? 1024 : 1 + (k * 389) % 1023;
+    chunk.push_back({b, b + len, k % 3 != 0});
+  }
+  std::vector<adamw_run> chunk_tail = chunk;
+  chunk_tail.push_back({1024 * 205, 1024 * 205 + 300, true});
+  struct layout {
+    const char* what;
+    std::vector<adamw_run> runs;
+    std::int64_t n;
+    std::int64_t offset;  // elements into the buffers (not a multiple of 4: no 16-byte groups)
+    bool low, nan_factor;
+  };
+  const std::vector<layout> cases = {
+      {"tensors of a chunk, two launches, a last short block", chunk_tail, 1024 * 205 + 333, 0, true, false},
+      {"the same, no low copy", chunk_tail, 1024 * 205 + 333, 0, false, false},
+      {"one run over whole blocks", {{0, 1024 * 9, true}}, 1024 * 9, 0, true, false},
+      {"one block, shorter than 4096 bytes", {{4, 200, false}, {204, 299, true}}, 300, 0, true, false},
+      {"no runs: hashed, not updated", {}, 5000, 0, true, false},
+      {"a non-finite grad_factor: hashed, not updated", chunk, 1024 * 205, 0, true, true},
+      {"runs spaced 400 apart: the second launch inside a block", spaced_runs(170, 0, 400),
+       170 * 400 + 5, 0, true, false},
+      {"runs spaced 400 apart, one launch: blocks with run ends and gaps", spaced_runs(100, 0, 400),
+       100 * 400 + 5, 0, true, false},
+      {"buffers not 16-byte aligned", spaced_runs(20, 3, 400), 20 * 400 + 7, 1, true, false},
+  };
+  for (const layout& c : cases) {
+    for (dtype lt : {dtype::bf16, dtype::f16}) {
+      if (!c.low && lt == dtype::f16) continue;
+      INFO(c.what << ", low " << (c.low ? core::dtype_name(lt) : "none"));
+      const std::int64_t n = c.n, total = c.n + c.offset;
+      tensor p = random_host({total}, 180), g = random_host({total}, 181);
+      tensor m = random_host({total}, 182, 0.1f), v = random_host({total}, 183, 0.1f);
+      for (std::int64_t i = 0; i < total; ++i) v.data<float>()[i] = std::fabs(v.data<float>()[i]);
+      adamw_params ap;
+      ap.lr = 2e-3f;
+      ap.weight_decay = 0.1f;
+      ap.grad_scale = 0.6f;
+      ap.step = 4;
+      if (c.nan_factor) {
+        tensor f = tensor::zeros({1}, dtype::f64);
+        f.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+        ap.grad_factor = be.gpu->from_host(f);
+      }
+      auto fresh = [&] {
+        auto at = [&](const tensor& t) { return be.gpu->from_host(t).slice(c.offset, {n}); };
+        return std::vector<tensor>{at(p), at(m), at(v),
+                                   c.low ? poisoned(*be.gpu, {total}, lt).slice(c.offset, {n})
+                                         : tensor{}};
+      };
+      const tensor gg = be.gpu->from_host(g).slice(c.offset, {n});
+      std::vector<tensor> a = fresh(), b = fresh(), ref = fresh();
+      const auto count = static_cast<std::int64_t>(message_hash_blocks_of(static_cast<std::size_t>(n) * 4));
+      tensor blocks = be.gpu->empty({count}, dtype::i64);
+      be.gpu->adamw_runs_hashed(a[0], gg, a[1], a[2], c.runs, ap, a[3], blocks);
+      be.gpu->adamw_runs(b[0], gg, b[1], b[2], c.runs, ap, b[3]);
+      // The reference: one adamw launch per run (adamw_kernel, its own code).
+      for (const adamw_run& r : c.runs) {
+        const core::shape_t sh{r.end - r.begin};
+        tensor ps = ref[0].slice(r.begin, sh), ms = ref[1].slice(r.begin, sh),
+               vs = ref[2].slice(r.begin, sh);
+        tensor ls = ref[3].defined() ? ref[3].slice(r.begin, sh) : tensor{};
+        adamw_params q = ap;
+        q.weight_decay = r.decay ? ap.weight_decay : 0.0f;
+        be.gpu->adamw(ps, gg.slice(r.begin, sh), ms, vs, q, ls);
+      }
+      for (int i = 0; i < 4; ++i) {
+        if (!a[i].defined()) continue;
+        INFO("buffer " << i << " (param, m, v, low)");
+        const tensor want = be.gpu->to_host(ref[i]);
+        CHECK(same_bits(be.gpu->to_host(a[i]), want));
+        CHECK(same_bits(be.gpu->to_host(b[i]), want));
+      }
+      const tensor written = be.gpu->to_host(a[0]);
+      if (c.nan_factor || c.runs.empty())
+        CHECK(same_bits(written, p.slice(c.offset, {n}).clone()));
+      else
+        CHECK_FALSE(same_bits(written, p.slice(c.offset, {n}).clone()));
+      // Every block's digest, and the hash finished from them, are the CPU twin's.
+      std::vector<std::uint64_t> want(static_cast<std::size_t>(count));
+      message_hash_blocks(written.raw(), written.bytes(), want.data());
+      const tensor got = be.gpu->to_host(blocks);
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < count; ++i)
+        wrong += got.data<std::uint64_t>()[i] != want[static_cast<std::size_t>(i)];
+      CHECK(wrong == 0);
+      CHECK(be.gpu->message_hash_of_blocks_async(blocks, written.bytes())->get() ==
+            message_hash(written.raw(), written.bytes()));
+    }
+  }
+}
+
+TEST_CASE("cuda message_hash_of_blocks_async: the CPU twin's hash for every level count") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  // No block, one short and one full block, two blocks, and digests that fill more than a block.
+  for (std::int64_t elems : {0, 7, 1024, 1025, 1024 * 512, 1024 * 512 + 1, 1024 * 1300}) {
+    INFO("fp32 elements: " << elems);
+    const tensor x = random_host({elems}, 190);
+    const std::size_t bytes = x.bytes();
+    const auto count = static_cast<std::int64_t>(message_hash_blocks_of(bytes));
+    tensor host_blocks = tensor::zeros({count}, dtype::i64);
+    if (count > 0) message_hash_blocks(x.raw(), bytes, host_blocks.data<std::uint64_t>());
+    const std::uint64_t want = message_hash(x.raw(), bytes);
+    CHECK(message_hash_of_blocks(host_blocks.data<std::uint64_t>(), bytes) == want);
+    CHECK(be.gpu->message_hash_of_blocks_async(be.gpu->from_host(host_blocks), bytes)->get() == want);
+    CHECK(be.cpu->message_hash_of_blocks_async(host_blocks, bytes)->get() == want);
   }
 }
 

@@ -127,6 +127,20 @@ TEST_CASE("message hash: the CPU twin follows the definition at every level boun
   }
 }
 
+TEST_CASE("message hash: finished from its first level, equal to the whole hash") {
+  for (std::size_t n : {0ul, 1ul, 4095ul, 4096ul, 4097ul, 8192ul, 4096ul * 512, 4096ul * 512 + 1,
+                        4096ul * 512 * 3 + 17}) {
+    INFO("n = " << n);
+    const auto data = random_bytes(n, 200 + n);
+    std::vector<std::uint64_t> blocks(message_hash_blocks_of(n));
+    CHECK(blocks.size() == (n + 4095) / 4096);
+    message_hash_blocks(data.data(), n, blocks.data());
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      CHECK(blocks[i] == XXH3_64bits(data.data() + 4096 * i, std::min<std::size_t>(4096, n - 4096 * i)));
+    CHECK(message_hash_of_blocks(blocks.data(), n) == message_hash(data.data(), n));
+  }
+}
+
 TEST_CASE("message hash: the CPU twin leaves no wide vector state in use behind it") {
   // libxxhash's AVX2 / AVX-512 code returns without vzeroupper; left so, every legacy-SSE
   // instruction after it (glibc's exp among them) pays a transition penalty. XGETBV(1) tells which
