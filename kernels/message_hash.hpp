@@ -117,6 +117,13 @@ TROUPE_HASH_HD std::uint64_t avalanche_xxh64(std::uint64_t h) {
   return h ^ (h >> 32);
 }
 
+/// XXH3's scramble of one accumulator after each full 1024-byte block, with its secret word.
+TROUPE_HASH_HD std::uint64_t scramble(std::uint64_t acc, std::uint64_t key_word) {
+  acc ^= acc >> 47;
+  acc ^= key_word;
+  return acc * p32_1;
+}
+
 /// The secret's bytes read as little-endian words at any byte offset. Long inputs with a seed
 /// use the secret derived from it: word 2i plus the seed, word 2i+1 minus it.
 struct key {
@@ -215,11 +222,7 @@ TROUPE_HASH_HD std::uint64_t xxh3_64(const Reader& r, std::uint64_t n, std::uint
       r.stripe(1024 * b + 64 * i + 32, w + 4);
       accumulate(acc, w, lk, 8 * i);
     }
-    for (unsigned i = 0; i < 8; ++i) {
-      acc[i] ^= acc[i] >> 47;
-      acc[i] ^= lk.u64(128 + 8 * i);
-      acc[i] *= p32_1;
-    }
+    for (unsigned i = 0; i < 8; ++i) acc[i] = scramble(acc[i], lk.u64(128 + 8 * i));
   }
   const std::uint64_t last = 1024 * blocks;
   const unsigned stripes = static_cast<unsigned>((n - last - 1) / 64);

@@ -89,6 +89,20 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
   }
 }
 
+/// The last of `count` (>= 1) runs sorted by begin whose begin is <= i (run 0 when none is), by
+/// binary search of the block's shared copy of the table.
+__device__ __forceinline__ int last_begun(std::int64_t i, const std::int64_t* begin_s, int count) {
+  int a = 0, b = count - 1;
+  while (a < b) {
+    const int mid = (a + b + 1) / 2;
+    if (begin_s[mid] <= i)
+      a = mid;
+    else
+      b = mid - 1;
+  }
+  return a;
+}
+
 /// Runs per launch of adamw_runs_kernel: the table travels as a kernel parameter (under the 4 KiB
 /// limit), so no upload precedes the launch. GPT-2 124M has 149 tensors, so one launch.
 constexpr int runs_per_launch = 160;
@@ -123,14 +137,7 @@ __global__ void __launch_bounds__(256)
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * V;
   for (std::int64_t i = lo + (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
        i < hi; i += stride) {
-    int a = 0, b = count - 1;  // the last run with begin <= i (begin_s[0] == lo <= i)
-    while (a < b) {
-      const int mid = (a + b + 1) / 2;
-      if (begin_s[mid] <= i)
-        a = mid;
-      else
-        b = mid - 1;
-    }
+    const int a = last_begun(i, begin_s, count);  // begin_s[0] == lo <= i
     const std::int64_t e = end_s[a];
     if (i >= e) continue;
     const float wd = wd_s[a];
@@ -174,14 +181,7 @@ static_assert(hash_block_elems == 1024, "adamw_block_kernel: a warp's 32 lanes r
 __device__ __forceinline__ int run_of(std::int64_t i, const std::int64_t* begin_s,
                                       const std::int64_t* end_s, int count) {
   if (count == 0) return -1;
-  int a = 0, b = count - 1;
-  while (a < b) {
-    const int mid = (a + b + 1) / 2;
-    if (begin_s[mid] <= i)
-      a = mid;
-    else
-      b = mid - 1;
-  }
+  const int a = last_begun(i, begin_s, count);
   return i >= begin_s[a] && i < end_s[a] ? a : -1;
 }
 
@@ -330,12 +330,8 @@ __global__ void __launch_bounds__(256)
       a0 += s0;
       a1 += s1;
       if (round < 3) {
-        a0 ^= a0 >> 47;
-        a0 ^= kw[16 + 2 * q];
-        a0 *= xxh3::p32_1;
-        a1 ^= a1 >> 47;
-        a1 ^= kw[17 + 2 * q];
-        a1 *= xxh3::p32_1;
+        a0 = xxh3::scramble(a0, kw[16 + 2 * q]);
+        a1 = xxh3::scramble(a1, kw[17 + 2 * q]);
       }
     }
     if (!Hash) continue;

@@ -128,12 +128,8 @@ __global__ void __launch_bounds__(hash_threads)
     for (unsigned i = 0; i < 16; ++i) w[i] = __ldcs(p + 4 * (16 * b + i));
 #pragma unroll
     for (unsigned i = 0; i < 16; ++i) stripe(w[i], i);
-    a0 ^= a0 >> 47;
-    a0 ^= kw[16 + 2 * q];
-    a0 *= xxh3::p32_1;
-    a1 ^= a1 >> 47;
-    a1 ^= kw[17 + 2 * q];
-    a1 *= xxh3::p32_1;
+    a0 = xxh3::scramble(a0, kw[16 + 2 * q]);
+    a1 = xxh3::scramble(a1, kw[17 + 2 * q]);
   }
   {
     ulonglong2 w[16];
