@@ -10,7 +10,8 @@
 #               (2 chunks per rank, stage_layers [2,2,1,1,1,1,2,2]) and zb_v (two chunks per rank in
 #               a V, stage_layers [2,1,2,1,2,1,2,1]): 3 layers per rank each; tokens/s, measured and
 #               simulated bubble, peak memory per stage and the first and last loss, side by side
-#   hash        the message hash recording runs per message tensor (bench/gpu_message_hash_bench)
+#   hash        the message hash recording runs per message tensor, and the optimizer shard's
+#               AdamW with and without it (bench/gpu_message_hash_bench, --adamw 1500)
 #   gpt2-1.5b   GPT-2 1.5B (48 layers, 1600 wide, 25 heads): troupe, troupe --no-graph,
 #               torch.compile, PyTorch eager
 #   profile     where a 124M step's time goes: troupe's per-op and per-phase tables, torch.compile's
@@ -81,6 +82,8 @@ for part in "${parts[@]}"; do
     hash)
       timeout 200 "$BIN/gpu_message_hash_bench" --mib 4096 --reps 10 --json "$RESULTS/message_hash.json" ||
         echo "gpu_message_hash_bench failed or timed out"
+      timeout 200 "$BIN/gpu_message_hash_bench" --adamw 1500 --reps 7 --json "$RESULTS/adamw_hash.json" ||
+        echo "gpu_message_hash_bench --adamw failed or timed out"
       ;;
     gpt2-1.5b)
       troupe troupe-1.5B 300 $big --steps 8 --warmup 2
