@@ -495,6 +495,22 @@ class known_hash final : public kernels::pending_value {
   std::uint64_t v_;
 };
 
+/// The pending hash of a tensor sent (observe_send): on the device for a device tensor, else from
+/// `memo` when it holds these very bytes, else computed here (and put into `memo`).
+std::shared_ptr<kernels::pending_value> hash_of_send(const core::tensor& t, kernels::backend* be,
+                                                     hash_memo* memo) {
+  if (t.defined() && !t.dev().is_cpu()) {
+    TROUPE_CHECK(be != nullptr, "a device tensor reached the message log without its backend");
+    return be->message_hash_async(t);
+  }
+  if (memo && t.defined() && t.bytes() > 0 && memo->store == t.store() &&
+      memo->data == t.raw() && memo->bytes == t.bytes())
+    return std::make_shared<known_hash>(memo->hash);
+  const std::uint64_t v = tensor_hash(t);
+  if (memo && t.defined()) *memo = {t.store(), t.raw(), t.bytes(), v};
+  return std::make_shared<known_hash>(v);
+}
+
 }  // namespace
 
 void observe_send(message_sink& sink, const address& from, int src, const address& to, int dst,
@@ -513,21 +529,7 @@ void observe_send(message_sink& sink, const address& from, int src, const addres
   r.dtype = t.type();
   r.shape = t.shape();
   if (sample) r.sample = *sample;
-  std::shared_ptr<kernels::pending_value> h = std::move(hash);
-  if (h) {
-    // queued by the sender with the bytes it wrote
-  } else if (t.defined() && !t.dev().is_cpu()) {
-    TROUPE_CHECK(be != nullptr, "a device tensor reached the message log without its backend");
-    h = be->message_hash_async(t);
-  } else if (memo && t.defined() && t.bytes() > 0 && memo->store == t.store() &&
-             memo->data == t.raw() && memo->bytes == t.bytes()) {
-    h = std::make_shared<known_hash>(memo->hash);
-  } else {
-    const std::uint64_t v = tensor_hash(t);
-    if (memo && t.defined()) *memo = {t.store(), t.raw(), t.bytes(), v};
-    h = std::make_shared<known_hash>(v);
-  }
-  sink.sent_pending(std::move(r), std::move(h));
+  sink.sent_pending(std::move(r), hash ? std::move(hash) : hash_of_send(t, be, memo));
 }
 
 void observe_receive(message_sink& sink, int src, int dst, const transport::tag& tg,

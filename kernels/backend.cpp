@@ -2,6 +2,7 @@
 // without them refuses by name).
 #include "kernels/backend.hpp"
 
+#include "kernels/check.hpp"
 #include "kernels/message_hash.hpp"
 
 namespace troupe::kernels {
@@ -86,13 +87,9 @@ namespace {
 
 /// Checks `blocks` against the message_hash_blocks_of(bytes) digests it must hold.
 void require_blocks(const tensor& blocks, std::uint64_t bytes, const char* op) {
-  const auto count = static_cast<std::int64_t>(message_hash_blocks_of(bytes));
-  if (!blocks.defined() || blocks.type() != core::dtype::i64 || blocks.numel() != count)
-    throw core::failure(std::string(op) + ": blocks must be int64 [" + std::to_string(count) +
-                        "] for " + std::to_string(bytes) + " bytes, got " +
-                        (blocks.defined() ? std::string(core::dtype_name(blocks.type())) + " " +
-                                                core::shape_string(blocks.shape())
-                                          : std::string("an undefined tensor")));
+  require_type(blocks, core::dtype::i64, op, "blocks");
+  require_numel(blocks, static_cast<std::int64_t>(message_hash_blocks_of(bytes)), op,
+                "blocks (message_hash_blocks_of(bytes))");
 }
 
 }  // namespace

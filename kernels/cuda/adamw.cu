@@ -188,10 +188,9 @@ __device__ __forceinline__ int run_of(std::int64_t i, const std::int64_t* begin_
 /// adamw_runs_kernel's update of blocks [first, last) of message_hash_block bytes of param (runs
 /// given relative to param's start, 16-byte aligned as adamw_runs_kernel<L, 4> needs), one warp
 /// per block, the run of a block found once when the block lies inside it (adamw_runs_kernel
-/// searches the table for every 16-byte group: 12.9 against 11.8 ms for LLaMA-3 1B's 1.5 billion
-/// parameters on the H200, with the hash below). With Hash, each block's message-hash digest
-/// (seed 0) of the parameters as written, from the registers that hold them. Lane l holds float4 32j + l of the block for j = 0..7, the layout of
-/// sumsq's norm blocks; as 16-byte pieces of XXH3's 64-byte stripes that is quarter l % 4 of stripe
+/// searches the table for every 16-byte group; times in docs/cuda.md). With Hash, each block's
+/// message-hash digest (seed 0) of the parameters as written, from the registers that hold them.
+/// Lane l holds float4 32j + l of the block for j = 0..7, the layout of sumsq's norm blocks; as 16-byte pieces of XXH3's 64-byte stripes that is quarter l % 4 of stripe
 /// 8j + l / 4, so lane l feeds accumulators 2(l % 4) and 2(l % 4) + 1 (hash_blocks_kernel in
 /// message_hash.cu). Accumulation is addition modulo 2^64, so the 16 stripes of each 1024-byte
 /// round are summed in any order, across the eight lanes of a quarter by shuffles, before that

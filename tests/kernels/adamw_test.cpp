@@ -169,7 +169,8 @@ TEST_CASE("adamw_runs_hashed gives adamw_runs's bits and the first level of the 
         message_hash(b[0].raw(), b[0].bytes()));
   tensor wrong = tensor::zeros({2}, dtype::i64);
   CHECK(failure_message([&] { be->adamw_runs_hashed(a[0], g, a[1], a[2], runs, hp, a[3], wrong); })
-            .find("blocks must be int64 [3]") != std::string::npos);
+            .find("blocks (message_hash_blocks_of(bytes)) has shape [2], expected 3") !=
+        std::string::npos);
 }
 
 }  // namespace troupe::kernels::cpu_test
