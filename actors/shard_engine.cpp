@@ -82,6 +82,47 @@ shard_engine::shard_engine(const core::config& cfg, job_layout layout, int pp, i
     for (std::size_t k = 0; k < n; ++k) staging_.push_back(state(largest));
   }
   rebuild_slots();
+  make_norm_handoffs();
+}
+
+void shard_engine::set_tp(int t) {
+  tp_ = t;
+  make_norm_handoffs();
+}
+
+void shard_engine::make_norm_handoffs() {
+  norm_handoffs_.clear();
+  if (!adopts_gradients() || !layout_.norm_contributor(part_) || be_.dev().is_cpu()) return;
+  norm_handoffs_.resize(chunks_.size());
+  for (std::size_t i = 0; i < chunks_.size(); ++i)
+    if (auto counts = norm_counts(i)) {
+      norm_handoffs_[i] = std::make_shared<norm_handoff>();
+      norm_handoffs_[i]->counts = std::move(*counts);
+    }
+}
+
+std::vector<model::param_slot> shard_engine::norm_slots(std::size_t i) const {
+  std::vector<model::param_slot> mine;
+  for (std::size_t s = 0; s < slots_.size(); ++s)
+    if (slot_chunk_[s] == i &&
+        (layout_.tp == 1 || model::counts_in_norm(cfg_.model, slots_[s].info.name, layout_.tp, tp_)))
+      mine.push_back(slots_[s]);
+  return mine;
+}
+
+std::optional<std::vector<std::int32_t>> shard_engine::norm_counts(std::size_t i) const {
+  const auto [lo, hi] = ranges_[i];
+  std::vector<std::int32_t> counts(kernels::message_hash_blocks_of(
+      static_cast<std::uint64_t>(hi - lo) * sizeof(float)));
+  for (const model::param_slot& s : norm_slots(i)) {
+    if (s.info.tied) continue;  // as model::gradient_sumsq
+    const std::int64_t first = s.info.offset - lo;
+    if (first % kernels::norm_block != 0) return std::nullopt;
+    for (std::int64_t e = first; e < first + s.info.numel; e += kernels::norm_block)
+      counts[static_cast<std::size_t>(e / kernels::norm_block)] =
+          static_cast<std::int32_t>(std::min(kernels::norm_block, first + s.info.numel - e));
+  }
+  return counts;
 }
 
 void shard_engine::rebuild_slots() {
@@ -157,13 +198,11 @@ bool shard_engine::reduce(std::int64_t step) {
   if (layout_.norm_contributor(part_)) {
     // Under offload too the norm is taken of the device's reduced slices, by the same kernels.
     for (std::size_t i = 0; i < chunks_.size(); ++i) {
-      std::vector<model::param_slot> mine;
-      for (std::size_t s = 0; s < slots_.size(); ++s)
-        if (slot_chunk_[s] == i && (layout_.tp == 1 || model::counts_in_norm(cfg_.model,
-                                                                           slots_[s].info.name,
-                                                                           layout_.tp, tp_)))
-          mine.push_back(slots_[s]);
-      const core::exact_sum s = model::gradient_sumsq(be_, mine);
+      // The stage's sums of the blocks it sent, when it computed them with the message hash.
+      const norm_handoff* h = adopted && i < norm_handoffs_.size() ? norm_handoffs_[i].get() : nullptr;
+      const core::exact_sum s = h && h->holds(step, reduced_[i].raw())
+                                    ? model::exact_sum_of(be_, h->sums)
+                                    : model::gradient_sumsq(be_, norm_slots(i));
       norm_parts_.emplace_back(chunks_[i].chunk,
                                std::vector<std::int64_t>(s.words, s.words + core::exact_sum_words));
       if (nonfinite_.empty() && !std::isfinite(s.value())) nonfinite_ = locate_nonfinite(i, slices[i]);

@@ -23,6 +23,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,6 +87,12 @@ class shard_engine {
   /// (model::adamw_update_hashed) and attaches each slice's message hash to its outgoing
   /// parameter messages, so recording does not read them again; off by default.
   void hash_updates(bool on) { hash_updates_ = on; }
+  /// The norm blocks of chunk `i` (index into the constructor's list) that the stage sending its
+  /// gradient computes as it hashes it, when this shard adopts that gradient on a device and
+  /// counts in the norm; null otherwise (stage_engine::share_norm_blocks).
+  std::shared_ptr<norm_handoff> norm_blocks(std::size_t i) const {
+    return i < norm_handoffs_.size() ? norm_handoffs_[i] : nullptr;
+  }
   /// apply without loss scaling: t = step + 1, never skipped.
   void apply(std::int64_t step, float scale, double lr) { apply(step, scale, lr, step + 1, false); }
   /// Peak device memory of this shard's backend (0 on the CPU).
@@ -101,7 +108,7 @@ class shard_engine {
   /// The tensor-parallel rank whose slices this shard updates (0 without tensor parallel): it
   /// serves the stages of that rank, and counts in the gradient norm only what that rank holds
   /// first (model::counts_in_norm).
-  void set_tp(int t) { tp_ = t; }
+  void set_tp(int t);
   int tp() const { return tp_; }
   /// Slots (master, reduced grad, moments) of every owned parameter slice, for checkpoints; under
   /// offload master and moments are host tensors and the gradient is the device's reduced slice.
@@ -135,6 +142,14 @@ class shard_engine {
   /// Queues the host copy of pieces_[next_piece_] into staging buffer `buffer` (offload).
   void copy_next_piece(int buffer);
   std::string locate_nonfinite(std::size_t i, const std::vector<core::tensor>& slices);
+  /// The slots of chunk `i` whose gradients count in this shard's part of the norm (tied copies
+  /// are skipped by model::gradient_sumsq).
+  std::vector<model::param_slot> norm_slots(std::size_t i) const;
+  /// norm_handoff::counts of chunk `i`'s slice for norm_slots(i), or nothing when a slot does
+  /// not start at a block.
+  std::optional<std::vector<std::int32_t>> norm_counts(std::size_t i) const;
+  /// (Re)makes norm_handoffs_ for the current tensor-parallel rank.
+  void make_norm_handoffs();
 
   const core::config& cfg_;
   job_layout layout_;
@@ -170,6 +185,7 @@ class shard_engine {
   std::map<int, std::uint64_t> grad_hashes_;  // global chunk -> hash (runtime.forensics)
   bool hash_updates_ = false;
   std::vector<core::tensor> hash_blocks_;  // per chunk (hash_updates): the first hash level
+  std::vector<std::shared_ptr<norm_handoff>> norm_handoffs_;  // per chunk, or null
   std::vector<outgoing> out_;
 };
 

@@ -28,7 +28,8 @@ void pump(caf::stateful_actor<stage_state>* self, const job& j) {
     // One memo per batch: a ZeRO-0 gradient going to every shard is hashed once.
     hash_memo memo;
     for (auto& o : out)
-      route(self, j, me, o.to, o.tag, std::move(o.t), send_note{st.b->be.get(), nullptr, &memo});
+      route(self, j, me, o.to, o.tag, std::move(o.t),
+            send_note{st.b->be.get(), nullptr, &memo, std::move(o.hash)});
     if (eng.losses_ready()) {
       // Every rank of a tensor-parallel group has the same losses: the first reports them.
       if (eng.tp() == 0)
@@ -64,6 +65,8 @@ void stall(const job& j, int worker, std::int64_t step) {
 caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_ptr<job> j, int dp,
                           int pp, std::shared_ptr<stage_bundle> b) {
   self->state.b = std::move(b);
+  // A sink that takes pending hashes gets a gradient's from the pass that sums its norm blocks.
+  self->state.b->engine->hash_gradients(j->sink && !j->sink->wants_bytes());
   const int t = self->state.b->engine->tp();
   self->state.worker = j->layout.worker(dp, pp, t);
   report_exceptions(self, j, address{role::stage, dp, pp, t}, [self] {

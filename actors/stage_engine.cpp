@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -10,6 +11,7 @@
 
 #include "actors/tp_group.hpp"
 #include "core/error.hpp"
+#include "kernels/message_hash.hpp"
 #include "model/forensics.hpp"
 #include "model/optimizer.hpp"
 #include "model/params.hpp"
@@ -118,7 +120,8 @@ transport::tag stage_engine::tag_of(tensor_kind k, int chunk, int mb, int part) 
   return transport::tag{step_, static_cast<std::uint32_t>(k), chunk, mb, part};
 }
 
-void stage_engine::emit(address to, transport::tag tg, core::tensor t) {
+void stage_engine::emit(address to, transport::tag tg, core::tensor t,
+                        std::shared_ptr<kernels::pending_value> hash) {
   // Activations, input gradients and the tied-gradient copy are fresh tensors nobody writes again:
   // they leave as they are. Gradient slices are views of the gradient buffer, which the next step
   // zeroes: with several replicas a copy leaves, since a shard that does not update this replica
@@ -127,7 +130,7 @@ void stage_engine::emit(address to, transport::tag tg, core::tensor t) {
   // (deliver) before its next step writes the buffer: the view leaves, no copy.
   const bool reused =
       tg.kind == static_cast<std::uint32_t>(tensor_kind::grad_slice) && layout_.dp > 1;
-  out_.push_back(outgoing{to, tg, hand_over(be_, std::move(t), reused)});
+  out_.push_back(outgoing{to, tg, hand_over(be_, std::move(t), reused), std::move(hash)});
 }
 
 std::vector<outgoing> stage_engine::take_outgoing() { return std::exchange(out_, {}); }
@@ -363,9 +366,38 @@ void stage_engine::maybe_poison(int mb) {
   std::fflush(stderr);
 }
 
+void stage_engine::share_norm_blocks(std::size_t i, std::shared_ptr<norm_handoff> h) {
+  if (norm_handoffs_.size() <= i) norm_handoffs_.resize(i + 1);
+  norm_handoffs_[i] = std::move(h);
+}
+
 void stage_engine::send_slices(int c) {
   maybe_inject_nan(c);
   core::tensor g = chunk_for(c).flat_grads();
+  const std::size_t i = static_cast<std::size_t>(layout_.local_index(c));
+  if (hash_gradients_ && layout_.dp == 1 && i < norm_handoffs_.size() && norm_handoffs_[i] &&
+      static_cast<std::uint64_t>(norm_handoffs_[i]->counts.size()) ==
+          kernels::message_hash_blocks_of(g.bytes())) {
+    // The one shard adopts this gradient: one read of it gives the message hash and the norm
+    // blocks, queued before the gradient is marked ready for the shard.
+    norm_handoff& h = *norm_handoffs_[i];
+    const auto nb = static_cast<std::int64_t>(h.counts.size());
+    if (!h.sums.defined()) {
+      core::tensor host = core::tensor::zeros({nb}, core::dtype::i32);
+      std::copy(h.counts.begin(), h.counts.end(), host.data<std::int32_t>());
+      h.device_counts = on_device(host);
+      h.sums = be_.empty({nb}, core::dtype::f64);
+    }
+    if (grad_hash_blocks_.size() <= i) grad_hash_blocks_.resize(i + 1);
+    if (!grad_hash_blocks_[i].defined()) grad_hash_blocks_[i] = be_.empty({nb}, core::dtype::i64);
+    be_.message_hash_sumsq_blocks(g, h.device_counts, grad_hash_blocks_[i], h.sums);
+    auto hash = be_.message_hash_of_blocks_async(grad_hash_blocks_[i], g.bytes());
+    h.mark(step_, g.raw());
+    emit(address{role::shard, pp_, 0, tp_}, tag_of(tensor_kind::grad_slice, c, -1, 0), g,
+         std::move(hash));
+    reduce_state_[c] = reduce_progress::slices_sent;
+    return;
+  }
   for (int k = 0; k < layout_.dp; ++k) {
     auto [lo, hi] = layout_.shard_range(g.numel(), k);
     emit(address{role::shard, pp_, k, tp_}, tag_of(tensor_kind::grad_slice, c, -1, k),

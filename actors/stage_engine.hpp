@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,37 @@ struct outgoing {
   core::tensor t;
   /// t's message hash when the sender queued it already (shard_engine's hashed AdamW), else null.
   std::shared_ptr<kernels::pending_value> hash = nullptr;
+};
+
+/// A chunk's gradient-norm blocks, handed from the stage that sends the chunk's gradient to the
+/// one optimizer shard that adopts it (one replica, docs/runtime.md step 7). When recording hashes
+/// on the device, the stage reads the gradient once for both its message hash and these sums
+/// (backend::message_hash_sumsq_blocks), and the shard takes them in place of reading the gradient
+/// again for the norm; otherwise the shard sums the blocks itself, with the same bits.
+struct norm_handoff {
+  /// Per message-hash block of the shard's gradient slice: the elements of it the shard's norm
+  /// counts (the block's part of a tensor in the norm, 0 elsewhere). Set by the shard.
+  std::vector<std::int32_t> counts;
+  // Device tensors of the stage's backend, made at its first use.
+  core::tensor device_counts;  // `counts`, i32
+  core::tensor sums;           // f64, one per block
+  /// The stage queued `sums` of step `step`'s gradient at `data`, before that gradient left.
+  void mark(std::int64_t step, const void* data) {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = step;
+    data_ = data;
+  }
+  /// Whether `sums` are those of step `step`'s gradient at `data` (a gradient replaced on its way,
+  /// as TROUPE_PERTURB_SEND does, is summed by the shard).
+  bool holds(std::int64_t step, const void* data) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return step_ == step && data_ == data;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::int64_t step_ = -1;
+  const void* data_ = nullptr;
 };
 
 /// `t` made ready to leave backend `be` for another backend (another stream on a GPU): when
@@ -118,6 +150,13 @@ class stage_engine {
   /// Peak device memory of this stage's backend (0 on the CPU).
   std::uint64_t peak_device_bytes() const { return be_.peak_memory_bytes(); }
   std::vector<model::chunk>& chunks() { return chunks_; }
+  /// With `on`, the gradient a chunk sends to a shard that handed it a norm_handoff
+  /// (share_norm_blocks) is hashed together with its norm blocks, and the hash goes with the
+  /// outgoing message (outgoing::hash) so that recording does not read it again; off by default.
+  void hash_gradients(bool on) { hash_gradients_ = on; }
+  /// The norm blocks of local chunk `i`, shared with the shard that adopts its gradient (null:
+  /// none).
+  void share_norm_blocks(std::size_t i, std::shared_ptr<norm_handoff> h);
   int dp() const { return dp_; }
   int pp() const { return pp_; }
 
@@ -132,7 +171,8 @@ class stage_engine {
   core::tensor take(const transport::tag& tg);
   core::tensor on_device(core::tensor t);
   transport::tag tag_of(tensor_kind k, int chunk, int mb, int part = 0) const;
-  void emit(address to, transport::tag tg, core::tensor t);
+  void emit(address to, transport::tag tg, core::tensor t,
+            std::shared_ptr<kernels::pending_value> hash = nullptr);
   void record(const std::string& name, event_cat cat, clock::time_point start, clock::time_point end);
   void maybe_inject_fault(const schedules::instruction& op) const;
   [[noreturn]] void kill_self(const schedules::instruction& op) const;
@@ -156,6 +196,9 @@ class stage_engine {
   std::size_t pc_ = 0;
   std::map<transport::tag, core::tensor> stash_;
   std::vector<outgoing> out_;
+  bool hash_gradients_ = false;
+  std::vector<std::shared_ptr<norm_handoff>> norm_handoffs_;  // per local chunk, or null
+  std::vector<core::tensor> grad_hash_blocks_;  // per local chunk (hash_gradients): first level
   std::vector<double> losses_;
   std::vector<double> seq_losses_;
   bool again_ = false;

@@ -2,6 +2,10 @@
 // without them refuses by name).
 #include "kernels/backend.hpp"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "kernels/check.hpp"
 #include "kernels/message_hash.hpp"
 
@@ -92,6 +96,19 @@ void require_blocks(const tensor& blocks, std::uint64_t bytes, const char* op) {
                 "blocks (message_hash_blocks_of(bytes))");
 }
 
+/// The first level of x's message hash into `blocks`, through a host copy of x.
+void hash_blocks_into(backend& be, const tensor& x, tensor& blocks) {
+  if (x.bytes() == 0) return;
+  const tensor host = x.dev().is_cpu() ? x : be.to_host(x);
+  if (blocks.dev().is_cpu()) {
+    message_hash_blocks(host.raw(), host.bytes(), blocks.data<std::uint64_t>());
+    return;
+  }
+  tensor out = tensor::zeros(blocks.shape(), core::dtype::i64);
+  message_hash_blocks(host.raw(), host.bytes(), out.data<std::uint64_t>());
+  be.copy(out, blocks);
+}
+
 }  // namespace
 
 void backend::adamw_runs_hashed(tensor& param, const tensor& grad, tensor& m, tensor& v,
@@ -100,14 +117,55 @@ void backend::adamw_runs_hashed(tensor& param, const tensor& grad, tensor& m, te
   require_blocks(blocks, param.bytes(), "adamw_runs_hashed");
   adamw_runs(param, grad, m, v, runs, p, low);
   if (param.bytes() == 0) return;
-  const tensor host = param.dev().is_cpu() ? param : to_host(param);
-  if (blocks.dev().is_cpu()) {
-    message_hash_blocks(host.raw(), host.bytes(), blocks.data<std::uint64_t>());
-    return;
+  hash_blocks_into(*this, param, blocks);
+}
+
+void backend::message_hash_sumsq_blocks(const tensor& x, const tensor& counts, tensor& blocks,
+                                        tensor& sums) {
+  const char* op = "message_hash_sumsq_blocks";
+  require_type(x, core::dtype::f32, op, "x");
+  require_blocks(blocks, x.bytes(), op);
+  const std::int64_t nb = blocks.numel();
+  require_type(counts, core::dtype::i32, op, "counts");
+  require_numel(counts, nb, op, "counts (one per block)");
+  require_type(sums, core::dtype::f64, op, "sums");
+  require_numel(sums, nb, op, "sums (one per block)");
+  if (nb == 0) return;
+  hash_blocks_into(*this, x, blocks);
+  const tensor host_counts = counts.dev().is_cpu() ? counts : to_host(counts);
+  const std::int32_t* c = host_counts.data<std::int32_t>();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::int64_t room = std::min(norm_block, x.numel() - b * norm_block);
+    if (c[b] < 0 || c[b] > room)
+      throw core::failure(std::string(op) + ": counts[" + std::to_string(b) + "] is " +
+                          std::to_string(c[b]) + ", outside [0, " + std::to_string(room) +
+                          "] (the block's elements)");
   }
-  tensor out = tensor::zeros(blocks.shape(), core::dtype::i64);
-  message_hash_blocks(host.raw(), host.bytes(), out.data<std::uint64_t>());
-  copy(out, blocks);
+  // Each stretch of blocks whose counts are full but for the last (a tensor, or tensors back to
+  // back) is one tensor for sumsq_blocks_list: its blocks are the stretch's blocks.
+  std::vector<tensor> parts;
+  std::vector<std::int64_t> first;  // the first block of each part
+  std::int64_t part_blocks = 0;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    if (c[b] == 0) continue;
+    std::int64_t e = b;
+    while (c[e] == norm_block && e + 1 < nb && c[e + 1] > 0) ++e;
+    parts.push_back(x.slice(b * norm_block, {(e - b) * norm_block + c[e]}));
+    first.push_back(b);
+    part_blocks += e - b + 1;
+    b = e;
+  }
+  zero(sums);
+  if (parts.empty()) return;
+  tensor part_sums = empty({part_blocks}, core::dtype::f64);
+  sumsq_blocks_list(parts, part_sums);
+  std::int64_t at = 0;
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const std::int64_t n = (parts[k].numel() + norm_block - 1) / norm_block;
+    tensor dst = sums.slice(first[k], {n});
+    copy(part_sums.slice(at, {n}), dst);
+    at += n;
+  }
 }
 
 std::shared_ptr<pending_value> backend::message_hash_of_blocks_async(const tensor& blocks,

@@ -436,6 +436,17 @@ class backend {
   /// queued so far, like message_hash_async; it reads only `blocks`.
   virtual std::shared_ptr<pending_value> message_hash_of_blocks_async(const tensor& blocks,
                                                                       std::uint64_t bytes);
+  /// One read of an fp32 x for its message hash and its gradient norm: `blocks` (int64
+  /// [message_hash_blocks_of(x.bytes())]) receives the first level of x's message hash, as
+  /// message_hash_blocks gives it, and sums[b] (f64, one per block) the sum of squares of the first
+  /// counts[b] elements of block b (counts int32, one per block, each from 0 to the block's
+  /// elements; a message-hash block of fp32 is one norm block), with the bits sumsq_blocks gives
+  /// for a tensor that starts at the block and holds those elements (0 for a count of 0). A
+  /// gradient buffer whose tensors start at multiples of norm_block thus gives each tensor's
+  /// norm blocks, in place. The CUDA backend reads x once when it is 16-byte aligned; this default
+  /// hashes through a host copy and sums with sumsq_blocks_list.
+  virtual void message_hash_sumsq_blocks(const tensor& x, const tensor& counts, tensor& blocks,
+                                         tensor& sums);
   // --- device timelines (docs/runtime.md, "Busy and idle time on the device") -------------------
   /// A mark after the work queued so far. The host does not wait; on the CPU, whose ops finish
   /// before they return, it is the host's clock now.

@@ -56,15 +56,31 @@ void add_sumsq(kernels::backend& be, const std::vector<param_slot>& slots, tenso
   be.exact_sum_add(blocks, acc);
 }
 
-core::exact_sum gradient_sumsq(kernels::backend& be, const std::vector<param_slot>& slots) {
+namespace {
+
+/// The exact sum that `add` accumulates on the device, read back.
+template <class Add>
+core::exact_sum device_exact_sum(kernels::backend& be, Add add) {
   tensor acc = be.empty({core::exact_sum_words}, core::dtype::i64);
   be.zero(acc);
-  add_sumsq(be, slots, acc);
+  add(acc);
   core::exact_sum s;
   tensor host = tensor::zeros({core::exact_sum_words}, core::dtype::i64);
   be.copy(acc, host);
   s.merge(host.data<std::int64_t>());
   return s;
+}
+
+}  // namespace
+
+core::exact_sum gradient_sumsq(kernels::backend& be, const std::vector<param_slot>& slots) {
+  return device_exact_sum(be, [&](tensor& acc) { add_sumsq(be, slots, acc); });
+}
+
+core::exact_sum exact_sum_of(kernels::backend& be, const tensor& blocks) {
+  return device_exact_sum(be, [&](tensor& acc) {
+    if (blocks.numel() > 0) be.exact_sum_add(blocks, acc);
+  });
 }
 
 double global_norm(const core::exact_sum& sumsq) { return std::sqrt(sumsq.value()); }

@@ -76,6 +76,9 @@ void add_sumsq(kernels::backend& be, const std::vector<param_slot>& slots, tenso
 /// The same sum on the host (one copy of 568 bytes, whatever the number of blocks): what an
 /// optimizer shard sends to the coordinator.
 core::exact_sum gradient_sumsq(kernels::backend& be, const std::vector<param_slot>& slots);
+/// The exact sum of norm blocks computed elsewhere (f64 `blocks` on be's device; the stage's
+/// backend::message_hash_sumsq_blocks): gradient_sumsq's value when they are its slots' blocks.
+core::exact_sum exact_sum_of(kernels::backend& be, const tensor& blocks);
 
 /// Step 4, second half: sqrt of the sum, rounded once to double.
 double global_norm(const core::exact_sum& sumsq);

@@ -212,6 +212,9 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
                          from, b->host.get(), t);
     if (!e.ok()) return e.err();
     b->engine = std::move(e.value());
+    stage_engine& stage = *h.stages.at({k, p, t})->engine;
+    for (std::size_t i = 0; i < stage.chunks().size(); ++i)
+      stage.share_norm_blocks(i, b->engine->norm_blocks(i));
     h.shards[{p, k, t}] = b;
   }
   return h;

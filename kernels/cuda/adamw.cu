@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_context.hpp"
+#include "kernels/cuda/warp_xxh3.cuh"
 #include "kernels/message_hash.hpp"
 
 namespace troupe::kernels::cuda {
@@ -189,12 +190,8 @@ __device__ __forceinline__ int run_of(std::int64_t i, const std::int64_t* begin_
 /// given relative to param's start, 16-byte aligned as adamw_runs_kernel<L, 4> needs), one warp
 /// per block, the run of a block found once when the block lies inside it (adamw_runs_kernel
 /// searches the table for every 16-byte group; times in docs/cuda.md). With Hash, each block's
-/// message-hash digest (seed 0) of the parameters as written, from the registers that hold them.
-/// Lane l holds float4 32j + l of the block for j = 0..7, the layout of sumsq's norm blocks; as 16-byte pieces of XXH3's 64-byte stripes that is quarter l % 4 of stripe
-/// 8j + l / 4, so lane l feeds accumulators 2(l % 4) and 2(l % 4) + 1 (hash_blocks_kernel in
-/// message_hash.cu). Accumulation is addition modulo 2^64, so the 16 stripes of each 1024-byte
-/// round are summed in any order, across the eight lanes of a quarter by shuffles, before that
-/// round's scramble; the round ends, the last stripe and the merge are XXH3's for 4096 bytes.
+/// message-hash digest (seed 0) of the parameters as written, from the registers that hold them
+/// (warp_xxh3.cuh: lane l holds float4 32j + l of the block, the layout of sumsq's norm blocks).
 /// `update` false (the step skipped by grad_factor): the blocks are hashed, nothing is written.
 /// A last, shorter block is updated element by element and hashed by its warp's first lane.
 template <class L, bool Hash>
@@ -215,13 +212,7 @@ __global__ void __launch_bounds__(256)
   }
   if (threadIdx.x < 24) kw[threadIdx.x] = c_adamw_secret.w[threadIdx.x];
   __syncthreads();
-  // Key words at any byte offset (xxh3::key::u64 with seed 0).
-  auto key = [&](unsigned o) -> std::uint64_t {
-    const unsigned i = o >> 3, b = o & 7;
-    return b == 0 ? kw[i] : (kw[i] >> (8 * b)) | (kw[i + 1] << (64 - 8 * b));
-  };
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const unsigned q = static_cast<unsigned>(lane % 4);
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
   for (std::int64_t blk = first + static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) +
                           threadIdx.x / 32;
@@ -246,13 +237,12 @@ __global__ void __launch_bounds__(256)
                                      c_adamw_secret);
       continue;
     }
-    std::uint64_t a0 = q == 0 ? xxh3::p32_3 : q == 1 ? xxh3::p64_2 : q == 2 ? xxh3::p64_4 : xxh3::p64_5;
-    std::uint64_t a1 = q == 0 ? xxh3::p64_1 : q == 1 ? xxh3::p64_3 : q == 2 ? xxh3::p32_2 : xxh3::p32_1;
     // Most blocks lie inside one run (a tensor's): then every group is updated, with no search
     // per group and its four loads issued together. The test is the same for the whole warp.
     const int rb = update ? run_of(base, begin_s, end_s, count) : -1;
     const bool inside = rb >= 0 && end_s[rb] >= base + hash_block_elems;
     const float wd_b = rb >= 0 ? wd_s[rb] : 0.0f;
+    warp_block_xxh3 hash(lane);
 #pragma unroll 1
     for (int round = 0; round < 4; ++round) {
       pack<float, 4> pp[2];
@@ -302,43 +292,11 @@ __global__ void __launch_bounds__(256)
           }
         }
       }
-      if (!Hash) continue;
-      std::uint64_t s0 = 0, s1 = 0;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // Stripe 8h + lane / 4 of the round, quarter q; the block's last stripe takes the
-        // secret at byte 121 (XXH3's last 64 bytes) in place of its round key.
-        const unsigned stripe = 8 * h + static_cast<unsigned>(lane / 4);
-        const bool tail = round == 3 && stripe == 15;
-        const std::uint64_t k0 = tail ? key(121 + 16 * q) : kw[stripe + 2 * q];
-        const std::uint64_t k1 = tail ? key(129 + 16 * q) : kw[stripe + 2 * q + 1];
-        const std::uint64_t w0 = static_cast<std::uint64_t>(__float_as_uint(pp[h].v[0])) |
-                                 (static_cast<std::uint64_t>(__float_as_uint(pp[h].v[1])) << 32);
-        const std::uint64_t w1 = static_cast<std::uint64_t>(__float_as_uint(pp[h].v[2])) |
-                                 (static_cast<std::uint64_t>(__float_as_uint(pp[h].v[3])) << 32);
-        const std::uint64_t v0 = w0 ^ k0, v1 = w1 ^ k1;
-        s0 += w1 + (v0 & 0xFFFFFFFFull) * (v0 >> 32);
-        s1 += w0 + (v1 & 0xFFFFFFFFull) * (v1 >> 32);
-      }
-      // The round's sum over the eight lanes of quarter q.
-#pragma unroll
-      for (int off = 4; off < 32; off <<= 1) {
-        s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, off);
-        s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, off);
-      }
-      a0 += s0;
-      a1 += s1;
-      if (round < 3) {
-        a0 = xxh3::scramble(a0, kw[16 + 2 * q]);
-        a1 = xxh3::scramble(a1, kw[17 + 2 * q]);
-      }
+      if (Hash) hash.round(pp, round, lane, kw);
     }
     if (!Hash) continue;
-    std::uint64_t hq = xxh3::mul_fold(a0 ^ key(11 + 16 * q), a1 ^ key(19 + 16 * q));
-    hq += __shfl_xor_sync(0xFFFFFFFFu, hq, 1);
-    hq += __shfl_xor_sync(0xFFFFFFFFu, hq, 2);
-    if (lane == 0)
-      digests[blk] = xxh3::avalanche(static_cast<std::uint64_t>(message_hash_block) * xxh3::p64_1 + hq);
+    const std::uint64_t merged = hash.merged(kw);
+    if (lane == 0) digests[blk] = warp_block_xxh3::digest(merged);
   }
 }
 

@@ -161,6 +161,8 @@ class cuda_backend final : public backend {
   std::shared_ptr<pending_value> message_hash_async(const tensor& x) override;
   std::shared_ptr<pending_value> message_hash_of_blocks_async(const tensor& blocks,
                                                               std::uint64_t bytes) override;
+  void message_hash_sumsq_blocks(const tensor& x, const tensor& counts, tensor& blocks,
+                                 tensor& sums) override;
   std::uint64_t peak_memory_bytes() const override;
   std::shared_ptr<time_mark> mark_time() override;
   std::vector<std::chrono::steady_clock::time_point> mark_times(

@@ -6,10 +6,15 @@
 // kernel on launching 160k tiny blocks (0.26 ms for 124M parameters on the H200, half the DRAM
 // rate). Squares of floats are exact in fp64; only the additions round, so the CPU's differently
 // ordered sum agrees to ~1e-16 relative. sumsq_blocks_list does many tensors per launch with the
-// same per-block code, hence the same bits.
+// same per-block code, hence the same bits. message_hash_sumsq_blocks reads a sent gradient once
+// for both its message hash's first level and these sums (hash_sumsq_kernel).
+#include <algorithm>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_context.hpp"
+#include "kernels/cuda/warp_xxh3.cuh"
+#include "kernels/message_hash.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -17,6 +22,16 @@ namespace troupe::kernels::cuda {
 // CUDA kernels
 
 constexpr int sumsq_warps = 8;
+
+/// s += the squares of one lane's 16-byte group, in order: the full blocks' step of
+/// sumsq_one_block, shared with hash_sumsq_kernel so that both give the same bits.
+__device__ __forceinline__ void add_squares(double& s, float x, float y, float z, float w) {
+  const double a = x, b = y, c = z, d = w;
+  s += a * a;
+  s += b * b;
+  s += c * c;
+  s += d * d;
+}
 
 /// Sum of squares of norm block `blk` of x[0, n) by one warp; the result is in every lane. `vec`:
 /// x is 16-byte aligned, so a full norm block is read as float4 (norm_block is a multiple of 128
@@ -32,13 +47,7 @@ __device__ __forceinline__ double sumsq_one_block(const float* x, std::int64_t n
 #pragma unroll
     for (int j = 0; j < norm_block / 128; ++j) v[j] = x4[j * 32 + lane];
 #pragma unroll
-    for (int j = 0; j < norm_block / 128; ++j) {
-      const double a = v[j].x, b = v[j].y, c = v[j].z, d = v[j].w;
-      s += a * a;
-      s += b * b;
-      s += c * c;
-      s += d * d;
-    }
+    for (int j = 0; j < norm_block / 128; ++j) add_squares(s, v[j].x, v[j].y, v[j].z, v[j].w);
   } else {
     for (std::int64_t i = begin + lane; i < end; i += 32) {
       const double v = x[i];
@@ -86,6 +95,66 @@ __global__ void sumsq_list_kernel(const __grid_constant__ sumsq_list_table t, do
   }
   const double s = sumsq_one_block(t.x[lo], t.n[lo], blk - t.first[lo], lane, t.vec[lo] != 0);
   if (lane == 0) out[blk] = s;
+}
+
+/// XXH3's default secret (kernels/message_hash.hpp), for hash_sumsq_kernel.
+__constant__ xxh3::secret c_sumsq_secret = xxh3::default_secret;
+
+static_assert(message_hash_block == norm_block * sizeof(float),
+              "a message-hash block of fp32 is one norm block");
+
+/// message_hash_sumsq_blocks of a 16-byte aligned x[0, n): one warp per block, which loads it once
+/// (warp_xxh3.cuh's layout, sumsq_one_block's for a full block), hashes it and sums the squares of
+/// its first counts[b] elements. A full count sums the registers in sumsq_one_block's order; a
+/// shorter one (a tensor's last block) is summed by sumsq_one_block from memory (the block was
+/// just read), as the tensor's own last block is; a count of 0 gives 0. A last block shorter than
+/// norm_block is hashed by the warp's first lane with the header's XXH3.
+__global__ void __launch_bounds__(256)
+    hash_sumsq_kernel(const float* x, const int* counts, std::int64_t n, std::int64_t blocks,
+                      std::uint64_t* digests, double* sums) {
+  __shared__ std::uint64_t kw[24];
+  if (threadIdx.x < 24) kw[threadIdx.x] = c_sumsq_secret.w[threadIdx.x];
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t blk = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) +
+                          threadIdx.x / 32;
+       blk < blocks; blk += warps) {
+    const std::int64_t base = blk * norm_block;
+    const int count = counts[blk];
+    if (base + norm_block > n) {
+      const double s = count > 0 ? sumsq_one_block(x + base, count, 0, lane, true) : 0.0;
+      if (lane == 0) {
+        digests[blk] = xxh3::xxh3_64(xxh3::byte_reader{reinterpret_cast<const unsigned char*>(x + base)},
+                                     static_cast<std::uint64_t>(n - base) * sizeof(float), 0,
+                                     c_sumsq_secret);
+        sums[blk] = s;
+      }
+      continue;
+    }
+    warp_block_xxh3 hash(lane);
+    double s = 0.0;
+#pragma unroll 1
+    for (int round = 0; round < 4; ++round) {
+      pack<float, 4> v[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        v[h] = *reinterpret_cast<const pack<float, 4>*>(x + base + 4 * (32 * (2 * round + h) + lane));
+      if (count == norm_block)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) add_squares(s, v[h].v[0], v[h].v[1], v[h].v[2], v[h].v[3]);
+      hash.round(v, round, lane, kw);
+    }
+    const std::uint64_t merged = hash.merged(kw);
+    if (count == norm_block)
+      s = warp_sum(s);
+    else
+      s = count > 0 ? sumsq_one_block(x + base, count, 0, lane, true) : 0.0;
+    if (lane == 0) {
+      digests[blk] = warp_block_xxh3::digest(merged);
+      sums[blk] = s;
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -139,6 +208,29 @@ void cuda_backend::sumsq_blocks_list(const std::vector<tensor>& xs, tensor& out)
     TROUPE_CUDA_CHECK_LAUNCH();
     at += blocks;
   }
+}
+
+void cuda_backend::message_hash_sumsq_blocks(const tensor& x, const tensor& counts,
+                                             tensor& blocks, tensor& sums) {
+  const char* op = "cuda message_hash_sumsq_blocks";
+  if (!x.defined() || x.dev().is_cpu() || !aligned16(x.raw()) || counts.dev().is_cpu() ||
+      blocks.dev().is_cpu() || sums.dev().is_cpu())
+    return backend::message_hash_sumsq_blocks(x, counts, blocks, sums);
+  activate();
+  require_type(x, dtype::f32, op, "x");
+  const auto nb = static_cast<std::int64_t>(message_hash_blocks_of(x.bytes()));
+  require_type(blocks, dtype::i64, op, "blocks");
+  require_numel(blocks, nb, op, "blocks (message_hash_blocks_of(x.bytes()))");
+  require_type(counts, dtype::i32, op, "counts");
+  require_numel(counts, nb, op, "counts (one per block)");
+  require_type(sums, dtype::f64, op, "sums");
+  require_numel(sums, nb, op, "sums (one per block)");
+  if (nb == 0) return;
+  const auto grid = static_cast<unsigned>(std::min<std::int64_t>((nb + 7) / 8, 4096));
+  hash_sumsq_kernel<<<grid, 256, 0, ctx_->stream>>>(x.data<float>(), counts.data<std::int32_t>(),
+                                                    x.numel(), nb, blocks.data<std::uint64_t>(),
+                                                    sums.data<double>());
+  TROUPE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace troupe::kernels::cuda

@@ -5,10 +5,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "tests/kernels/cuda_test_util.hpp"
+#include "tests/kernels/norm_blocks_fixture.hpp"
 #include "kernels/message_hash.hpp"
 #include "kernels/select.hpp"
 
@@ -216,6 +218,68 @@ TEST_CASE("cuda message_hash_of_blocks_async: the CPU twin's hash for every leve
     CHECK(message_hash_of_blocks(host_blocks.data<std::uint64_t>(), bytes) == want);
     CHECK(be.gpu->message_hash_of_blocks_async(be.gpu->from_host(host_blocks), bytes)->get() == want);
     CHECK(be.cpu->message_hash_of_blocks_async(host_blocks, bytes)->get() == want);
+  }
+}
+
+TEST_CASE("cuda message_hash_sumsq_blocks: the CPU twin's digests, and each tensor's sumsq_blocks "
+          "bits in place") {
+  if (!gpu_or_skip()) return;
+  backends be;
+  struct layout {
+    const char* what;
+    testing::norm_layout l;
+    std::int64_t offset;  // elements into the buffer: 1 is not 16-byte aligned (the default's path)
+  };
+  const std::vector<layout> cases = {
+      {"a chunk's tensors, every fifth not counted", testing::assorted_layout(170, 0), 0},
+      {"the same with a last short block", testing::assorted_layout(170, 333), 0},
+      {"one tensor, one short block", {{{0, 700, true}}, 800}, 0},
+      {"nothing counted", {{{0, 5000, false}}, 6144}, 0},
+      {"not 16-byte aligned", testing::assorted_layout(20, 7), 1},
+  };
+  for (const layout& c : cases) {
+    INFO(c.what);
+    const tensor host = random_host({c.l.numel + c.offset}, 220);
+    const tensor x = be.gpu->from_host(host).slice(c.offset, {c.l.numel});
+    const tensor xh = host.slice(c.offset, {c.l.numel}).clone();
+    const tensor counts = testing::counts_of(c.l);
+    const std::int64_t nb = counts.numel();
+    tensor blocks = poisoned(*be.gpu, {nb}, dtype::i64), sums = poisoned(*be.gpu, {nb}, dtype::f64);
+    be.gpu->message_hash_sumsq_blocks(x, be.gpu->from_host(counts), blocks, sums);
+    std::vector<std::uint64_t> want(static_cast<std::size_t>(nb));
+    message_hash_blocks(xh.raw(), xh.bytes(), want.data());
+    const tensor got = be.gpu->to_host(blocks);
+    std::int64_t wrong = 0;
+    for (std::int64_t b = 0; b < nb; ++b) wrong += got.data<std::uint64_t>()[b] != want[b];
+    CHECK(wrong == 0);
+    CHECK(be.gpu->message_hash_of_blocks_async(blocks, x.bytes())->get() ==
+          message_hash(xh.raw(), xh.bytes()));
+    // The sums: the bits the GPU's sumsq_blocks_list gives the counted tensors (what a shard
+    // computes without the stage's sums), 0 elsewhere; the CPU twin's to rounding.
+    std::vector<std::int64_t> first;
+    const auto views = testing::counted_views(c.l, x, &first);
+    std::int64_t listed = 0;
+    for (const tensor& v : views) listed += (v.numel() + norm_block - 1) / norm_block;
+    tensor list = poisoned(*be.gpu, {listed}, dtype::f64);
+    be.gpu->sumsq_blocks_list(views, list);
+    const tensor list_h = be.gpu->to_host(list), sums_h = be.gpu->to_host(sums);
+    tensor cpu_sums = tensor::zeros({nb}, dtype::f64), cpu_blocks = tensor::zeros({nb}, dtype::i64);
+    be.cpu->message_hash_sumsq_blocks(xh, counts, cpu_blocks, cpu_sums);
+    std::vector<double> expect(static_cast<std::size_t>(nb), 0.0);
+    std::int64_t at = 0;
+    for (std::size_t k = 0; k < views.size(); ++k) {
+      const std::int64_t n = (views[k].numel() + norm_block - 1) / norm_block;
+      for (std::int64_t i = 0; i < n; ++i) expect[first[k] + i] = list_h.data<double>()[at + i];
+      at += n;
+    }
+    std::int64_t differ = 0, far = 0;
+    for (std::int64_t b = 0; b < nb; ++b) {
+      const double g = sums_h.data<double>()[b], cpu = cpu_sums.data<double>()[b];
+      differ += std::memcmp(&g, &expect[b], sizeof(double)) != 0;
+      far += !(std::fabs(g - cpu) <= 1e-12 * std::fabs(cpu));
+    }
+    CHECK(differ == 0);
+    CHECK(far == 0);
   }
 }
 

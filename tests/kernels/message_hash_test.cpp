@@ -19,6 +19,7 @@
 #include "kernels/message_hash.hpp"
 #include "kernels/select.hpp"
 #include "tests/kernels/cuda_test_util.hpp"
+#include "tests/kernels/norm_blocks_fixture.hpp"
 
 namespace troupe::kernels {
 namespace {
@@ -139,6 +140,48 @@ TEST_CASE("message hash: finished from its first level, equal to the whole hash"
       CHECK(blocks[i] == XXH3_64bits(data.data() + 4096 * i, std::min<std::size_t>(4096, n - 4096 * i)));
     CHECK(message_hash_of_blocks(blocks.data(), n) == message_hash(data.data(), n));
   }
+}
+
+TEST_CASE("message_hash_sumsq_blocks on the CPU: the hash's first level and each tensor's norm "
+          "blocks in place, bit for bit") {
+  auto cpu = make_backend("cpu");
+  for (std::int64_t tail : {0, 300}) {
+    INFO("padding after the last tensor: " << tail);
+    const testing::norm_layout l = testing::assorted_layout(23, tail);
+    const tensor x = cuda_test::random_host({l.numel}, 210);
+    const tensor counts = testing::counts_of(l);
+    const std::int64_t nb = counts.numel();
+    tensor blocks = tensor::zeros({nb}, core::dtype::i64), sums = tensor::zeros({nb}, core::dtype::f64);
+    for (std::int64_t b = 0; b < nb; ++b) sums.data<double>()[b] = -1.0;  // each must be written
+    cpu->message_hash_sumsq_blocks(x, counts, blocks, sums);
+    std::vector<std::uint64_t> want(static_cast<std::size_t>(nb));
+    message_hash_blocks(x.raw(), x.bytes(), want.data());
+    for (std::int64_t b = 0; b < nb; ++b) CHECK(blocks.data<std::uint64_t>()[b] == want[b]);
+    // Each counted tensor's own sumsq_blocks, at its blocks; 0 wherever nothing is counted.
+    std::vector<std::int64_t> first;
+    const auto views = testing::counted_views(l, x, &first);
+    std::vector<double> expect(static_cast<std::size_t>(nb), 0.0);
+    for (std::size_t k = 0; k < views.size(); ++k) {
+      const std::int64_t n = (views[k].numel() + norm_block - 1) / norm_block;
+      tensor own = tensor::zeros({n}, core::dtype::f64);
+      cpu->sumsq_blocks(views[k], own);
+      for (std::int64_t i = 0; i < n; ++i) expect[first[k] + i] = own.data<double>()[i];
+    }
+    std::int64_t wrong = 0, nonzero = 0;
+    for (std::int64_t b = 0; b < nb; ++b) {
+      wrong += std::memcmp(&sums.data<double>()[b], &expect[b], sizeof(double)) != 0;
+      nonzero += sums.data<double>()[b] != 0.0;
+    }
+    CHECK(wrong == 0);
+    CHECK(nonzero > nb / 2);
+  }
+  // A count larger than its block (or than what is left of the buffer) is refused by name.
+  const tensor x = cuda_test::random_host({1500}, 211);
+  tensor counts = tensor::zeros({2}, core::dtype::i32);
+  counts.data<std::int32_t>()[1] = 477;
+  tensor blocks = tensor::zeros({2}, core::dtype::i64), sums = tensor::zeros({2}, core::dtype::f64);
+  CHECK_THROWS_WITH(cpu->message_hash_sumsq_blocks(x, counts, blocks, sums),
+                    doctest::Contains("counts[1] is 477, outside [0, 476]"));
 }
 
 TEST_CASE("message hash: the CPU twin leaves no wide vector state in use behind it") {

@@ -248,6 +248,38 @@ TEST_CASE("cuda actor runtime: messages hashed on the device log what a host cop
   }
 }
 
+TEST_CASE("cuda actor runtime: recording on and off train the same bits at one replica") {
+  if (!gpu_or_skip()) return;
+  // With one replica and recording on, each stage reads its gradient once for both the message
+  // hash and the norm blocks (backend::message_hash_sumsq_blocks) and the shard sums the stage's
+  // blocks; with recording off the shard computes them from the gradient. The clip's norm, and so
+  // every bit after it, must not depend on which. fp32 and bf16, one and two stages (two chunks of
+  // the V on each rank under zb_v).
+  using core::precision_kind;
+  struct layout {
+    int pp;
+    precision_kind p;
+    const char* schedule;
+  };
+  for (layout l : {layout{1, precision_kind::fp32, "1f1b"}, layout{2, precision_kind::bf16, "1f1b"},
+                   layout{2, precision_kind::fp32, "zb_v"}}) {
+    INFO("pp " << l.pp << " " << l.schedule << (l.p == precision_kind::bf16 ? " bf16" : " fp32"));
+    scratch_dir tmp("cuda_rt_record_norm");
+    auto cfg = gpu_config(tmp, "off", l.pp, l.p);
+    cfg.train.grad_clip = 0.05;  // small enough that the clip scales every step
+    cfg.schedule.name = l.schedule;
+    if (std::string(l.schedule) == "zb_v") cfg.parallel.virtual_pipeline = 2;
+    cfg.runtime.record = false;
+    const auto off = actors_run(cfg);
+    cfg.runtime.run_dir = tmp / "on";
+    cfg.runtime.record = true;
+    const auto on = actors_run(cfg);
+    check_identical(on, off);
+    REQUIRE(on.losses.size() == 5);
+    CHECK(on.losses.back() != on.losses.front());
+  }
+}
+
 TEST_CASE("cuda actor runtime: fp16 with dynamic loss scaling skips like the single-rank loop") {
   if (!gpu_or_skip()) return;
   scratch_dir tmp("cuda_rt_fp16");
