@@ -105,7 +105,8 @@ std::vector<model::param_slot> shard_engine::norm_slots(std::size_t i) const {
   std::vector<model::param_slot> mine;
   for (std::size_t s = 0; s < slots_.size(); ++s)
     if (slot_chunk_[s] == i &&
-        (layout_.tp == 1 || model::counts_in_norm(cfg_.model, slots_[s].info.name, layout_.tp, tp_)))
+        (layout_.tp == 1 ||
+         model::counts_in_norm(cfg_.model, slots_[s].info.name, layout_.tp, tp_)))
       mine.push_back(slots_[s]);
   return mine;
 }
@@ -199,7 +200,8 @@ bool shard_engine::reduce(std::int64_t step) {
     // Under offload too the norm is taken of the device's reduced slices, by the same kernels.
     for (std::size_t i = 0; i < chunks_.size(); ++i) {
       // The stage's sums of the blocks it sent, when it computed them with the message hash.
-      const norm_handoff* h = adopted && i < norm_handoffs_.size() ? norm_handoffs_[i].get() : nullptr;
+      const norm_handoff* h =
+          adopted && i < norm_handoffs_.size() ? norm_handoffs_[i].get() : nullptr;
       const core::exact_sum s = h && h->holds(step, reduced_[i].raw())
                                     ? model::exact_sum_of(be_, h->sums)
                                     : model::gradient_sumsq(be_, norm_slots(i));

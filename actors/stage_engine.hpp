@@ -42,7 +42,7 @@ struct outgoing {
 };
 
 /// A chunk's gradient-norm blocks, handed from the stage that sends the chunk's gradient to the
-/// one optimizer shard that adopts it (one replica, docs/runtime.md step 7). When recording hashes
+/// one optimizer shard that adopts it (one replica, docs/runtime.md step 5). When recording hashes
 /// on the device, the stage reads the gradient once for both its message hash and these sums
 /// (backend::message_hash_sumsq_blocks), and the shard takes them in place of reading the gradient
 /// again for the norm; otherwise the shard sums the blocks itself, with the same bits.

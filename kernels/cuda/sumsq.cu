@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(256)
     if (base + norm_block > n) {
       const double s = count > 0 ? sumsq_one_block(x + base, count, 0, lane, true) : 0.0;
       if (lane == 0) {
-        digests[blk] = xxh3::xxh3_64(xxh3::byte_reader{reinterpret_cast<const unsigned char*>(x + base)},
+        const auto* bytes = reinterpret_cast<const unsigned char*>(x + base);
+        digests[blk] = xxh3::xxh3_64(xxh3::byte_reader{bytes},
                                      static_cast<std::uint64_t>(n - base) * sizeof(float), 0,
                                      c_sumsq_secret);
         sums[blk] = s;
@@ -139,7 +140,8 @@ __global__ void __launch_bounds__(256)
       pack<float, 4> v[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        v[h] = *reinterpret_cast<const pack<float, 4>*>(x + base + 4 * (32 * (2 * round + h) + lane));
+        v[h] = *reinterpret_cast<const pack<float, 4>*>(x + base +
+                                                        4 * (32 * (2 * round + h) + lane));
       if (count == norm_block)
 #pragma unroll
         for (int h = 0; h < 2; ++h) add_squares(s, v[h].v[0], v[h].v[1], v[h].v[2], v[h].v[3]);

@@ -32,7 +32,8 @@ struct warp_block_xxh3 {
         a0(q == 0 ? xxh3::p32_3 : q == 1 ? xxh3::p64_2 : q == 2 ? xxh3::p64_4 : xxh3::p64_5),
         a1(q == 0 ? xxh3::p64_1 : q == 1 ? xxh3::p64_3 : q == 2 ? xxh3::p32_2 : xxh3::p32_1) {}
 
-  /// Round r (0..3): v[h] is float4 32(2r + h) + lane of the block. Every lane of the warp calls it.
+  /// Round r (0..3): v[h] is float4 32(2r + h) + lane of the block. Every lane of the warp calls
+  /// it.
   __device__ __forceinline__ void round(const pack<float, 4> (&v)[2], int r, int lane,
                                         const std::uint64_t* kw) {
     std::uint64_t s0 = 0, s1 = 0;
@@ -69,7 +70,8 @@ struct warp_block_xxh3 {
   /// The merge of the accumulators after the four rounds, in every lane: every lane of the warp
   /// calls it, and digest() of it gives the block's digest.
   __device__ __forceinline__ std::uint64_t merged(const std::uint64_t* kw) const {
-    std::uint64_t hq = xxh3::mul_fold(a0 ^ secret_u64(kw, 11 + 16 * q), a1 ^ secret_u64(kw, 19 + 16 * q));
+    std::uint64_t hq =
+        xxh3::mul_fold(a0 ^ secret_u64(kw, 11 + 16 * q), a1 ^ secret_u64(kw, 19 + 16 * q));
     hq += __shfl_xor_sync(0xFFFFFFFFu, hq, 1);
     hq += __shfl_xor_sync(0xFFFFFFFFu, hq, 2);
     return hq;

@@ -151,7 +151,8 @@ TEST_CASE("message_hash_sumsq_blocks on the CPU: the hash's first level and each
     const tensor x = cuda_test::random_host({l.numel}, 210);
     const tensor counts = testing::counts_of(l);
     const std::int64_t nb = counts.numel();
-    tensor blocks = tensor::zeros({nb}, core::dtype::i64), sums = tensor::zeros({nb}, core::dtype::f64);
+    tensor blocks = tensor::zeros({nb}, core::dtype::i64);
+    tensor sums = tensor::zeros({nb}, core::dtype::f64);
     for (std::int64_t b = 0; b < nb; ++b) sums.data<double>()[b] = -1.0;  // each must be written
     cpu->message_hash_sumsq_blocks(x, counts, blocks, sums);
     std::vector<std::uint64_t> want(static_cast<std::size_t>(nb));
