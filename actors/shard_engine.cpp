@@ -92,7 +92,7 @@ void shard_engine::set_tp(int t) {
 
 void shard_engine::make_norm_handoffs() {
   norm_handoffs_.clear();
-  if (!adopts_gradients() || !layout_.norm_contributor(part_) || be_.dev().is_cpu()) return;
+  if (!adopts_gradients() || !layout_.norm_contributor(part_)) return;
   norm_handoffs_.resize(chunks_.size());
   for (std::size_t i = 0; i < chunks_.size(); ++i)
     if (auto counts = norm_counts(i)) {

@@ -88,8 +88,8 @@ class shard_engine {
   /// parameter messages, so recording does not read them again; off by default.
   void hash_updates(bool on) { hash_updates_ = on; }
   /// The norm blocks of chunk `i` (index into the constructor's list) that the stage sending its
-  /// gradient computes as it hashes it, when this shard adopts that gradient on a device and
-  /// counts in the norm; null otherwise (stage_engine::share_norm_blocks).
+  /// gradient computes as it hashes it, when this shard adopts that gradient and counts in the
+  /// norm; null otherwise (stage_engine::share_norm_blocks).
   std::shared_ptr<norm_handoff> norm_blocks(std::size_t i) const {
     return i < norm_handoffs_.size() ? norm_handoffs_[i] : nullptr;
   }
