@@ -371,37 +371,37 @@ void stage_engine::share_norm_blocks(std::size_t i, std::shared_ptr<norm_handoff
   norm_handoffs_[i] = std::move(h);
 }
 
+std::shared_ptr<kernels::pending_value> stage_engine::hash_with_norm_blocks(std::size_t i,
+                                                                           const core::tensor& g) {
+  if (!hash_gradients_ || i >= norm_handoffs_.size() || !norm_handoffs_[i]) return nullptr;
+  norm_handoff& h = *norm_handoffs_[i];
+  const auto nb = static_cast<std::int64_t>(h.counts.size());
+  if (static_cast<std::uint64_t>(nb) != kernels::message_hash_blocks_of(g.bytes())) return nullptr;
+  if (!h.sums.defined()) {
+    core::tensor host = core::tensor::zeros({nb}, core::dtype::i32);
+    std::copy(h.counts.begin(), h.counts.end(), host.data<std::int32_t>());
+    h.device_counts = on_device(host);
+    h.sums = be_.empty({nb}, core::dtype::f64);
+  }
+  if (grad_hash_blocks_.size() <= i) grad_hash_blocks_.resize(i + 1);
+  if (!grad_hash_blocks_[i].defined()) grad_hash_blocks_[i] = be_.empty({nb}, core::dtype::i64);
+  be_.message_hash_sumsq_blocks(g, h.device_counts, grad_hash_blocks_[i], h.sums);
+  h.mark(step_, g.raw());
+  return be_.message_hash_of_blocks_async(grad_hash_blocks_[i], g.bytes());
+}
+
 void stage_engine::send_slices(int c) {
   maybe_inject_nan(c);
   core::tensor g = chunk_for(c).flat_grads();
-  const std::size_t i = static_cast<std::size_t>(layout_.local_index(c));
-  if (hash_gradients_ && layout_.dp == 1 && i < norm_handoffs_.size() && norm_handoffs_[i] &&
-      static_cast<std::uint64_t>(norm_handoffs_[i]->counts.size()) ==
-          kernels::message_hash_blocks_of(g.bytes())) {
-    // The one shard adopts this gradient: one read of it gives the message hash and the norm
-    // blocks, queued before the gradient is marked ready for the shard.
-    norm_handoff& h = *norm_handoffs_[i];
-    const auto nb = static_cast<std::int64_t>(h.counts.size());
-    if (!h.sums.defined()) {
-      core::tensor host = core::tensor::zeros({nb}, core::dtype::i32);
-      std::copy(h.counts.begin(), h.counts.end(), host.data<std::int32_t>());
-      h.device_counts = on_device(host);
-      h.sums = be_.empty({nb}, core::dtype::f64);
-    }
-    if (grad_hash_blocks_.size() <= i) grad_hash_blocks_.resize(i + 1);
-    if (!grad_hash_blocks_[i].defined()) grad_hash_blocks_[i] = be_.empty({nb}, core::dtype::i64);
-    be_.message_hash_sumsq_blocks(g, h.device_counts, grad_hash_blocks_[i], h.sums);
-    auto hash = be_.message_hash_of_blocks_async(grad_hash_blocks_[i], g.bytes());
-    h.mark(step_, g.raw());
-    emit(address{role::shard, pp_, 0, tp_}, tag_of(tensor_kind::grad_slice, c, -1, 0), g,
-         std::move(hash));
-    reduce_state_[c] = reduce_progress::slices_sent;
-    return;
-  }
+  // One shard (the one replica's) that adopts this gradient: one read of it gives the message
+  // hash and the norm blocks, queued before emit marks the gradient ready for the shard.
+  std::shared_ptr<kernels::pending_value> hash =
+      layout_.dp == 1 ? hash_with_norm_blocks(static_cast<std::size_t>(layout_.local_index(c)), g)
+                      : nullptr;
   for (int k = 0; k < layout_.dp; ++k) {
     auto [lo, hi] = layout_.shard_range(g.numel(), k);
     emit(address{role::shard, pp_, k, tp_}, tag_of(tensor_kind::grad_slice, c, -1, k),
-         g.slice(lo, {hi - lo}));
+         g.slice(lo, {hi - lo}), hash);
   }
   reduce_state_[c] = reduce_progress::slices_sent;
 }

@@ -42,15 +42,16 @@ struct outgoing {
 };
 
 /// A chunk's gradient-norm blocks, handed from the stage that sends the chunk's gradient to the
-/// one optimizer shard that adopts it (one replica, docs/runtime.md step 5). When recording hashes
-/// on the device, the stage reads the gradient once for both its message hash and these sums
-/// (backend::message_hash_sumsq_blocks), and the shard takes them in place of reading the gradient
-/// again for the norm; otherwise the shard sums the blocks itself, with the same bits.
+/// one optimizer shard that adopts it (one replica, docs/runtime.md step 5). When the message sink
+/// takes pending hashes (recording's default), the stage reads the gradient once for both its
+/// message hash and these sums (backend::message_hash_sumsq_blocks), and the shard takes them in
+/// place of reading the gradient again for the norm; otherwise the shard sums the blocks itself,
+/// with the same bits.
 struct norm_handoff {
   /// Per message-hash block of the shard's gradient slice: the elements of it the shard's norm
   /// counts (the block's part of a tensor in the norm, 0 elsewhere). Set by the shard.
   std::vector<std::int32_t> counts;
-  // Device tensors of the stage's backend, made at its first use.
+  // Tensors of the stage's backend, made at its first use.
   core::tensor device_counts;  // `counts`, i32
   core::tensor sums;           // f64, one per block
   /// The stage queued `sums` of step `step`'s gradient at `data`, before that gradient left.
@@ -164,6 +165,11 @@ class stage_engine {
   bool execute(const schedules::instruction& op);
   bool reduce_grad(int chunk);
   void send_slices(int chunk);
+  /// With hash_gradients and a norm_handoff for local chunk `i`: queues the message hash and the
+  /// norm blocks of its gradient `g` in one pass, marks the handoff, and returns the hash; else
+  /// null.
+  std::shared_ptr<kernels::pending_value> hash_with_norm_blocks(std::size_t i,
+                                                                const core::tensor& g);
   bool finish_step();
   model::chunk& chunk_for(int global_chunk);
   bool has(const transport::tag& tg) const { return stash_.count(tg) > 0; }
