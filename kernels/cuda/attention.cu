@@ -1076,7 +1076,7 @@ void cuda_backend::attention_forward(const tensor& qkv, const attention_dims& d,
   // On an H100/H200 the wgmma forward (sm90/attention_fwd.cu) takes the cases it covers.
   if (ctx.hopper_attention && use_mma(qkv.type(), d.head_dim, {&qkv, &out}) &&
       attention_forward_sm90(qkv.type(), qkv.raw(), out.raw(), lse.data<float>(), d.batch, s,
-                             ctx.stream)) {
+                             ctx.hopper_forward_loads, ctx.stream)) {
     TROUPE_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -11,12 +11,17 @@ namespace troupe::kernels::cuda {
 
 struct attn_shape;
 
+/// How the Hopper forward brings its key/value tiles into shared memory: by the TMA from a
+/// producer warpgroup, by cp.async from every thread, or whichever is faster at the shape
+/// (docs/cuda.md, "The Hopper kernels"). Both give the same bits.
+enum class tile_loads { by_shape, cp_async, tma };
+
 /// The causal forward with wgmma (sm90/attention_fwd.cu): out and lse as attention.cu's forward
 /// writes them. Launches on `stream` and returns true, or returns false without launching when it
 /// does not cover the case (head size other than 64, a type other than bf16 or fp16). The
 /// pointers must be 16-byte aligned.
 bool attention_forward_sm90(core::dtype type, const void* qkv, void* out, float* lse, int batch,
-                            const attn_shape& s, cudaStream_t stream);
+                            const attn_shape& s, tile_loads loads, cudaStream_t stream);
 
 /// The causal backward with wgmma (sm90/attention_bwd.cu), given Δ (attention.cu's launch_delta):
 /// adds the gradient to dqkv (`accumulate`) or writes it. Returns false without launching where it

@@ -15,14 +15,17 @@ constexpr bool hopper_kernels_built = true;
 constexpr bool hopper_kernels_built = false;
 #endif
 
-/// TROUPE_CUDA_ATTENTION: "auto" (unset: the Hopper kernels where they run) or "mma" (the
-/// mma.sync kernels everywhere, to compare). Anything else is refused.
+/// TROUPE_CUDA_ATTENTION: "auto" (unset: the Hopper kernels where they run, the forward's tiles
+/// loaded as the shape runs fastest), "tma" or "cp-async" (the Hopper kernels, the forward's tiles
+/// loaded that way at every shape), or "mma" (the mma.sync kernels everywhere, to compare).
+/// Anything else is refused.
 std::string attention_kernels_mode() {
   const char* m = std::getenv("TROUPE_CUDA_ATTENTION");
   const std::string v = m && *m ? m : "auto";
-  if (v != "auto" && v != "mma")
+  if (v != "auto" && v != "mma" && v != "tma" && v != "cp-async")
     throw core::failure("TROUPE_CUDA_ATTENTION=" + v +
-                        " is not a choice: \"auto\" (the default) or \"mma\" (docs/cuda.md)");
+                        " is not a choice: \"auto\" (the default), \"tma\", \"cp-async\" or "
+                        "\"mma\" (docs/cuda.md)");
   return v;
 }
 
@@ -36,8 +39,11 @@ context::context(int dev) : device(dev) {
   int major = 0, minor = 0;
   TROUPE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   TROUPE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  hopper_attention = attention_kernels_mode() == "auto" && hopper_kernels_built &&
-                     major == 9 && minor == 0;
+  const std::string mode = attention_kernels_mode();
+  hopper_attention = mode != "mma" && hopper_kernels_built && major == 9 && minor == 0;
+  hopper_forward_loads = mode == "tma"        ? tile_loads::tma
+                         : mode == "cp-async" ? tile_loads::cp_async
+                                              : tile_loads::by_shape;
   stream_owner = std::make_shared<stream_handle>(device);
   stream = stream_owner->stream;
   TROUPE_CUBLAS_CHECK(cublasLtCreate(&lt));

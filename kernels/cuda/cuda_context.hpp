@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cuda/attention_sm90.hpp"
 #include "kernels/cuda/cuda_allocator.hpp"
 #include "kernels/cuda/cuda_handoff.hpp"
 
@@ -49,6 +50,8 @@ struct context {
   /// Attention runs on the Hopper kernels (attention_sm90.hpp): the build carries them, the device
   /// is of compute capability 9.0, and TROUPE_CUDA_ATTENTION is not "mma" (docs/cuda.md).
   bool hopper_attention = false;
+  /// How the Hopper forward loads its tiles (TROUPE_CUDA_ATTENTION "tma", "cp-async", or by shape).
+  tile_loads hopper_forward_loads = tile_loads::by_shape;
   std::shared_ptr<stream_handle> stream_owner;  // shared with hand-off states (cuda_handoff.hpp)
   cudaStream_t stream = nullptr;                // stream_owner->stream
   cudaStream_t clock_stream = nullptr;          // idle: anchors time marks (mark_times)

@@ -622,7 +622,8 @@ TEST_CASE("cuda attention: the Hopper kernels and the mma.sync kernels both matc
   if (!gpu_or_skip()) return;
   // On an H100/H200 attention at head size 64 runs sm90/attention_fwd.cu and attention_bwd.cu by
   // default (the cases above test them there; the backward's with packed documents stays on
-  // mma.sync); TROUPE_CUDA_ATTENTION=mma keeps the mma.sync kernels, tested here too.
+  // mma.sync); TROUPE_CUDA_ATTENTION=mma keeps the mma.sync kernels, tested here too, and "tma" and
+  // "cp-async" fix how the Hopper forward loads its tiles (by shape otherwise).
   struct env_guard {
     explicit env_guard(const char* v) { ::setenv("TROUPE_CUDA_ATTENTION", v, 1); }
     ~env_guard() { ::unsetenv("TROUPE_CUDA_ATTENTION"); }
@@ -642,8 +643,8 @@ TEST_CASE("cuda attention: the Hopper kernels and the mma.sync kernels both matc
       {dtype::bf16, {2, 333, 4, 2, 64}, 150, 2.0, "bf16, long documents, GQA 2:1"},
       {dtype::bf16, {2, 260, 2, 2, 64}, 9, 1.0, "bf16, short documents"},
   };
-  std::map<std::string, std::vector<tensor>> outs;  // mode -> each shape's out and lse
-  for (const char* mode : {"mma", "auto"}) {
+  std::map<std::string, std::vector<tensor>> outs;  // mode: out per shape; mode + "_lse": lse
+  for (const char* mode : {"mma", "auto", "tma", "cp-async"}) {
     env_guard env(mode);
     backends be;
     std::uint64_t seed = 300;
@@ -668,7 +669,16 @@ TEST_CASE("cuda attention: the Hopper kernels and the mma.sync kernels both matc
       CHECK(same_bits(got[0], got[2]));
       CHECK(same_bits(got[1], got[3]));
       outs[mode].push_back(got[0]);
+      outs[std::string(mode) + "_lse"].push_back(got[1]);
     }
+  }
+  // The Hopper forward's two ways of loading tiles run the same maths: the same bits, and "auto"
+  // picks one of them.
+  for (std::size_t i = 0; i < outs["tma"].size(); ++i) {
+    INFO(shapes[i].what);
+    CHECK(same_bits(outs["tma"][i], outs["cp-async"][i]));
+    CHECK(same_bits(outs["tma_lse"][i], outs["cp-async_lse"][i]));
+    CHECK(same_bits(outs["tma"][i], outs["auto"][i]));
   }
   // The two forwards agree closely with each other (they differ in how the exponentials round).
   for (std::size_t i = 0; i < outs["mma"].size(); ++i) {

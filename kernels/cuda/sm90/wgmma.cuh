@@ -205,14 +205,19 @@ bool with_16bit_type(core::dtype type, F&& f) {
   return true;
 }
 
-/// Lets `kernel` use `bytes` of dynamic shared memory (more than 48 KB needs it), once per device.
+/// Lets `kernel` use `bytes` of dynamic shared memory (more than 48 KB needs it), once per device;
+/// `most_shared` also asks for the largest shared-memory share of the multiprocessor's L1.
 template <class K>
-void allow_shared_memory(K kernel, int bytes, std::array<std::once_flag, 64>& once) {
+void allow_shared_memory(K kernel, int bytes, std::array<std::once_flag, 64>& once,
+                         bool most_shared = false) {
   int dev = 0;
   TROUPE_CUDA_CHECK(cudaGetDevice(&dev));
   std::call_once(once[static_cast<std::size_t>(dev) % once.size()], [&] {
     TROUPE_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    if (most_shared)
+      TROUPE_CUDA_CHECK(cudaFuncSetAttribute(
+          kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   });
 }
 
