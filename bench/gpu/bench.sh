@@ -18,6 +18,9 @@
 #               kernels under torch.profiler, and attention alone (gpu_attention_bench, with the
 #               Hopper kernels and with TROUPE_CUDA_ATTENTION=mma, beside PyTorch's flash and
 #               cuDNN SDPA, bench/torch_attention_bench.py)
+#   attention   the attention kernels alone at GPT-2 124M's and LLaMA-3 1B's shapes with each value
+#               of TROUPE_CUDA_ATTENTION, beside cuDNN SDPA, then the Hopper forward's two tile
+#               loaders (tma, cp-async) over seven shapes (docs/cuda.md, "The Hopper kernels")
 # Usage, from the repository root: bash bench/gpu/bench.sh [PART...]   (PKG, RESULTS: common.sh)
 # Needs python3 with PyTorch (CUDA) for the baseline. Every program's JSON line goes to
 # $RESULTS/gpt2.jsonl; the summary table with ratios to $RESULTS/bench.md.
@@ -106,7 +109,27 @@ for part in "${parts[@]}"; do
           tee -a "$RESULTS/attention-torch.log"
       done
       ;;
-    *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, schedules, hash, gpt2-1.5b, profile)" >&2; exit 2 ;;
+    attention)
+      for shape in "" "--batch 4 --seq 2048 --heads 32 --kv-heads 8"; do
+        for mode in auto tma cp-async mma; do
+          echo "TROUPE_CUDA_ATTENTION=$mode $shape"
+          TROUPE_CUDA_ATTENTION=$mode timeout 60 "$BIN/gpu_attention_bench" $shape 2>&1 |
+            grep -E 'forward|backward' | tee -a "$RESULTS/attention-modes.log"
+        done
+        timeout 120 python3 bench/torch_attention_bench.py --backend cudnn $shape |
+          tee -a "$RESULTS/attention-torch.log"
+      done
+      for shape in "32 512 12 12" "16 1024 12 12" "8 2048 12 12" "4 4096 12 12" \
+                   "8 1024 32 8" "4 2048 32 8" "2 4096 32 8"; do
+        read -r b t h kv <<< "$shape"
+        for mode in cp-async tma; do
+          printf 'B %s T %s heads %s/%s %-9s ' "$b" "$t" "$h" "$kv" "$mode"
+          TROUPE_CUDA_ATTENTION=$mode timeout 60 "$BIN/gpu_attention_bench" --batch "$b" \
+            --seq "$t" --heads "$h" --kv-heads "$kv" 2>&1 | grep -E '^ +forward'
+        done
+      done | tee "$RESULTS/attention-shapes.log"
+      ;;
+    *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, schedules, hash, gpt2-1.5b, profile, attention)" >&2; exit 2 ;;
   esac
 done
 
