@@ -673,7 +673,7 @@ TEST_CASE("cuda attention: the Hopper kernels and the mma.sync kernels both matc
     }
   }
   // The Hopper forward's two ways of loading tiles run the same maths: the same bits, and "auto"
-  // picks one of them.
+  // picks one of them. ("tma" never falls back to cp.async: where the TMA cannot run it throws.)
   for (std::size_t i = 0; i < outs["tma"].size(); ++i) {
     INFO(shapes[i].what);
     CHECK(same_bits(outs["tma"][i], outs["cp-async"][i]));

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "core/error.hpp"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/sm90/tma.cuh"
@@ -404,9 +405,19 @@ void launch(const void* qkv, void* out, float* lse, int batch, const attn_shape&
   // Measured on the H200 (docs/cuda.md): the TMA kernel is ahead where key/value heads are shared
   // and from T = 2048 on, the cp.async kernel for shorter sequences with a key/value head per
   // query head (GPT-2 124M's shape: 0.0863 against 0.0887 ms).
+  // Chosen by shape, a tensor the TMA cannot read goes to the cp.async kernel; asked for by
+  // TROUPE_CUDA_ATTENTION=tma, it is an error rather than a silent change of kernel.
+  const bool forced = loads == tile_loads::tma;
   if (loads == tile_loads::by_shape)
     loads = s.Hkv < s.H || s.T >= 2048 ? tile_loads::tma : tile_loads::cp_async;
-  if (loads == tile_loads::tma && launch_tma<T, Docs>(qkv, out, lse, batch, s, stream)) return;
+  if (loads == tile_loads::tma) {
+    if (launch_tma<T, Docs>(qkv, out, lse, batch, s, stream)) return;
+    if (forced)
+      throw core::failure(
+          "attention forward: TROUPE_CUDA_ATTENTION=tma, but the TMA cannot read the qkv tensor "
+          "(an address not 16-byte aligned, or a driver without cuTensorMapEncodeTiled); unset "
+          "it to let the forward choose (docs/cuda.md)");
+  }
   auto kernel = attn_forward_wgmma<T, fwd_wgs, fwd_n, fwd_ns, Docs>;
   constexpr int smem = (fwd_wgs * 64 + 2 * fwd_ns * fwd_n) * ROWB;
   static std::array<std::once_flag, 64> once;
