@@ -1,12 +1,14 @@
 #include "actors/coordinator_engine.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "kernels/select.hpp"
+#include "schedules/schedule.hpp"
 #include "model/hf.hpp"
 #include "model/params.hpp"
 #include "model/tensor_parallel.hpp"
@@ -447,6 +449,44 @@ std::uint64_t stage_param_bytes(const core::config& cfg, const job_layout& l, in
 
 }  // namespace
 
+/// The metrics line's `"device_costs"`: each chunk's mean F, B, I and W on the device this step,
+/// in ms (over its micro-batches and replicas), as arrays indexed by chunk id with null where the
+/// chunk ran none; only the kinds the schedule has. `troupe schedule simulate --costs-from` reads
+/// them back, so the simulator predicts this run's bubble from its own costs.
+std::string coordinator_engine::device_costs() const {
+  const int chunks = layout_.pp * layout_.v;
+  constexpr schedules::op_kind kinds[] = {schedules::op_kind::F, schedules::op_kind::B,
+                                          schedules::op_kind::I, schedules::op_kind::W};
+  std::vector<std::array<double, 4>> sum(chunks, {0, 0, 0, 0});
+  std::vector<std::array<int, 4>> count(chunks, {0, 0, 0, 0});
+  for (const auto& r : reports_)
+    for (const auto& e : r.device_events) {
+      auto op = schedules::parse_instruction(e.name);
+      if (!op || op->chunk < 0 || op->chunk >= chunks) continue;
+      for (int k = 0; k < 4; ++k)
+        if (op->kind == kinds[k]) {
+          sum[op->chunk][k] += e.dur_us * 1e-3;
+          ++count[op->chunk][k];
+        }
+    }
+  nlohmann::json out = nlohmann::json::object();
+  constexpr const char* names[] = {"f", "b", "i", "w"};
+  for (int k = 0; k < 4; ++k) {
+    nlohmann::json a = nlohmann::json::array();
+    bool any = false;
+    for (int c = 0; c < chunks; ++c) {
+      if (count[c][k] == 0) {
+        a.push_back(nullptr);
+        continue;
+      }
+      a.push_back(sum[c][k] / count[c][k]);
+      any = true;
+    }
+    if (any) out[names[k]] = std::move(a);
+  }
+  return out.empty() ? "" : ",\"device_costs\":" + out.dump();
+}
+
 /// Per-stage busy / communicating / waiting and the bubble fraction of this step, measured like
 /// the simulator: idle time of each stage within the span of the step's instructions. The
 /// metrics line's fields `"bubble":..,"stages":[..]`.
@@ -503,7 +543,7 @@ std::string coordinator_engine::stage_fields() {
     // device_bubble must follow from device_busy_s and it.
     device = ",\"device_bubble\":" +
              nlohmann::json(didle / static_cast<double>(reports_.size())).dump() +
-             ",\"device_span_s\":" + nlohmann::json(dspan_s).dump();
+             ",\"device_span_s\":" + nlohmann::json(dspan_s).dump() + device_costs();
   }
   return "\"bubble\":" + std::to_string(bubble) + device + ",\"stages\":" + out.dump();
 }

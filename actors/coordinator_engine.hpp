@@ -169,6 +169,7 @@ class coordinator_engine {
   void close_trace();
   void write_trace();
   std::string stage_fields();
+  std::string device_costs() const;  // the metrics line's "device_costs" (device runs)
   std::string skew_fields();
   void print_memory();
   core::error process_lost(int rank, const std::string& why) const;

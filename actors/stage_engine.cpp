@@ -93,8 +93,9 @@ void stage_engine::begin_step(std::int64_t step, float loss_scale, bool again) {
 }
 
 void stage_engine::deliver(const transport::tag& tg, core::tensor t) {
-  be_.wait_ready(t);
+  const bool device = !t.dev().is_cpu();
   stash(tg, std::move(t));
+  if (device) unwaited_.insert(tg);
 }
 
 void stage_engine::stash(const transport::tag& tg, core::tensor t) {
@@ -108,6 +109,10 @@ core::tensor stage_engine::take(const transport::tag& tg) {
   TROUPE_CHECK(!node.empty(), "stage(dp=" + std::to_string(dp_) + ", pp=" + std::to_string(pp_) +
                                   ") has no tensor " + tg.to_string() +
                                   " (the schedule sends something it never produced)");
+  if (unwaited_.erase(tg)) {
+    be_.wait_ready(node.mapped());
+    if (span_start_) span_start_ = be_.mark_time();
+  }
   return std::move(node.mapped());
 }
 
@@ -196,9 +201,10 @@ bool stage_engine::run() {
       kill_self(op);
     // On a device, the instruction's time on its stream: from when the stream reached the work
     // queued before it (its inputs waited for) to when it ran what the instruction queued.
-    std::shared_ptr<kernels::time_mark> m0;
-    if (!be_.dev().is_cpu() && schedules::is_compute(op.kind)) m0 = be_.mark_time();
-    if (!execute(op)) {
+    if (!be_.dev().is_cpu() && schedules::is_compute(op.kind)) span_start_ = be_.mark_time();
+    const bool ran = execute(op);
+    auto m0 = std::move(span_start_);
+    if (!ran) {
       if (!blocked_since_) blocked_since_ = t0;
       return false;
     }

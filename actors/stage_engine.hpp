@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -124,7 +125,8 @@ class stage_engine {
   /// more from the state before it (the parameters are not updated until the coordinator has
   /// decided, so that state is still here); the last stage then also reports per-sequence losses.
   void begin_step(std::int64_t step, float loss_scale = 1.0f, bool again = false);
-  /// Stashes a tensor that arrived for this stage (its backend's stream will wait for it).
+  /// Stashes a tensor that arrived for this stage; the instruction that takes it queues its
+  /// backend's stream wait for it.
   void deliver(const transport::tag& tg, core::tensor t);
   /// Executes instructions until one must wait, one queued a tensor to send (so the host can send
   /// it at once), or the step is done. Returns true when done.
@@ -201,6 +203,13 @@ class stage_engine {
   std::int64_t step_ = -1;
   std::size_t pc_ = 0;
   std::map<transport::tag, core::tensor> stash_;
+  /// Delivered tensors whose stream wait is not queued yet: `take` queues it, so the stream waits
+  /// for another worker's work only where an instruction uses its result, not wherever the
+  /// message happened to arrive in this stage's queue.
+  std::set<transport::tag> unwaited_;
+  /// The start mark of the compute instruction being run (device only); a wait queued by `take`
+  /// moves it after the wait, so the wait counts as idle, as the simulator counts it.
+  std::shared_ptr<kernels::time_mark> span_start_;
   std::vector<outgoing> out_;
   bool hash_gradients_ = false;
   std::vector<std::shared_ptr<norm_handoff>> norm_handoffs_;  // per local chunk, or null

@@ -1,5 +1,6 @@
 // `troupe schedule show|check|simulate`: print a schedule as a step x rank grid, check it, or run
 // it against costs and draw it (SVG timeline, Chrome trace).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -27,6 +28,7 @@ struct schedule_args {
   int microbatches = 0;
   int virtual_stages = 0;
   std::string costs;
+  std::string costs_from;
   std::vector<std::string> plugins;
   bool lowered = false;
   bool any_backward_order = false;
@@ -44,6 +46,10 @@ void add_common(CLI::App& sub, schedule_args& a, bool pictures) {
   sub.add_option("--virtual,-v", a.virtual_stages, "chunks per rank v for interleaved_1f1b, 2 for zb_v (default 1)");
   sub.add_option("--costs", a.costs,
                  "costs as F,B,W,comm (I = B - W; default 1,2,1,0) or f=..,b=..,i=..,w=..,comm=..,reduce=..,step=..");
+  sub.add_option("--costs-from", a.costs_from,
+                 "a run's metrics.jsonl: each chunk's F, B, I and W as that run measured them on the "
+                 "device (median over its steps after the first two), in ms; --costs still gives "
+                 "comm, reduce and step");
   sub.add_option("--plugin", a.plugins, "load a schedule plugin (shared library) first; may repeat");
   sub.add_flag("--lowered", a.lowered, "use the lowered schedule (transfers, REDUCE_GRAD, STEP)");
   sub.add_flag("--any-backward-order", a.any_backward_order,
@@ -71,6 +77,54 @@ struct loaded {
   ts::cost_model costs;
 };
 
+/// The per-chunk costs a run measured: metrics.jsonl's `device_costs` (ms per instruction, one
+/// line per step), the median of each over the steps after the first two (when there are more).
+core::result<std::vector<ts::chunk_cost>> costs_from(const std::string& path) {
+  const auto fail = [&](const std::string& why) {
+    return core::error::make(path + ": " + why,
+                             "name the metrics.jsonl of a `troupe train` run on a GPU "
+                             "(runtime.device = \"cuda\", pipeline_stage > 1)");
+  };
+  std::ifstream in(path);
+  if (!in) return fail("cannot open the file");
+  std::vector<nlohmann::json> steps;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find("\"device_costs\"") == std::string::npos) continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j["device_costs"].is_object())
+      return fail("line " + std::to_string(n) + " is not a JSON object with device_costs");
+    steps.push_back(std::move(j["device_costs"]));
+  }
+  if (steps.empty()) return fail("no line has device_costs");
+  if (steps.size() > 2) steps.erase(steps.begin(), steps.begin() + 2);  // warm-up steps
+  std::size_t chunks = 0;
+  for (const auto& s : steps)
+    for (const auto& [k, v] : s.items())
+      if (v.is_array()) chunks = std::max(chunks, v.size());
+  // The median over steps of one kind on one chunk; -1 when no step measured it.
+  const auto median = [&](const char* kind, std::size_t c) {
+    std::vector<double> v;
+    for (const auto& s : steps)
+      if (s.contains(kind) && c < s[kind].size() && s[kind][c].is_number())
+        v.push_back(s[kind][c].get<double>());
+    if (v.empty()) return -1.0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  std::vector<ts::chunk_cost> out(chunks);
+  for (std::size_t c = 0; c < chunks; ++c) {
+    ts::chunk_cost& k = out[c];
+    k.f = median("f", c), k.b = median("b", c), k.i = median("i", c), k.w = median("w", c);
+    if (k.f < 0 || (k.b < 0 && (k.i < 0 || k.w < 0)))
+      return fail("chunk " + std::to_string(c) + " has no measured forward or backward");
+    // A schedule with a split backward measured I and W; one without, B.
+    if (k.b < 0) k.b = k.i + k.w;
+    if (k.i < 0 || k.w < 0) k.i = k.w = k.b / 2;
+  }
+  return out;
+}
+
 core::result<loaded> load(const schedule_args& a) {
   for (auto& lib : a.plugins)
     if (auto st = ts::load_schedule_plugin(lib); !st) return st.err();
@@ -79,6 +133,11 @@ core::result<loaded> load(const schedule_args& a) {
     auto c = ts::parse_costs(a.costs);
     if (!c) return c.err();
     costs = *c;
+  }
+  if (!a.costs_from.empty()) {
+    auto c = costs_from(a.costs_from);
+    if (!c) return c.err();
+    costs.chunks = std::move(*c);
   }
   ts::schedule_options options;
   options.virtual_stages = a.virtual_stages;
@@ -169,6 +228,8 @@ int run_simulate(const schedule_args& a) {
     j["lowered"] = a.lowered;
     j["costs"] = {{"f", l->costs.f}, {"b", l->costs.b}, {"i", l->costs.i}, {"w", l->costs.w},
                   {"comm", l->costs.comm}, {"reduce", l->costs.reduce}, {"step", l->costs.step}};
+    for (const auto& c : l->costs.chunks)
+      j["costs"]["chunks"].push_back({{"f", c.f}, {"b", c.b}, {"i", c.i}, {"w", c.w}});
     j["makespan"] = sim.makespan;
     j["bubble"] = sim.bubble;
     for (std::size_t r = 0; r < sim.ranks.size(); ++r) {

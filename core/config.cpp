@@ -795,6 +795,11 @@ status resolve_and_check(config& c) {
                         "a GEMM tuning file needs runtime.device = \"cuda\" (the CPU backend has "
                         "no cuBLASLt algorithms to choose)",
                         "remove runtime.gemm_tune_file, or set runtime.device = \"cuda\"");
+  if (c.runtime.split_gpu && c.runtime.device == "cpu")
+    return config_error(c, "runtime.split_gpu",
+                        "split_gpu divides a GPU's SMs between the workers that share it; "
+                        "runtime.device is \"cpu\"",
+                        "remove runtime.split_gpu, or set runtime.device = \"cuda\"");
   if (c.runtime.forensics_loss_jump != 0 && c.runtime.forensics_loss_jump <= 1)
     return config_error(c, "runtime.forensics_loss_jump",
                         "a loss jump factor of " + std::to_string(c.runtime.forensics_loss_jump) +

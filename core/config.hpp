@@ -198,6 +198,7 @@ struct runtime_config {
   bool record_tensors = false;  // also the bytes of every tensor a worker receives from another
   int watchdog_s = 60;          // no progress this long: report who waits on whom and stop
   bool cuda_graph = true;       // single-rank CUDA training replays its step as a CUDA graph
+  bool split_gpu = false;       // workers of one process on one GPU get disjoint shares of its SMs
   std::string gemm_tune_file;   // measured cuBLASLt algorithms, shared by runs ("" = heuristic)
   int report_interval = 0;      // rewrite <run_dir>/report.html every N steps (0 = never)
   // Step forensics (docs/faults.md): a step whose loss or gradient is not finite, or whose loss

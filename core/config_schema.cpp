@@ -307,6 +307,7 @@ std::vector<key_spec> make_specs() {
                          {"cpu", "cuda"}));
   s.push_back(bool_key("runtime", "deterministic", &C::runtime, &runtime_config::deterministic));
   s.push_back(bool_key("runtime", "cuda_graph", &C::runtime, &runtime_config::cuda_graph));
+  s.push_back(bool_key("runtime", "split_gpu", &C::runtime, &runtime_config::split_gpu));
   s.push_back(string_key("runtime", "gemm_tune_file", &C::runtime,
                          &runtime_config::gemm_tune_file));
   s.push_back(string_key("runtime", "run_dir", &C::runtime, &runtime_config::run_dir));

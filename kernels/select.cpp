@@ -29,8 +29,13 @@ int cuda_index(const std::string& device) {
 
 }  // namespace
 
-std::unique_ptr<backend> make_backend(const std::string& device) {
-  if (device == "cpu") return std::make_unique<cpu::cpu_backend>();
+std::unique_ptr<backend> make_backend(const std::string& device, gpu_share share) {
+  if (device == "cpu") {
+    if (share.count > 1)
+      throw core::failure("runtime.split_gpu splits a GPU's SMs; the CPU backend has none to split "
+                          "(hint: set runtime.device = \"cuda\" or runtime.split_gpu = false)");
+    return std::make_unique<cpu::cpu_backend>();
+  }
   const int index = cuda_index(device);
   if (index < 0)
     throw core::failure("unknown device \"" + device +
@@ -40,7 +45,7 @@ std::unique_ptr<backend> make_backend(const std::string& device) {
     throw core::failure("device \"" + device +
                         "\": no GPU is visible to the CUDA runtime (hint: check nvidia-smi and "
                         "CUDA_VISIBLE_DEVICES, or set runtime.device = \"cpu\")");
-  return make_cuda_backend(index);
+  return make_cuda_backend(index, share.index, share.count);
 #else
   throw core::failure("device \"" + device +
                       "\": this build has no CUDA backend (hint: configure with -DTROUPE_CUDA=ON "

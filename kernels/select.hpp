@@ -10,9 +10,16 @@
 
 namespace troupe::kernels {
 
+/// A share of one GPU's SMs: share `index` of `count` disjoint groups (runtime.split_gpu); the
+/// default is the whole GPU.
+struct gpu_share {
+  int index = 0;
+  int count = 1;
+};
+
 /// "cpu" or "cuda[:i]". Throws core::failure when the device is not available in this build or
-/// on this machine (the message says which).
-std::unique_ptr<backend> make_backend(const std::string& device);
+/// on this machine (the message says which), or when `share` splits the CPU or cannot be made.
+std::unique_ptr<backend> make_backend(const std::string& device, gpu_share share = {});
 /// True when this build has the CUDA backend and a GPU is visible.
 bool cuda_available();
 /// Total bytes of the device `device` names ("cuda[:i]"); 0 for the CPU or when unknown.

@@ -166,12 +166,21 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
     std::fflush(opt.log);
   }
 
+  // runtime.split_gpu: the hosted workers share the one GPU of runtime.device, each (its stage and
+  // its optimizer shard) on its own group of SMs, in worker order.
+  const auto share_of = [&](int w) {
+    kernels::gpu_share s;
+    if (!cfg.runtime.split_gpu) return s;
+    s.count = static_cast<int>(h.workers.size());
+    s.index = static_cast<int>(std::find(h.workers.begin(), h.workers.end(), w) - h.workers.begin());
+    return s;
+  };
   // Build the hosted stages' chunks (identically initialised on every replica) and shards.
   const model::checkpoint::reader* from = ck ? &*ck : nullptr;
   for (int w : h.workers) {
     const int d = layout.dp_of(w), p = layout.pp_of(w), t = layout.tp_of(w);
     auto b = std::make_shared<stage_bundle>();
-    b->be = kernels::make_backend(cfg.runtime.device);
+    b->be = kernels::make_backend(cfg.runtime.device, share_of(w));
     model::chunk_tp tp;
     if (layout.tp > 1) {
       // The group: the tp consecutive ranks of this (replica, pipeline rank).
@@ -204,7 +213,7 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
   for (int w : h.workers) {
     const int k = layout.dp_of(w), p = layout.pp_of(w), t = layout.tp_of(w);
     auto b = std::make_shared<shard_bundle>();
-    b->be = kernels::make_backend(cfg.runtime.device);
+    b->be = kernels::make_backend(cfg.runtime.device, share_of(w));
     b->host = make_host_backend(j.cfg);
     // Shard (p, k, t) lives on worker (k, p, t): the stage there holds the parameters it starts
     // from.

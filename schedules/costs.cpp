@@ -41,6 +41,17 @@ double cost_model::of(op_kind k) const {
   return 0;
 }
 
+double cost_model::of(op_kind k, int chunk) const {
+  if (chunk < 0 || static_cast<std::size_t>(chunk) >= chunks.size() || !is_compute(k)) return of(k);
+  const chunk_cost& c = chunks[static_cast<std::size_t>(chunk)];
+  switch (k) {
+    case op_kind::F: return c.f;
+    case op_kind::B: return c.b;
+    case op_kind::I: return c.i;
+    default: return c.w;
+  }
+}
+
 core::result<cost_model> parse_costs(std::string_view text) {
   std::vector<std::string_view> fields;
   for (std::size_t pos = 0; pos <= text.size();) {
@@ -98,6 +109,14 @@ std::string format_costs(const cost_model& c) {
   std::string out = "F=" + n(c.f) + " B=" + n(c.b) + " I=" + n(c.i) + " W=" + n(c.w) + " comm=" + n(c.comm);
   if (c.reduce != 0) out += " reduce=" + n(c.reduce);
   if (c.step != 0) out += " step=" + n(c.step);
+  if (!c.chunks.empty()) {
+    // The measured costs replace F, B, I and W: name them per chunk instead.
+    out = "per chunk (F/B/I/W):";
+    for (std::size_t k = 0; k < c.chunks.size(); ++k)
+      out += " " + std::to_string(k) + ":" + n(c.chunks[k].f) + "/" + n(c.chunks[k].b) + "/" +
+             n(c.chunks[k].i) + "/" + n(c.chunks[k].w);
+    out += " comm=" + n(c.comm);
+  }
   return out;
 }
 

@@ -112,7 +112,7 @@ class engine {
     if (is_compute(op.kind)) {
       const double ready = input_ready(r, op);
       if (ready == not_done) return false;
-      record(r, std::max(free_[r], ready), costs_.of(op.kind));
+      record(r, std::max(free_[r], ready), costs_.of(op.kind, op.chunk));
       return true;
     }
     if (is_transfer(op.kind)) {

@@ -50,6 +50,11 @@ struct instruction {
   bool operator==(const instruction&) const = default;
 };
 
+/// One chunk's measured compute costs (a run's metrics.jsonl `device_costs`).
+struct chunk_cost {
+  double f = 0, b = 0, i = 0, w = 0;
+};
+
 /// Per-instruction costs in abstract time units, used by the simulator (and to order transfers).
 struct cost_model {
   double f = 1;       // forward
@@ -59,8 +64,13 @@ struct cost_model {
   double comm = 0;    // one point-to-point transfer
   double reduce = 0;  // REDUCE_GRAD
   double step = 0;    // STEP
+  /// Per chunk (index = chunk id), when measured: the F, B, I and W of that chunk's instructions
+  /// in place of f, b, i and w above. Empty: every chunk costs the same.
+  std::vector<chunk_cost> chunks;
   /// The cost of one instruction of kind `k`.
   double of(op_kind k) const;
+  /// The cost of one instruction of kind `k` on chunk `chunk`.
+  double of(op_kind k, int chunk) const;
 };
 
 /// Options every generator receives.

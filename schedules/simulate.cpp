@@ -37,6 +37,12 @@ core::result<simulation> simulate(const schedule& s, const cost_model& costs) {
       if (!chunk_ok || !mb_ok) return validate(s, structural).err();
     }
 
+  if (!costs.chunks.empty() && static_cast<int>(costs.chunks.size()) != s.chunks())
+    return core::error::make(
+        "the costs name " + std::to_string(costs.chunks.size()) + " chunks, schedule '" + s.name +
+            "' has " + std::to_string(s.chunks()) + " (p " + std::to_string(s.stages) + " × v " +
+            std::to_string(s.virtual_stages) + ")",
+        "simulate with the pipeline ranks and chunks per rank of the run that measured them");
   execution run = execute(s, costs);
   if (!run.complete()) {
     std::vector<grid_mark> marks;

@@ -8,11 +8,12 @@
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_context.hpp"
+#include "kernels/cuda/sm_partition.hpp"
 
 namespace troupe::kernels {
 
-std::unique_ptr<backend> make_cuda_backend(int device_index) {
-  return std::make_unique<cuda::cuda_backend>(device_index);
+std::unique_ptr<backend> make_cuda_backend(int device_index, int share_index, int share_count) {
+  return std::make_unique<cuda::cuda_backend>(device_index, share_index, share_count);
 }
 
 bool cuda_device_present() {
@@ -45,7 +46,7 @@ constexpr std::size_t staged_copy_limit = std::size_t{1} << 20;
 constexpr std::size_t staged_readback_limit = std::size_t{16} << 20;
 }  // namespace
 
-cuda_backend::cuda_backend(int device_index) {
+cuda_backend::cuda_backend(int device_index, int share_index, int share_count) {
   int n = 0;
   TROUPE_CUDA_CHECK(cudaGetDeviceCount(&n));
   if (device_index < 0 || device_index >= n)
@@ -53,7 +54,10 @@ cuda_backend::cuda_backend(int device_index) {
                         " does not exist (" + std::to_string(n) +
                         " visible; hint: check CUDA_VISIBLE_DEVICES)");
   ctx_ = std::make_unique<context>(device_index);
+  if (share_count > 1) adopt_partition(*ctx_, share_index, share_count);
 }
+
+int cuda_backend::sm_count() const { return ctx_->sm_count; }
 
 cuda_backend::~cuda_backend() = default;
 

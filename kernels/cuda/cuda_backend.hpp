@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.hpp"
 #include "kernels/cuda/cuda_allocator.hpp"
@@ -16,8 +17,11 @@ struct CUstream_st;
 
 namespace troupe::kernels {
 
-/// A CUDA backend on GPU `device_index`. Throws core::failure when that GPU cannot be used.
-std::unique_ptr<backend> make_cuda_backend(int device_index);
+/// A CUDA backend on GPU `device_index`; with share_count > 1 its work runs on share share_index of
+/// share_count disjoint groups of the GPU's SMs (kernels/cuda/sm_partition.hpp). Throws
+/// core::failure when that GPU cannot be used (or split so).
+std::unique_ptr<backend> make_cuda_backend(int device_index, int share_index = 0,
+                                           int share_count = 1);
 /// True when at least one GPU is visible to the CUDA runtime (never throws).
 bool cuda_device_present();
 /// Total memory of GPU `device_index` in bytes (0 when it cannot be asked).
@@ -37,7 +41,7 @@ void set_gelu_epilogue(bool on);
 
 class cuda_backend final : public backend {
  public:
-  explicit cuda_backend(int device_index);
+  explicit cuda_backend(int device_index, int share_index = 0, int share_count = 1);
   ~cuda_backend() override;
 
   core::device dev() const override;
@@ -176,6 +180,11 @@ class cuda_backend final : public backend {
   void empty_cache();
   /// This backend's cudaStream_t, for events and communication streams.
   CUstream_st* stream() const;
+  /// The SMs its kernels may run on: the GPU's, or its share's under runtime.split_gpu.
+  int sm_count() const;
+  /// The ids of the SMs that `blocks` blocks of a probe kernel on its stream ran on, ascending and
+  /// distinct (waits for them): where this backend's work lands (sm_probe.cu).
+  std::vector<int> sms_reached(int blocks);
 
  private:
   void activate() const;

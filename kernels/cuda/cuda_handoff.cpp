@@ -51,6 +51,8 @@ stream_handle::stream_handle(int dev) : device(dev) {
   TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 }
 
+stream_handle::stream_handle(int dev, cudaStream_t adopted) : stream(adopted), device(dev) {}
+
 stream_handle::~stream_handle() {
   // Teardown must not throw; errors here (driver already unloaded at exit) lose nothing.
   int current = 0;

@@ -28,6 +28,7 @@ namespace troupe::kernels::cuda {
 /// backend while tensors it used may still be released.
 struct stream_handle {
   explicit stream_handle(int device);  // a new non-blocking stream on `device`
+  stream_handle(int device, cudaStream_t adopted);  // owns `adopted` (a stream made elsewhere)
   ~stream_handle();                    // waits for it and destroys it
   stream_handle(const stream_handle&) = delete;
   stream_handle& operator=(const stream_handle&) = delete;

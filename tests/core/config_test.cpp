@@ -444,6 +444,10 @@ TEST_CASE("settings that contradict each other are errors") {
   CHECK(contains(tune.message, "runtime.device = \"cuda\""));
   CHECK(parse_ok("[runtime]\ndevice = \"cuda\"\ngemm_tune_file = \"tune.txt\"\n")
             .runtime.gemm_tune_file == "tune.txt");
+  const core::error split = parse_bad("[runtime]\nsplit_gpu = true\n");
+  CHECK(split.where.key == "runtime.split_gpu");
+  CHECK(contains(split.hint, "runtime.device = \"cuda\""));
+  CHECK(parse_ok("[runtime]\ndevice = \"cuda\"\nsplit_gpu = true\n").runtime.split_gpu);
 }
 
 TEST_CASE("dropout rates are read in [0, 1), and attention dropout is refused on CUDA") {

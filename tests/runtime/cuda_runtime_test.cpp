@@ -22,6 +22,7 @@
 #include "runtime/runtime.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/select.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
 #include "core/fault.hpp"
 #include "model/checkpoint.hpp"
 #include "model/metrics.hpp"
@@ -153,6 +154,53 @@ TEST_CASE("cuda actor runtime: each stage's busy and idle time on the device, in
   CHECK(named == 2);
   // F and B of 4 micro-batches on each of the 2 stages, 3 steps.
   CHECK(device >= 3 * 2 * 8);
+}
+
+TEST_CASE("cuda actor runtime: split_gpu gives each stage its own SMs and the same bits; "
+          "device_costs per chunk") {
+  if (!gpu_or_skip()) return;
+#ifdef TROUPE_HAVE_CUDA
+  // Shares of one GPU run their kernels on disjoint SMs; the whole GPU reaches more than a share.
+  auto whole = kernels::make_backend("cuda");
+  auto* w = dynamic_cast<kernels::cuda::cuda_backend*>(whole.get());
+  REQUIRE(w != nullptr);
+  const int blocks = 8 * w->sm_count();
+  std::vector<int> seen;
+  for (int i = 0; i < 2; ++i) {
+    auto be = kernels::make_backend("cuda", {i, 2});
+    auto* c = dynamic_cast<kernels::cuda::cuda_backend*>(be.get());
+    REQUIRE(c != nullptr);
+    INFO("share ", i, " of 2: ", c->sm_count(), " SMs of ", w->sm_count());
+    CHECK(c->sm_count() <= w->sm_count() / 2);
+    const auto sms = c->sms_reached(blocks);
+    CHECK(static_cast<int>(sms.size()) <= c->sm_count());
+    for (int id : sms) CHECK(std::find(seen.begin(), seen.end(), id) == seen.end());
+    seen.insert(seen.end(), sms.begin(), sms.end());
+  }
+  CHECK(static_cast<int>(w->sms_reached(blocks).size()) > w->sm_count() / 2);
+#endif
+
+  // Four stages, each on a quarter of the SMs: the unsplit run's bits; each step's device_costs
+  // name every chunk's forward and backward.
+  scratch_dir tmp("cuda_rt_split_gpu");
+  auto plain = actors_run(gpu_config(tmp, "shared", 4));
+  core::config cfg = gpu_config(tmp, "split", 4);
+  cfg.runtime.split_gpu = true;
+  check_identical(actors_run(cfg), plain);
+  std::ifstream in(cfg.runtime.run_dir + "/metrics.jsonl");
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    if (line.find("device_costs") == std::string::npos) continue;
+    ++rows;
+    const auto costs = nlohmann::json::parse(line).at("device_costs");
+    CHECK_FALSE(costs.contains("i"));  // 1f1b: no split backward
+    for (const char* k : {"f", "b"}) {
+      REQUIRE(costs.at(k).size() == 4);
+      for (const auto& v : costs.at(k)) CHECK(v.get<double>() > 0);
+    }
+  }
+  CHECK(rows == cfg.train.steps);
 }
 
 TEST_CASE("cuda actor runtime: zb_v (two chunks per rank in a V) at pipeline_stage 2 and 4 equals the "

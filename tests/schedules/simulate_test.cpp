@@ -105,3 +105,38 @@ TEST_CASE("a missing forward upstream reads as a deadlock naming what never come
   CHECK(sim.err().message.find("waits for 0F1, which no rank runs") != std::string::npos);
   CHECK(sim.err().message.find(">1F1<") != std::string::npos);
 }
+
+TEST_CASE("measured costs per chunk: each chunk's instructions take its own F and B") {
+  // 1f1b, p = 2, m = 2: rank 0 runs F0 F1 B0 B1, rank 1 F0 B0 F1 B1. Chunk 0 costs F 1, B 2;
+  // chunk 1 F 3, B 6. Rank 1: F0 [1, 4], B0 [4, 10], F1 [10, 13], B1 [13, 19]; rank 0: F0 [0, 1],
+  // F1 [1, 2], B0 [10, 12], B1 [19, 21].
+  cost_model c;
+  c.chunks = {{1, 2, 1, 1}, {3, 6, 3, 3}};
+  const auto sim = simulated(made("1f1b", 2, 2), c);
+  CHECK(sim.makespan == doctest::Approx(21));
+  CHECK(sim.ranks[0].compute == doctest::Approx(6));
+  CHECK(sim.ranks[1].compute == doctest::Approx(18));
+  CHECK(sim.bubble == doctest::Approx(1 - 24.0 / 42));
+  // Equal chunk costs are the uniform model's.
+  cost_model same;
+  same.chunks = {{same.f, same.b, same.i, same.w}, {same.f, same.b, same.i, same.w}};
+  for (auto name : {"1f1b", "zb_h1"}) {
+    CAPTURE(name);
+    CHECK(simulated(made(name, 2, 4), same).makespan ==
+          doctest::Approx(simulated(made(name, 2, 4), cost_model{}).makespan));
+  }
+  // A split backward takes the chunk's I and W.
+  cost_model split;
+  split.chunks = {{1, 5, 2, 3}, {1, 5, 2, 3}, {1, 5, 2, 3}};
+  const auto zb = simulated(made("zb_h1", 3, 6), split);
+  for (auto& r : zb.ranks) CHECK(r.compute == doctest::Approx(6 * (1 + 2 + 3)));
+}
+
+TEST_CASE("measured costs for another number of chunks are refused, naming both") {
+  cost_model c;
+  c.chunks = {{1, 2, 1, 1}, {1, 2, 1, 1}, {1, 2, 1, 1}};
+  auto sim = simulate(made("1f1b", 2, 2), c);
+  REQUIRE_FALSE(sim.ok());
+  CHECK(sim.err().message.find("the costs name 3 chunks, schedule '1f1b' has 2") !=
+        std::string::npos);
+}
