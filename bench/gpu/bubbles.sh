@@ -8,7 +8,7 @@
 # "Busy and idle time on the device"), the device span and tokens/s, each stage's device bubble,
 # and two predictions of `troupe schedule simulate` for the same schedule: with F = 1, B = 2 on
 # every chunk, and with the chunks' F, B, I and W this run measured (`--costs-from`), with the ratio
-# of the measured device bubble to the latter.
+# of the measured device bubble to the latter. First the same batch on one stage, for tokens/s.
 #
 #   bash bench/gpu/bubbles.sh [--set key=value ...]
 #
@@ -26,6 +26,18 @@ simulated() {  # schedule args... -> the simulator's bubble, 3 decimals
   "$BIN/troupe" schedule simulate "$@" --json |
     python3 -c 'import json, sys; print(round(json.load(sys.stdin)["bubble"], 3))'
 }
+# The same global batch on one stage, for the pipelines' tokens/s.
+one=$WORK/bubbles-one-stage
+if timeout 300 "$BIN/troupe" train "${base[@]}" --set parallel.pipeline_stage=1 "$@" \
+     --set runtime.run_dir="$one" > "$one.log" 2>&1; then
+  python3 - "$one/metrics.jsonl" <<'PY' | tee -a "$out"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][2:]
+print(f"one stage, same batch: {statistics.median(r['tokens_per_s'] for r in rows):,.0f} tokens/s")
+PY
+else
+  echo "one stage: troupe train failed ($one.log)" | tee -a "$out"
+fi
 for s in 1f1b zb_h1 interleaved_1f1b; do
   for split in false true; do
     extra=()
