@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline bubbles measured on the device beside the simulator's: `troupe train` of GPT-2 124M (bf16,
 # pipeline_stage 4, 8 micro-batches of 16 × 1024, recording off, random-token shards) with 1f1b,
-# zb_h1 and interleaved_1f1b (two chunks per rank, three layers per rank), each twice: the stages
+# zb_h1, interleaved_1f1b and zb_v (two chunks per rank, three layers per rank), each twice: the stages
 # sharing the GPU's SMs (the default) and each stage on its own quarter of them
 # (runtime.split_gpu = true: a GPU per stage, in small). For each run, the medians over steps 3 on
 # of metrics.jsonl's `bubble` (the host's view), `device_bubble` (CUDA events: docs/runtime.md,
@@ -38,25 +38,23 @@ PY
 else
   echo "one stage: troupe train failed ($one.log)" | tee -a "$out"
 fi
-for s in 1f1b zb_h1 interleaved_1f1b; do
-  for split in false true; do
-    extra=()
-    sim=(-s "$s" -p 4 -m 8)
-    if [[ $s == interleaved_1f1b ]]; then
-      extra=(--set parallel.virtual_pipeline=2 --set "parallel.stage_layers=[2,2,1,1,1,1,2,2]")
-      sim+=(-v 2)
-    fi
-    name=$s$([[ $split == true ]] && echo -split)
-    dir=$WORK/bubbles-$name
-    if ! timeout 300 "$BIN/troupe" train "${base[@]}" --set schedule.name=$s "${extra[@]}" "$@" \
-           --set runtime.split_gpu=$split --set runtime.run_dir="$dir" > "$dir.log" 2>&1; then
-      echo "$name: troupe train failed ($dir.log):" | tee -a "$out"
-      tail -n 5 "$dir.log" | tee -a "$out"
-      continue
-    fi
-    uniform=$(simulated "${sim[@]}")
-    measured=$(simulated "${sim[@]}" --costs-from "$dir/metrics.jsonl")
-    python3 - "$dir/metrics.jsonl" "$name" "$uniform" "$measured" <<'PY' | tee -a "$out"
+# run NAME SCHEDULE SPLIT [--set key=value ...]: one run and its lines in bubbles.txt.
+run() {
+  local name=$1 s=$2 split=$3
+  shift 3
+  local sim=(-s "$s" -p 4 -m 8)
+  [[ $s == interleaved_1f1b || $s == zb_v ]] && sim+=(-v 2)
+  local dir=$WORK/bubbles-$name
+  if ! timeout 300 "$BIN/troupe" train "${base[@]}" --set schedule.name=$s "$@" \
+         --set runtime.split_gpu=$split --set runtime.run_dir="$dir" > "$dir.log" 2>&1; then
+    echo "$name: troupe train failed ($dir.log):" | tee -a "$out"
+    tail -n 5 "$dir.log" | tee -a "$out"
+    return
+  fi
+  local uniform measured
+  uniform=$(simulated "${sim[@]}")
+  measured=$(simulated "${sim[@]}" --costs-from "$dir/metrics.jsonl")
+  python3 - "$dir/metrics.jsonl" "$name" "$uniform" "$measured" <<'PY' | tee -a "$out"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rows = [r for r in rows if "device_bubble" in r][2:]
@@ -72,6 +70,17 @@ costs = rows[-1]["device_costs"]
 print("  last step's ms per chunk:", "; ".join(
     f"{k.upper()} " + " ".join("-" if v is None else f"{v:.2f}" for v in costs[k]) for k in costs))
 PY
-    cp "$dir/trace.json" "$RESULTS/trace-$name.json" 2>/dev/null
-  done
+  cp "$dir/trace.json" "$RESULTS/trace-$name.json" 2>/dev/null
+}
+for s in 1f1b zb_h1 interleaved_1f1b zb_v; do
+  extra=()
+  [[ $s == interleaved_1f1b ]] &&
+    extra=(--set parallel.virtual_pipeline=2 --set "parallel.stage_layers=[2,2,1,1,1,1,2,2]")
+  [[ $s == zb_v ]] &&
+    extra=(--set parallel.virtual_pipeline=2 --set "parallel.stage_layers=[2,1,2,1,2,1,2,1]")
+  run "$s" "$s" false "${extra[@]}" "$@"
+  run "$s-split" "$s" true "${extra[@]}" "$@"
 done
+# The split 1f1b's costs put the head's stage at 2.8 times another's: two layers fewer there and
+# one more on each of the first two stages even them out.
+run 1f1b-split-4431 1f1b true --set "parallel.stage_layers=[4,4,3,1]" "$@"
