@@ -1,12 +1,12 @@
 // `troupe schedule show|check|simulate`: print a schedule as a step x rank grid, check it, or run
 // it against costs and draw it (SVG timeline, Chrome trace).
-#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "report/run.hpp"
 #include "schedules/costs.hpp"
 #include "schedules/grid.hpp"
 #include "schedules/lower.hpp"
@@ -77,54 +77,6 @@ struct loaded {
   ts::cost_model costs;
 };
 
-/// The per-chunk costs a run measured: metrics.jsonl's `device_costs` (ms per instruction, one
-/// line per step), the median of each over the steps after the first two (when there are more).
-core::result<std::vector<ts::chunk_cost>> costs_from(const std::string& path) {
-  const auto fail = [&](const std::string& why) {
-    return core::error::make(path + ": " + why,
-                             "name the metrics.jsonl of a `troupe train` run on a GPU "
-                             "(runtime.device = \"cuda\", pipeline_stage > 1)");
-  };
-  std::ifstream in(path);
-  if (!in) return fail("cannot open the file");
-  std::vector<nlohmann::json> steps;
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (line.find("\"device_costs\"") == std::string::npos) continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j["device_costs"].is_object())
-      return fail("line " + std::to_string(n) + " is not a JSON object with device_costs");
-    steps.push_back(std::move(j["device_costs"]));
-  }
-  if (steps.empty()) return fail("no line has device_costs");
-  if (steps.size() > 2) steps.erase(steps.begin(), steps.begin() + 2);  // warm-up steps
-  std::size_t chunks = 0;
-  for (const auto& s : steps)
-    for (const auto& [k, v] : s.items())
-      if (v.is_array()) chunks = std::max(chunks, v.size());
-  // The median over steps of one kind on one chunk; -1 when no step measured it.
-  const auto median = [&](const char* kind, std::size_t c) {
-    std::vector<double> v;
-    for (const auto& s : steps)
-      if (s.contains(kind) && c < s[kind].size() && s[kind][c].is_number())
-        v.push_back(s[kind][c].get<double>());
-    if (v.empty()) return -1.0;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-  };
-  std::vector<ts::chunk_cost> out(chunks);
-  for (std::size_t c = 0; c < chunks; ++c) {
-    ts::chunk_cost& k = out[c];
-    k.f = median("f", c), k.b = median("b", c), k.i = median("i", c), k.w = median("w", c);
-    if (k.f < 0 || (k.b < 0 && (k.i < 0 || k.w < 0)))
-      return fail("chunk " + std::to_string(c) + " has no measured forward or backward");
-    // A schedule with a split backward measured I and W; one without, B.
-    if (k.b < 0) k.b = k.i + k.w;
-    if (k.i < 0 || k.w < 0) k.i = k.w = k.b / 2;
-  }
-  return out;
-}
-
 core::result<loaded> load(const schedule_args& a) {
   for (auto& lib : a.plugins)
     if (auto st = ts::load_schedule_plugin(lib); !st) return st.err();
@@ -135,7 +87,7 @@ core::result<loaded> load(const schedule_args& a) {
     costs = *c;
   }
   if (!a.costs_from.empty()) {
-    auto c = costs_from(a.costs_from);
+    auto c = report::read_chunk_costs(a.costs_from);
     if (!c) return c.err();
     costs.chunks = std::move(*c);
   }

@@ -112,12 +112,30 @@ std::string op_name(schedules::op_kind k) {
   }
 }
 
-// The schedule of `cfg` simulated with the mean duration of each instruction kind in the traced
-// step (seconds). The STEP costs nothing: the measured bubble's span leaves it out too.
+json simulated(const run_data& run, const schedules::cost_model& c, json costs, std::string& note);
+
+// The schedule of `cfg` simulated with the costs the run measured (seconds): on a GPU each chunk's
+// device time per instruction kind (metrics.jsonl's device_costs), else the mean duration of each
+// instruction kind in the traced step. The STEP costs nothing: the measured bubble's span leaves
+// it out too.
 json prediction(const run_data& run, std::string& note) {
   if (!run.cfg) {
     note = "no simulation: config.toml is missing";
     return nullptr;
+  }
+  schedules::cost_model c;
+  json costs = json::object();
+  if (!run.chunk_costs.empty()) {
+    // ms in metrics.jsonl, seconds on the page; the stages' hand-overs on one GPU are events.
+    json per_chunk = json::array();
+    for (schedules::chunk_cost k : run.chunk_costs) {
+      k.f *= 1e-3, k.b *= 1e-3, k.i *= 1e-3, k.w *= 1e-3;
+      c.chunks.push_back(k);
+      per_chunk.push_back({{"F", k.f}, {"B", k.b}, {"I", k.i}, {"W", k.w}});
+    }
+    c.comm = c.reduce = c.step = 0;
+    costs["chunks"] = std::move(per_chunk);
+    return simulated(run, c, std::move(costs), note);
   }
   if (run.trace.empty()) {
     note = "no simulation: no trace.json step to take durations from";
@@ -134,7 +152,6 @@ json prediction(const run_data& run, std::string& note) {
     note = "no simulation: the traced step has no forward instructions";
     return nullptr;
   }
-  schedules::cost_model c;
   c.f = mean('F');
   c.i = mean('I');
   c.w = mean('W');
@@ -143,6 +160,14 @@ json prediction(const run_data& run, std::string& note) {
   c.comm = mean('S');
   c.reduce = mean('R');
   c.step = 0;
+  for (auto [k, name] : {std::pair{'F', "F"}, {'B', "B"}, {'I', "I"}, {'W', "W"}, {'S', "comm"},
+                         {'R', "reduce"}})
+    if (acc.count(k)) costs[name] = mean(k);
+  return simulated(run, c, std::move(costs), note);
+}
+
+// The schedule of run.cfg simulated with `c`; `costs` is what the page says they were.
+json simulated(const run_data& run, const schedules::cost_model& c, json costs, std::string& note) {
   const core::config& cfg = *run.cfg;
   schedules::schedule_options o;
   o.virtual_stages = cfg.parallel.virtual_pipeline;
@@ -170,10 +195,6 @@ json prediction(const run_data& run, std::string& note) {
         events.push_back({schedules::to_string(t.op), op_name(t.op.kind), t.start, t.end});
     timeline.push_back(std::move(events));
   }
-  json costs = json::object();
-  for (auto [k, name] : {std::pair{'F', "F"}, {'B', "B"}, {'I', "I"}, {'W', "W"}, {'S', "comm"},
-                         {'R', "reduce"}})
-    if (acc.count(k)) costs[name] = mean(k);
   return {{"schedule", which}, {"bubble", sim->bubble}, {"makespan_s", sim->makespan},
           {"costs", costs}, {"ranks", ranks}, {"timeline", timeline}};
 }
@@ -226,13 +247,18 @@ json run_json(const run_data& run, const page_options& o) {
     x_time.push_back(round_to(r.time_s, 1e-3));
   }
   using opt = std::optional<double>;
+  // A GPU run's bubble in GPU time (its host's says how far ahead the host queued).
+  const bool device_bubbles =
+      std::any_of(rows.begin(), rows.end(), [](const step_row& r) { return r.device_bubble; });
   std::map<std::string, series> all = {
       {"loss", collect(rows, [](const step_row& r) -> opt { return r.loss; })},
       {"lr", collect(rows, [](const step_row& r) -> opt { return r.lr; })},
       {"grad_norm", collect(rows, [](const step_row& r) -> opt { return r.grad_norm; })},
       {"tokens_per_s", collect(rows, [](const step_row& r) -> opt { return r.tokens_per_s; })},
       {"loss_scale", collect(rows, [](const step_row& r) -> opt { return r.loss_scale; })},
-      {"bubble", collect(rows, [](const step_row& r) -> opt { return r.bubble; })},
+      {"bubble", collect(rows, [&](const step_row& r) -> opt {
+         return device_bubbles ? r.device_bubble : r.bubble;
+       })},
   };
   if (flops_per_token > 0)
     all["tflops"] = collect(rows, [&](const step_row& r) -> opt {
@@ -257,6 +283,14 @@ json run_json(const run_data& run, const page_options& o) {
                       {"peak_activation_bytes", s.peak_activation_bytes},
                       {"peak_device_bytes", s.peak_device_bytes},
                       {"optimizer_peak_device_bytes", s.optimizer_peak_device_bytes}});
+  for (std::size_t i = 0; const auto& [key, s] : run.stages) {
+    if (!s.device_busy_s.empty()) {
+      stages[i]["device_busy_s"] = median(s.device_busy_s);
+      stages[i]["device_idle_s"] = median(s.device_idle_s);
+      stages[i]["device_bubble"] = median(s.device_bubble);
+    }
+    ++i;
+  }
 
   json timeline = nullptr;
   std::string timeline_note;
@@ -290,6 +324,7 @@ json run_json(const run_data& run, const page_options& o) {
     summary["median_tokens_per_s"] = median(all["tokens_per_s"].values);
     summary["median_tflops"] = median(all["tflops"].values);
     summary["median_bubble"] = median(all["bubble"].values);
+    summary["bubble_source"] = device_bubbles ? "device" : "host";
   } else {
     summary["steps_done"] = 0;
   }

@@ -39,7 +39,41 @@ std::string shorten(const std::string& text, std::size_t n = 120) {
   return text.size() <= n ? text : text.substr(0, n) + "…";
 }
 
-void read_stages(run_data& run, const nlohmann::json& stages) {
+// The chunks' costs from the `device_costs` objects of a run's steps (read_chunk_costs).
+core::result<std::vector<schedules::chunk_cost>> chunk_costs_of(std::vector<nlohmann::json> steps) {
+  if (steps.size() > 2) steps.erase(steps.begin(), steps.begin() + 2);  // warm-up steps
+  std::size_t chunks = 0;
+  for (const auto& s : steps)
+    if (s.is_object())
+      for (const auto& [k, v] : s.items())
+        if (v.is_array()) chunks = std::max(chunks, v.size());
+  // The median over steps of one kind on one chunk; -1 when no step measured it.
+  const auto median_of = [&](const char* kind, std::size_t c) {
+    std::vector<double> v;
+    for (const auto& s : steps)
+      if (s.is_object() && s.contains(kind) && s[kind].is_array() && c < s[kind].size() &&
+          s[kind][c].is_number())
+        v.push_back(s[kind][c].get<double>());
+    if (v.empty()) return -1.0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  std::vector<schedules::chunk_cost> out(chunks);
+  for (std::size_t c = 0; c < chunks; ++c) {
+    schedules::chunk_cost& k = out[c];
+    k.f = median_of("f", c), k.b = median_of("b", c), k.i = median_of("i", c);
+    k.w = median_of("w", c);
+    if (k.f < 0 || (k.b < 0 && (k.i < 0 || k.w < 0)))
+      return core::error::make("chunk " + std::to_string(c) +
+                               " has no measured forward or backward");
+    // A schedule with a split backward measured I and W; one without, B.
+    if (k.b < 0) k.b = k.i + k.w;
+    if (k.i < 0 || k.w < 0) k.i = k.w = k.b / 2;
+  }
+  return out;
+}
+
+void read_stages(run_data& run, const nlohmann::json& stages, double device_span_s) {
   if (!stages.is_array()) return;
   for (const auto& s : stages) {
     if (!s.is_object() || !s.contains("pp") || !s.contains("dp")) continue;
@@ -48,6 +82,12 @@ void read_stages(run_data& run, const nlohmann::json& stages) {
     acc.comm_s.push_back(number_or_nan(s, "comm_s"));
     acc.wait_s.push_back(number_or_nan(s, "wait_s"));
     acc.bubble.push_back(number_or_nan(s, "bubble"));
+    if (s.contains("device_busy_s") && std::isfinite(device_span_s)) {
+      const double busy = number_or_nan(s, "device_busy_s");
+      acc.device_busy_s.push_back(busy);
+      acc.device_idle_s.push_back(std::max(0.0, device_span_s - busy));
+      acc.device_bubble.push_back(number_or_nan(s, "device_bubble"));
+    }
     acc.peak_activation_bytes = std::max(acc.peak_activation_bytes, bytes_of(s, "peak_activation_bytes"));
     acc.peak_device_bytes = std::max(acc.peak_device_bytes, bytes_of(s, "peak_device_bytes"));
     acc.optimizer_peak_device_bytes =
@@ -68,6 +108,7 @@ void read_metrics(run_data& run, const fs::path& path) {
   int number = 0;
   double offset = 0;  // training time of earlier invocations
   std::vector<std::string> skipped;
+  std::vector<nlohmann::json> device_costs;  // of the accepted lines, in order
   bool last_unterminated = false;
   while (std::getline(in, line)) {
     ++number;
@@ -129,11 +170,18 @@ void read_metrics(run_data& run, const fs::path& path) {
     if (r.skipped)
       run.marks.push_back({"skipped", r.step + 1, "step " + std::to_string(r.step + 1) +
                                                       " skipped (non-finite gradients)"});
-    read_stages(run, j.value("stages", nlohmann::json()));
+    r.device_bubble = optional_number(j, "device_bubble");
+    read_stages(run, j.value("stages", nlohmann::json()), number_or_nan(j, "device_span_s"));
+    if (j.contains("device_costs")) device_costs.push_back(j["device_costs"]);
     run.rows.push_back(std::move(r));
   }
   if (lines_seen == 0)
     run.notes.push_back("metrics.jsonl has no lines yet: the run has not finished a step");
+  if (!device_costs.empty()) {
+    auto costs = chunk_costs_of(std::move(device_costs));
+    if (costs) run.chunk_costs = std::move(*costs);
+    else run.notes.push_back("metrics.jsonl device_costs: " + costs.err().message);
+  }
   // Long lists are cut: the first few say what happened.
   const std::size_t shown = 8;
   for (std::size_t i = 0; i < skipped.size() && i < shown; ++i)
@@ -280,6 +328,28 @@ std::pair<int, std::vector<trace_event>> read_trace_tail(const std::string& path
     notes.push_back("trace.json is not closed: the run is still being written, or stopped "
                     "before its end (the events read are complete lines)");
   return {chosen, std::move(events)};
+}
+
+core::result<std::vector<schedules::chunk_cost>> read_chunk_costs(const std::string& path) {
+  const std::string hint =
+      "name the metrics.jsonl of a `troupe train` run on a GPU (runtime.device = \"cuda\", "
+      "pipeline_stage > 1)";
+  std::ifstream in(path);
+  if (!in) return core::error::make(path + ": cannot open the file", hint);
+  std::vector<nlohmann::json> steps;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find("\"device_costs\"") == std::string::npos) continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j["device_costs"].is_object())
+      return core::error::make(
+          path + ": line " + std::to_string(n) + " is not a JSON object with device_costs", hint);
+    steps.push_back(std::move(j["device_costs"]));
+  }
+  if (steps.empty()) return core::error::make(path + ": no line has device_costs", hint);
+  auto costs = chunk_costs_of(std::move(steps));
+  if (!costs) return core::error::make(path + ": " + costs.err().message, hint);
+  return costs;
 }
 
 core::result<run_data> read_run(const std::string& dir) {

@@ -23,6 +23,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "schedules/schedule.hpp"
 
 namespace troupe::report {
 
@@ -33,12 +34,16 @@ struct step_row {
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, elapsed_s = 0;
   double time_s = 0;     // training time since the run's first invocation started
   std::optional<double> val_loss, loss_scale, bubble;
+  std::optional<double> device_bubble;  // GPU pipeline runs: the bubble in GPU time
   bool skipped = false;  // dynamic loss scaling skipped the update
 };
 
 /// One stage's (dp, pp) per-step times over the run, from metrics.jsonl's "stages".
 struct stage_samples {
   std::vector<double> busy_s, comm_s, wait_s, bubble;
+  /// GPU runs: the stage's compute instructions on its stream, the rest of the step's device
+  /// span, and their ratio (docs/runtime.md, "Busy and idle time on the device").
+  std::vector<double> device_busy_s, device_idle_s, device_bubble;
   std::uint64_t peak_activation_bytes = 0;        // largest over the steps
   std::uint64_t peak_device_bytes = 0;            // GPU runs only
   std::uint64_t optimizer_peak_device_bytes = 0;  // GPU runs only
@@ -69,8 +74,17 @@ struct run_data {
   int trace_step = -1;               // the step `trace` holds (-1: none)
   std::vector<trace_event> trace;
   std::vector<mark> marks;           // in no particular order
+  /// GPU pipeline runs: each chunk's F, B, I and W in ms, the medians of metrics.jsonl's
+  /// `device_costs` over the steps after the first two (read_chunk_costs); empty without them.
+  std::vector<schedules::chunk_cost> chunk_costs;
   std::vector<std::string> notes;    // what was skipped or missing, and why
 };
+
+/// Each chunk's measured costs in a metrics.jsonl (`device_costs`, one object per step): the
+/// median of each kind over the steps after the first two (all of them when there are two or
+/// fewer); B from I + W, or I and W as halves of B, where a run measured only one. Errors name the
+/// file and why (no such line, a line that is not JSON, a chunk without a forward or backward).
+core::result<std::vector<schedules::chunk_cost>> read_chunk_costs(const std::string& metrics_path);
 
 /// Reads `dir`. Errors only when `dir` is not a directory.
 core::result<run_data> read_run(const std::string& dir);

@@ -429,9 +429,23 @@
     }
     el('div', { class: 'caption' }, card,
        `step ${tl.step + 1} from trace.json (${tl.events} events)` +
-       (pred ? `; simulated: the schedule run by schedules/simulate with this step's mean ` +
-               `durations per kind (${Object.entries(pred.costs).map(([k, v]) => k + ' ' + fmt(v * 1e3) + ' ms').join(', ')})`
+       (pred ? '; simulated: ' + costsText(pred.costs)
              : (run.prediction_note ? '; ' + run.prediction_note : '')));
+  }
+
+  // What the simulator was given: each chunk's GPU time (metrics.jsonl's device_costs), or the
+  // traced step's mean duration per instruction kind.
+  function costsText(costs) {
+    if (costs.chunks) {
+      const kinds = ['F', 'B', 'I', 'W'].filter((k) => costs.chunks.some((c) => c[k] > 0));
+      return 'the schedule run by schedules/simulate with each chunk\u2019s GPU time per ' +
+             'instruction (metrics.jsonl device_costs, median over steps; ms by chunk: ' +
+             kinds.map((k) => k + ' ' + costs.chunks.map((c) => fmt(c[k] * 1e3)).join('/'))
+               .join(', ') + ')';
+    }
+    return 'the schedule run by schedules/simulate with this step\u2019s mean durations per ' +
+           'kind (' + Object.entries(costs).map(([k, v]) => k + ' ' + fmt(v * 1e3) + ' ms')
+             .join(', ') + ')';
   }
 
   // ---- page -----------------------------------------------------------------------------------
@@ -567,10 +581,13 @@
     timeChart(grid, { key: 'bubble', title: 'Pipeline bubble per step', y: 'idle share',
       zeroBased: true, yFormat: fmtPct, yTick: (v) => (100 * v).toFixed(0) + '%',
       empty: 'no per-stage times (single-rank runs record none)',
-      series: (r) => [{ label: 'measured', data: series(r, 'bubble') }],
+      series: (r) => [{ label: r.summary.bubble_source === 'device' ? 'measured (GPU time)'
+                                                                     : 'measured',
+                        data: series(r, 'bubble') }],
       references: (r) => r.prediction ? [{ label: 'simulated', value: r.prediction.bubble }] : [],
-      caption: 'measured: mean idle share of the stages within each step’s span; simulated: ' +
-               'the schedule simulator with the measured durations of one step' });
+      caption: 'measured: mean idle share of the stages within each step’s span (on a GPU, of ' +
+               'each stage’s stream, timed by CUDA events); simulated: the schedule simulator ' +
+               'with the measured costs (on a GPU, each chunk’s device time)' });
 
     // Per-stage time, measured beside the simulator.
     const stageRows = [];
@@ -580,10 +597,13 @@
         for (const s of r.stages.filter((x) => x.pp === p))
           stageRows.push({ run: k, kind: 'measured',
             label: (RUNS.length > 1 ? r.name + ' ' : '') + `dp${s.dp} pp${s.pp}`,
-            parts: [{ name: 'busy (compute)', value: s.busy_s, color: '#4c78a8' },
-                    { name: 'communicating', value: s.comm_s, color: '#9ecae9' },
-                    { name: 'waiting', value: s.wait_s, color: '#d0d5dd' }],
-            note: 'bubble ' + fmtPct(s.bubble) });
+            parts: s.device_busy_s !== undefined
+              ? [{ name: 'busy on the GPU (compute)', value: s.device_busy_s, color: '#4c78a8' },
+                 { name: 'idle on the GPU', value: s.device_idle_s, color: '#d0d5dd' }]
+              : [{ name: 'busy (compute)', value: s.busy_s, color: '#4c78a8' },
+                 { name: 'communicating', value: s.comm_s, color: '#9ecae9' },
+                 { name: 'waiting', value: s.wait_s, color: '#d0d5dd' }],
+            note: 'bubble ' + fmtPct(s.device_busy_s !== undefined ? s.device_bubble : s.bubble) });
         if (r.prediction && r.prediction.ranks[p]) {
           const q = r.prediction.ranks[p];
           stageRows.push({ run: k, kind: 'simulated',
@@ -599,8 +619,9 @@
              { scale: (max) => (max >= 1 ? 1 : 1e-3),
                tick: (v) => (v >= 1 || v === 0 ? fmt(v) + ' s' : fmt(v * 1e3) + ' ms'),
                format: (v) => (v * 1e3).toFixed(3) + ' ms' },
-             stageRows.length ? 'measured from metrics.jsonl’s stages; simulated rows: the schedule run by ' +
-             'the simulator with the measured mean durations per instruction kind'
+             stageRows.length ? 'measured from metrics.jsonl’s stages (on a GPU, each stage’s stream ' +
+             'within the step’s device span); simulated rows: the schedule run by the simulator ' +
+             'with the measured costs (on a GPU each chunk’s, else the mean per instruction kind)'
                               : 'no per-stage times (single-rank runs record none)');
 
     const memRows = [];

@@ -254,6 +254,45 @@ TEST_CASE("the simulator predicts the bubble from the traced step's durations") 
   CHECK(run["stages"][0]["peak_activation_bytes"] == 1024);
 }
 
+TEST_CASE("a GPU run's bubble is its device bubble, predicted from each chunk's device costs") {
+  // 2-stage 1F1B over 4 micro-batches, chunk 0 F 1 ms B 2 ms, chunk 1 F 3 ms B 6 ms (the medians
+  // after two warm-up steps). Rank 1: F0 [1, 4], B0 [4, 10], F1 [10, 13], B1 [13, 19], F2 [19,
+  // 22], B2 [22, 28], F3 [28, 31], B3 [31, 37]; rank 0 ends with B3 [37, 39]. Compute 12 + 36 ms
+  // in 2 × 39.
+  temp_dir t("gpu");
+  write(t.path / "config.toml", config_toml("1f1b", 2));
+  std::string metrics;
+  for (int step = 0; step < 5; ++step) {
+    const bool warm = step < 2;
+    metrics += line(step, 5, step + 1,
+                    ",\"bubble\":0.7,\"device_bubble\":0.4,\"device_span_s\":0.04,"
+                    "\"device_costs\":{\"f\":" + std::string(warm ? "[9,9]" : "[1,3]") +
+                        ",\"b\":" + (warm ? "[9,9]" : "[2,6]") +
+                        "},\"stages\":[{\"dp\":0,\"pp\":0,\"busy_s\":0.01,\"comm_s\":0,"
+                        "\"wait_s\":0.03,\"bubble\":0.75,\"device_busy_s\":0.012,"
+                        "\"device_bubble\":0.7},{\"dp\":0,\"pp\":1,\"busy_s\":0.03,"
+                        "\"comm_s\":0,\"wait_s\":0.01,\"bubble\":0.25,"
+                        "\"device_busy_s\":0.036,\"device_bubble\":0.1}]");
+  }
+  write(t.path / "metrics.jsonl", metrics);
+  auto r = report::read_run(t.path.string());
+  REQUIRE(r.ok());
+  REQUIRE(r->chunk_costs.size() == 2);
+  CHECK(r->chunk_costs[1].f == doctest::Approx(3));
+  CHECK(r->chunk_costs[1].i == doctest::Approx(3));  // half of B: 1f1b measured no split
+  json run = page_of({r.value()})["runs"][0];
+  REQUIRE(run["prediction"].is_object());
+  CHECK(run["prediction"]["makespan_s"].get<double>() == doctest::Approx(0.039));
+  CHECK(run["prediction"]["bubble"].get<double>() == doctest::Approx(1 - 48.0 / 78));
+  CHECK(run["prediction"]["costs"]["chunks"][1]["B"].get<double>() == doctest::Approx(0.006));
+  CHECK(run["summary"]["bubble_source"] == "device");
+  CHECK(run["summary"]["median_bubble"].get<double>() == doctest::Approx(0.4));
+  REQUIRE(run["stages"].size() == 2);
+  CHECK(run["stages"][1]["device_busy_s"].get<double>() == doctest::Approx(0.036));
+  CHECK(run["stages"][1]["device_idle_s"].get<double>() == doctest::Approx(0.004));
+  CHECK(run["stages"][0]["device_bubble"].get<double>() == doctest::Approx(0.7));
+}
+
 TEST_CASE("several runs list exactly the config keys that differ") {
   temp_dir a("cfg_a"), b("cfg_b");
   write(a.path / "config.toml", config_toml("1f1b", 2));
