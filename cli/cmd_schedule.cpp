@@ -47,9 +47,9 @@ void add_common(CLI::App& sub, schedule_args& a, bool pictures) {
   sub.add_option("--costs", a.costs,
                  "costs as F,B,W,comm (I = B - W; default 1,2,1,0) or f=..,b=..,i=..,w=..,comm=..,reduce=..,step=..");
   sub.add_option("--costs-from", a.costs_from,
-                 "a run's metrics.jsonl: each chunk's F, B, I and W as that run measured them on the "
-                 "device (median over its steps after the first two), in ms; --costs still gives "
-                 "comm, reduce and step");
+                 "a run's metrics.jsonl: each chunk's F, B, I and W as that run measured them "
+                 "on the device (median over its steps after the first two), in ms; --costs "
+                 "still gives comm, reduce and step");
   sub.add_option("--plugin", a.plugins, "load a schedule plugin (shared library) first; may repeat");
   sub.add_flag("--lowered", a.lowered, "use the lowered schedule (transfers, REDUCE_GRAD, STEP)");
   sub.add_flag("--any-backward-order", a.any_backward_order,

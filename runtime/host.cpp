@@ -172,7 +172,8 @@ core::result<hosted_job> prepare_job(const core::config& cfg, const run_options&
     kernels::gpu_share s;
     if (!cfg.runtime.split_gpu) return s;
     s.count = static_cast<int>(h.workers.size());
-    s.index = static_cast<int>(std::find(h.workers.begin(), h.workers.end(), w) - h.workers.begin());
+    const auto at = std::find(h.workers.begin(), h.workers.end(), w);
+    s.index = static_cast<int>(at - h.workers.begin());
     return s;
   };
   // Build the hosted stages' chunks (identically initialised on every replica) and shards.

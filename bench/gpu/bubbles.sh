@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline bubbles measured on the device beside the simulator's: `troupe train` of GPT-2 124M (bf16,
 # pipeline_stage 4, 8 micro-batches of 16 × 1024, recording off, random-token shards) with 1f1b,
-# zb_h1, interleaved_1f1b and zb_v (two chunks per rank, three layers per rank), each twice: the stages
-# sharing the GPU's SMs (the default) and each stage on its own quarter of them
+# zb_h1, interleaved_1f1b and zb_v (two chunks per rank, three layers per rank), each twice: the
+# stages sharing the GPU's SMs (the default) and each stage on its own quarter of them
 # (runtime.split_gpu = true: a GPU per stage, in small). For each run, the medians over steps 3 on
 # of metrics.jsonl's `bubble` (the host's view), `device_bubble` (CUDA events: docs/runtime.md,
 # "Busy and idle time on the device"), the device span and tokens/s, each stage's device bubble,

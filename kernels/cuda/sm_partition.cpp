@@ -99,7 +99,8 @@ std::vector<share> make_shares(int device, int count) {
       if (CUresult r = g.describe(&desc, &part, 1))
         refuse(device, count, "a share's descriptor failed (" + driver_error(r) + ")");
       share s;
-      if (CUresult r = g.create(&s.green, desc, static_cast<CUdevice>(device), CU_GREEN_CTX_DEFAULT_STREAM))
+      if (CUresult r = g.create(&s.green, desc, static_cast<CUdevice>(device),
+                                CU_GREEN_CTX_DEFAULT_STREAM))
         refuse(device, count, "a green context failed (" + driver_error(r) + ")");
       s.sms = static_cast<int>(part.sm.smCount);
       out.push_back(s);
@@ -123,7 +124,8 @@ void adopt_partition(context& ctx, int index, int count) {
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = made.find({ctx.device, count});
-    if (it == made.end()) it = made.emplace(std::tuple{ctx.device, count}, make_shares(ctx.device, count)).first;
+    if (it == made.end())
+      it = made.emplace(std::tuple{ctx.device, count}, make_shares(ctx.device, count)).first;
     s = it->second.at(index);
   }
   CUstream stream = nullptr;

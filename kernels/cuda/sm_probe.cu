@@ -1,5 +1,6 @@
-// cuda_backend::sms_reached: where a backend's kernels run. Each block of the probe writes the id of
-// the SM it ran on; the blocks spin a little so that they spread over every SM the stream may use.
+// cuda_backend::sms_reached: where a backend's kernels run. Each block of the probe writes the id
+// of the SM it ran on; the blocks spin a little so that they spread over every SM the stream may
+// use.
 #include <algorithm>
 #include <vector>
 

@@ -29,8 +29,8 @@ TEST_CASE("troupe schedule simulate --costs-from takes each chunk's measured cos
         << R"({"step":5,"device_costs":{"f":[1,7],"b":[7,6]}})" "\n";
   }
   // 1f1b, p = 2, m = 2 with these costs: makespan 21, compute 6 and 18 (tests/schedules).
-  const run_result r =
-      run_troupe(tmp.path, "schedule simulate -s 1f1b -p 2 -m 2 --json --costs-from '" + metrics + "'");
+  const std::string from = " --json --costs-from '" + metrics + "'";
+  const run_result r = run_troupe(tmp.path, "schedule simulate -s 1f1b -p 2 -m 2" + from);
   REQUIRE_MESSAGE(r.code == 0, r.err);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j.at("makespan").get<double>() == doctest::Approx(21));
@@ -40,8 +40,7 @@ TEST_CASE("troupe schedule simulate --costs-from takes each chunk's measured cos
   CHECK(j.at("costs").at("chunks")[1].at("i").get<double>() == doctest::Approx(3));
 
   // zb_h1 on the same costs: the split backward takes half of each chunk's B for I and for W.
-  const run_result zb =
-      run_troupe(tmp.path, "schedule simulate -s zb_h1 -p 2 -m 2 --json --costs-from '" + metrics + "'");
+  const run_result zb = run_troupe(tmp.path, "schedule simulate -s zb_h1 -p 2 -m 2" + from);
   REQUIRE_MESSAGE(zb.code == 0, zb.err);
   const auto z = nlohmann::json::parse(zb.out);
   CHECK(z.at("ranks")[1].at("compute").get<double>() == doctest::Approx(2 * (3 + 6)));
