@@ -243,13 +243,12 @@ struct nccl_transport::impl {
     std::string lost_why;
     bool self = false;  // from this rank: `rec` and `data` are filled, nothing is on tcp
     control_record rec;
-    tensor data;  // self-sends: the host tensor, or the device tensor to copy from
+    tensor data;  // self-sends: the tensor itself (host or device), delivered as it is
   };
   // A device transfer announced but not yet posted (an earlier one from its sender is missing).
   struct pending {
     tag tg;
     control_record rec;
-    tensor source;
   };
   struct arrival {
     tensor t;
@@ -276,7 +275,6 @@ struct nccl_transport::impl {
 
   std::unique_ptr<nccl_group> world;
   std::vector<std::unique_ptr<nccl_group>> groups;
-  comm_slot self;
   std::vector<std::unique_ptr<comm_slot>> out, in;  // pair communicators, by peer rank
   std::vector<std::unique_ptr<sender>> senders;     // by destination rank
   std::mutex slots_mu;
@@ -384,11 +382,6 @@ struct nccl_transport::impl {
                         failed);
     }
 
-    self.what = "the communicator for sends to itself";
-    open_stream(self);
-    add_slot(self);
-    self.comm = split_from(w, me, 0, deadline);
-
     out.resize(n);
     in.resize(n);
     for (int p = 0; p < n; ++p) {
@@ -432,10 +425,9 @@ struct nccl_transport::impl {
     void* scratch = nullptr;
     TROUPE_CUDA_CHECK(cudaMalloc(&scratch, 2 * static_cast<std::size_t>(n) + 2));
     auto* b = static_cast<char*>(scratch);
-    std::vector<comm_slot*> used{&self};
+    std::vector<comm_slot*> used;
     TROUPE_NCCL_CHECK(ncclGroupStart(), nullptr, deadline, failed);
-    ncclResult_t r = ncclSend(b, 1, ncclUint8, 0, self.comm, self.stream);
-    if (r == ncclSuccess) r = ncclRecv(b + 1, 1, ncclUint8, 0, self.comm, self.stream);
+    ncclResult_t r = ncclSuccess;
     for (int p = 0; p < n && r == ncclSuccess; ++p) {
       if (p == me) continue;
       used.push_back(out[p].get());
@@ -514,7 +506,7 @@ struct nccl_transport::impl {
         return;
       }
     }
-    if (rec.kind == control_kind::host) {
+    if (rec.kind == control_kind::host || nt.self) {
       deliver(nt.src, nt.tg, arrival{std::move(payload), nullptr});
       return;
     }
@@ -524,7 +516,7 @@ struct nccl_transport::impl {
            nt.tg.to_string() + ") twice");
       return;
     }
-    w.emplace(rec.seq, pending{nt.tg, std::move(rec), std::move(nt.data)});
+    w.emplace(rec.seq, pending{nt.tg, std::move(rec)});
   }
 
   void post_ready(int src) {
@@ -540,7 +532,7 @@ struct nccl_transport::impl {
   // Queues the receive of one announced device transfer into fresh pool memory; the tensor's
   // hand-off event marks the end of the transfer on this rank's receive stream.
   void post(int src, pending& p) {
-    comm_slot& s = src == me ? self : *in[src];
+    comm_slot& s = *in[src];
     const std::uint64_t bytes = p.rec.payload_bytes();
     auto st = std::make_shared<core::storage>();
     st->bytes = bytes;
@@ -558,17 +550,8 @@ struct nccl_transport::impl {
       st->release = [d = ds, owner](void* q) { release_received(*d, q, owner->sync); };
       t = tensor::over(st, 0, p.rec.shape, p.rec.dt);
       auto deadline = clock_type::now() + opt.op_timeout;
-      if (src == me) {
-        TROUPE_NCCL_CHECK(ncclGroupStart(), s.comm, deadline, failed);
-        ncclResult_t r = ncclSend(p.source.raw(), bytes, ncclUint8, 0, s.comm, s.stream);
-        if (r == ncclSuccess) r = ncclRecv(st->data, bytes, ncclUint8, 0, s.comm, s.stream);
-        ncclResult_t end = ncclGroupEnd();
-        if (r != ncclSuccess) throw core::failure(nccl_error_text(r, what));
-        settle(end, s.comm, "ncclGroupEnd (" + what + ")", __FILE__, __LINE__, deadline, failed);
-      } else {
-        TROUPE_NCCL_CHECK(ncclRecv(st->data, bytes, ncclUint8, s.peer, s.comm, s.stream), s.comm,
-                          deadline, failed);
-      }
+      TROUPE_NCCL_CHECK(ncclRecv(st->data, bytes, ncclUint8, s.peer, s.comm, s.stream), s.comm,
+                        deadline, failed);
       kernels::cuda::record_ready(s.handle, t);
       done = record_on(s.stream);
     } else {
@@ -576,8 +559,7 @@ struct nccl_transport::impl {
     }
     if (done) {
       std::lock_guard<std::mutex> lk(mu);
-      flights.push_back(
-          flight{done, src == me ? p.source : tensor{}, what, clock_type::now(), false});
+      flights.push_back(flight{done, tensor{}, what, clock_type::now(), false});
     }
     deliver(src, p.tg, arrival{std::move(t), done});
   }
@@ -688,14 +670,14 @@ struct nccl_transport::impl {
         device_guard g(opt.device);
         const std::uint64_t seq = o.next_seq;
         if (dst == me) {
-          // The progress thread copies it on the self stream, after the producer's work.
-          kernels::cuda::wait_ready(self.handle, t);
-          ++o.next_seq;
+          // To itself (a worker's stage and its optimizer shard): the handle itself, as the local
+          // transport moves it between the backends of one process. The sender recorded its
+          // ready event and the consumer waits for it; nothing is copied.
           note nt;
           nt.src = me;
           nt.tg = tg;
           nt.self = true;
-          nt.rec = control_record{control_kind::device, t.type(), t.shape(), seq};
+          nt.rec = control_record{control_kind::device, t.type(), t.shape(), 0};
           nt.data = std::move(t);
           push(std::move(nt));
           return;

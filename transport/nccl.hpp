@@ -88,8 +88,8 @@ class nccl_transport final : public transport {
   std::uint16_t port() const;
   /// Step 2, after join and before rendezvous_client::start, on every rank at once (collective):
   /// starts the control channel on the table's data endpoints and waits until it connects every
-  /// pair, creates the job's communicator from the nccl_id in rank 0's blob, one two-rank
-  /// communicator per ordered pair and one for sends to itself, and connects them all. Fails
+  /// pair, creates the job's communicator from the nccl_id in rank 0's blob and one two-rank
+  /// communicator per ordered pair, and connects them all. Fails
   /// naming this rank and the cause (a duplicate GPU, a peer that never came, ...).
   core::status start(int rank, const job_table& table);
 
@@ -100,7 +100,8 @@ class nccl_transport final : public transport {
   int size() const;
 
   /// Sends `t` to `dst` (itself included). A host tensor goes inside its control record; a device
-  /// tensor (on this rank's GPU) by ncclSend, queued after t's ready event when it has one.
+  /// tensor (on this rank's GPU) by ncclSend, queued after t's ready event when it has one; to
+  /// itself, either is delivered as it is (no copy).
   /// REQUIRES for a device tensor: record_ready(t) by the backend that wrote it, or the work that
   /// wrote it has finished. The caller does not modify t afterwards (the transport holds it until
   /// the GPU has read it).
