@@ -11,8 +11,9 @@
 #             LLaMA-3-style 1B, and the CPU recording pair (bench/gpu/product.sh 25)
 #   steps     the training step alone and where its time goes: gpu_gpt2_bench against PyTorch at
 #             124M and 1.5B, the per-op profile, the message hash, the pipeline by schedule, the
-#             attention kernels by loader and shape (bench/gpu/bench.sh gpt2-124m gpt2-1.5b profile
-#             hash pipeline schedules attention)
+#             attention kernels by loader and shape, the step's kernels under Nsight Compute, the
+#             GEMM survey (bench/gpu/bench.sh gpt2-124m gpt2-1.5b profile hash pipeline schedules
+#             attention kernels gemms)
 #   bubbles   pp 4 bubbles from the host, the device and the simulator (bench/gpu/bubbles.sh)
 #   record    recording off and on through `troupe train`, LLaMA then GPT-2 124M, two rounds each
 #             (bench/gpu/record_cost.sh)
@@ -25,7 +26,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 all=(product steps bubbles record cpu)
-if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 if [[ ${1:-} == --list ]]; then printf '%s\n' "${all[@]}"; exit 0; fi
 sections=("$@")
 [[ ${#sections[@]} -gt 0 ]] || sections=("${all[@]}")
@@ -45,7 +46,7 @@ run_section() {
   case "$s" in
     product) PARTS="gpt2 gpt2-1.5b llama cpu" RESULTS=$dir bash bench/gpu/product.sh 25 || rc=$? ;;
     steps) RESULTS=$dir bash bench/gpu/bench.sh gpt2-124m gpt2-1.5b profile hash pipeline schedules \
-             attention || rc=$? ;;
+             attention kernels gemms || rc=$? ;;
     bubbles) RESULTS=$dir bash bench/gpu/bubbles.sh || rc=$? ;;
     record)
       RESULTS=$dir/llama bash bench/gpu/record_cost.sh --model llama --rounds 2 || rc=$?

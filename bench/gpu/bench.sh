@@ -21,6 +21,11 @@
 #   attention   the attention kernels alone at GPT-2 124M's and LLaMA-3 1B's shapes with each value
 #               of TROUPE_CUDA_ATTENTION, beside cuDNN SDPA, then the Hopper forward's two tile
 #               loaders (tma, cp-async) over seven shapes (docs/cuda.md, "The Hopper kernels")
+#   kernels     the kernels of one 124M step under Nsight Compute at the GPU's own clocks, with the
+#               bytes each moved, grouped by bench/ncu_kernels.py (needs ncu)
+#   gemms       every GEMM of a step, cuBLASLt's first choice against its fastest candidate, at
+#               124M's and 1.5B's widths (bench/gpu_gemm_bench), then the 1.5B step with the
+#               heuristic's and with measured choices (--gemm-tune), interleaved twice
 # Usage, from the repository root: bash bench/gpu/bench.sh [PART...]   (PKG, RESULTS: common.sh)
 # Needs python3 with PyTorch (CUDA) for the baseline. Every program's JSON line goes to
 # $RESULTS/gpt2.jsonl; the summary table with ratios to $RESULTS/bench.md.
@@ -129,7 +134,31 @@ for part in "${parts[@]}"; do
         done
       done | tee "$RESULTS/attention-shapes.log"
       ;;
-    *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, schedules, hash, gpt2-1.5b, profile, attention)" >&2; exit 2 ;;
+    kernels)
+      if ! command -v ncu > /dev/null; then
+        echo "kernels: no ncu (Nsight Compute) on this machine; part skipped"
+        continue
+      fi
+      timeout 400 ncu --clock-control none --cache-control none --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        "$BIN/gpu_gpt2_bench" --no-graph --warmup 1 --steps 1 > "$RESULTS/kernels-124M.csv" \
+        2> "$RESULTS/kernels-124M.err" || echo "ncu failed or timed out: $RESULTS/kernels-124M.err"
+      python3 bench/ncu_kernels.py "$RESULTS/kernels-124M.csv" | tee "$RESULTS/kernels-124M.md"
+      ;;
+    gemms)
+      for embd in 768 1600; do
+        timeout 200 "$BIN/gpu_gemm_bench" --embd $embd --algos 12 --reps 10 --rounds 2 \
+          > "$RESULTS/gemms-$embd.log" 2>&1 || echo "gpu_gemm_bench --embd $embd failed or timed out"
+        grep -v '^{' "$RESULTS/gemms-$embd.log"
+      done
+      rm -f "$RESULTS/gemm-tune-1.5B.txt"
+      for round in 1 2; do
+        troupe "troupe-1.5B-heuristic-$round" 300 $big --steps 6 --warmup 2
+        troupe "troupe-1.5B-tuned-$round" 300 $big --steps 6 --warmup 2 \
+          --gemm-tune "$RESULTS/gemm-tune-1.5B.txt"
+      done
+      ;;
+    *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, schedules, hash, gpt2-1.5b, profile, attention, kernels, gemms)" >&2; exit 2 ;;
   esac
 done
 
