@@ -3,7 +3,8 @@
 # (bench/configs/gpt2_124m_1gpu.toml: one micro-batch of 16 x 1024, bf16, pp 1) through
 # `troupe train --single-rank`, `troupe train` (actors) with recording on and off, and
 # `troupe launch` (one worker process), each measured by bench/train_bench.py from its
-# metrics.jsonl, then the step alone (gpu_gpt2_bench) and bench/torch_gpt2.py with torch.compile;
+# metrics.jsonl, then the step alone (gpu_gpt2_bench) and bench/torch_gpt2.py with torch.compile
+# (clipping at 1.0 as the configs' train.grad_clip does; at 124M also once without the clip);
 # the message-hash and actor-runtime GPU tests first; and the recording's cost on the CPU
 # (configs/tiny.toml pinned to two cores, on and off); a LLaMA-3-style 1B
 # (bench/configs/llama3_1b_1gpu.toml) through `troupe train` beside torch.compile of the same model;
@@ -48,7 +49,10 @@ $RUN --mode train --label "train (record on)" --keep --run-dir $W/rec
 $RUN --mode train --label "train (record off)" --set runtime.record=false
 $RUN --mode launch --workers 1 --label "launch (1 worker)"
 timeout 100 $B/gpu_gpt2_bench --tag gpu_gpt2_bench --steps 20 2>&1 | tail -1 | tee -a $O/results.jsonl
-timeout 200 python3 $S/torch_gpt2.py --compile --tag torch.compile 2>&1 | tail -1 | tee -a $O/results.jsonl
+timeout 200 python3 $S/torch_gpt2.py --compile --clip 1.0 --tag torch.compile 2>&1 | tail -1 |
+  tee -a $O/results.jsonl
+timeout 200 python3 $S/torch_gpt2.py --compile --tag "torch.compile, no clip" 2>&1 | tail -1 |
+  tee -a $O/results.jsonl
 fi
 
 if part gpt2-1.5b; then
@@ -57,8 +61,8 @@ python3 $S/train_bench.py data $W/data --tokens 3000000 --vocab 50257 >/dev/null
 python3 $S/train_bench.py run --troupe $B/troupe $S/configs/gpt2_1.5b_1gpu.toml --steps 10 \
   --out $O/big.jsonl --set data.train=$W/data/train.bin --set data.val=$W/data/val.bin \
   --mode train --label "1.5B train (defaults)"
-timeout 400 python3 $S/torch_gpt2.py --compile --tag torch.compile --layers 48 --embd 1600 \
-  --heads 25 --steps 10 2>&1 | tail -1 | tee -a $O/big.jsonl
+timeout 400 python3 $S/torch_gpt2.py --compile --clip 1.0 --tag torch.compile --layers 48 \
+  --embd 1600 --heads 25 --steps 10 2>&1 | tail -1 | tee -a $O/big.jsonl
 fi
 
 if part llama; then
@@ -69,8 +73,9 @@ LRUN="python3 $S/train_bench.py run --troupe $B/troupe $S/configs/llama3_1b_1gpu
 $LRUN --mode single-rank --label "llama train --single-rank"
 $LRUN --mode train --label "llama train (record off)" --set runtime.record=false
 $LRUN --mode train --label "llama train (defaults)"
-timeout 300 python3 $S/torch_gpt2.py --compile --tag torch.compile --arch llama --layers 16 --embd 2048 \
-  --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --seq 2048 --batch 4 2>&1 | tail -1 | tee -a $O/llama.jsonl
+timeout 300 python3 $S/torch_gpt2.py --compile --clip 1.0 --tag torch.compile --arch llama \
+  --layers 16 --embd 2048 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --seq 2048 \
+  --batch 4 2>&1 | tail -1 | tee -a $O/llama.jsonl
 fi
 
 if part cpu; then

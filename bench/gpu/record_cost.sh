@@ -54,7 +54,7 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 if [ $torch = 1 ]; then
-  timeout 300 python3 bench/torch_gpt2.py --compile --tag torch.compile "${shape[@]}" 2>&1 |
+  timeout 300 python3 bench/torch_gpt2.py --compile --clip 1.0 --tag torch.compile "${shape[@]}" 2>&1 |
     tail -n 1 | tee -a "$out"
 fi
 echo "executables:"
