@@ -17,7 +17,7 @@
 //                       [--vocab 50304] [--arch gpt2|llama] [--kv-heads N] [--ffn N]
 //                       [--rope-theta X] [--steps 10] [--warmup 3] [--fp32] [--profile]
 //                       [--phases] [--gemm-tune FILE] [--gemm-log] [--no-gelu-epilogue]
-//                       [--no-clip] [--no-graph] [--tag NAME]
+//                       [--no-clip] [--no-graph] [--keep-gelu N] [--tag NAME]
 // --arch llama trains the LLaMA architecture instead (RMSNorm, RoPE with base --rope-theta,
 // grouped-query attention with --kv-heads key/value heads, SwiGLU of width --ffn, untied head),
 // as `troupe train --single-rank` does for such a config (bench/configs/llama3_1b_1gpu.toml).
@@ -34,7 +34,8 @@
 // steps (or read from FILE when an earlier run measured it; kernels/cuda/gemm_tuning.hpp).
 // --gemm-log prints every GEMM plan as it is made (shape, dtypes, alignments, the algorithm's
 // configuration). --no-gelu-epilogue runs the MLP's GELU as separate kernels instead of on the GEMM
-// epilogue, to measure one against the other (kernels/cuda/linear.cu).
+// epilogue, to measure one against the other (kernels/cuda/linear.cu). --keep-gelu N is
+// recompute.keep_gelu: the last N layers keep their GELU output instead of recomputing it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -74,6 +75,7 @@ struct options {
   bool no_graph = false;
   bool gemm_log = false;
   bool no_gelu_epilogue = false;
+  int keep_gelu = 0;
   std::string tag, gemm_tune;
 };
 
@@ -115,12 +117,14 @@ options parse(int argc, char** argv) {
     else if (a == "--no-gelu-epilogue") o.no_gelu_epilogue = true;
     else if (a == "--no-clip") o.no_clip = true;
     else if (a == "--no-graph") o.no_graph = true;
+    else if (a == "--keep-gelu") o.keep_gelu = std::stoi(next());
     else if (a == "--tag") o.tag = next();
     else {
       std::fprintf(stderr,
                    "gpu_gpt2_bench: unknown option %s (options: --layers --embd --heads --seq "
-                   "--batch --vocab --arch --kv-heads --ffn --rope-theta --steps --warmup --fp32 --profile --phases --gemm-tune "
-                   "--gemm-log --no-gelu-epilogue --no-clip --no-graph --tag)\n",
+                   "--batch --vocab --arch --kv-heads --ffn --rope-theta --steps --warmup --fp32 "
+                   "--profile --phases --gemm-tune --gemm-log --no-gelu-epilogue --no-clip "
+                   "--no-graph --keep-gelu --tag)\n",
                    a.c_str());
       std::exit(2);
     }
@@ -347,6 +351,12 @@ int main(int argc, char** argv) {
     }
     const auto precision = o.fp32 ? core::precision_kind::fp32 : core::precision_kind::bf16;
     model::chunk c(cfg, model::partition(cfg, 1).at(0), be, precision);
+    if (o.keep_gelu > 0) {
+      std::vector<bool> keep(static_cast<std::size_t>(o.layers), false);
+      for (int l = std::max(0, o.layers - o.keep_gelu); l < o.layers; ++l)
+        keep[static_cast<std::size_t>(l)] = true;
+      c.set_recompute(core::recompute_mode::none, {}, keep);
+    }
     c.init(1234);
     c.params_updated();
     model::optimizer_state state = model::make_optimizer_state(be, c);
@@ -498,13 +508,13 @@ int main(int argc, char** argv) {
         "\"params\": %lld, \"B\": %d, "
         "\"T\": %d, \"L\": %d, \"C\": %d, \"step_ms\": %.2f, \"tok_s\": %.0f, \"tflops\": %.1f, "
         "\"peak_gib\": %.2f, \"reserved_gib\": %.2f, \"timed_mallocs\": %llu, \"clip\": %s, "
-        "\"graph\": %s, "
+        "\"graph\": %s, \"keep_gelu\": %d, "
         "\"loss\": %.4f}\n",
         o.tag.c_str(), o.llama ? "llama" : "gpt2", o.fp32 ? "fp32" : "bf16",
         static_cast<long long>(params), o.batch, o.seq,
         o.layers, o.embd, med * 1e3, tok_s, tflops, ms.peak_in_use / gib, ms.peak_reserved / gib,
         static_cast<unsigned long long>(ms.device_mallocs - mallocs_before),
-        o.no_clip ? "false" : "true", graph_ready ? "true" : "false", last_loss);
+        o.no_clip ? "false" : "true", graph_ready ? "true" : "false", o.keep_gelu, last_loss);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_gpt2_bench: %s\n", e.what());

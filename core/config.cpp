@@ -534,6 +534,23 @@ status check_recompute_layers(const config& c) {
   return {};
 }
 
+// recompute.keep_gelu: GPT-2's, at most every layer.
+status check_keep_gelu(const config& c) {
+  const int n = c.recompute.keep_gelu;
+  if (n == 0) return {};
+  if (c.model.arch != arch_kind::gpt2)
+    return config_error(c, "recompute.keep_gelu",
+                        "recompute.keep_gelu is set for a LLaMA model, which has no GELU",
+                        "LLaMA keeps its SwiGLU output in every layer already: remove the key");
+  if (n > c.model.num_layers)
+    return config_error(c, "recompute.keep_gelu",
+                        fmt::format("recompute.keep_gelu {} is more than the model's {} layers", n,
+                                    c.model.num_layers),
+                        fmt::format("use 1..{} (the last N layers keep their GELU output)",
+                                    c.model.num_layers));
+  return {};
+}
+
 // The [lora] table: names checked against the family's modules, defaults filled in.
 status check_lora(config& c) {
   lora_config& l = c.model.lora;
@@ -748,6 +765,7 @@ status resolve_and_check(config& c) {
         "a larger global batch needs more data_parallel replicas, not more micro-batches");
   if (auto st = check_stage_split(c); !st) return st;
   if (auto st = check_recompute_layers(c); !st) return st;
+  if (auto st = check_keep_gelu(c); !st) return st;
   if (auto st = check_tensor_parallel(c); !st) return st;
 
   if (c.precision.compute != precision_kind::fp32 && c.runtime.device == "cpu")

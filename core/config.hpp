@@ -126,6 +126,9 @@ struct recompute_config {
   // Which layers `mode` applies to (the others keep every activation); both empty = every layer.
   int layers = 0;                // N > 0: the first N layers of each model chunk
   std::vector<int> layer_list;   // or these global layer indices
+  // GPT-2: the last N layers of the model keep their GELU output for c_proj's weight gradient
+  // instead of recomputing it from the kept pre-activation (0: every layer recomputes it).
+  int keep_gelu = 0;
 
   bool operator==(const recompute_config&) const = default;
 };
@@ -260,6 +263,9 @@ std::vector<int> chunk_layers(const config& c);
 /// layer, the first recompute.layers of each chunk of chunk_layers(c), or recompute.layer_list.
 /// All false when recompute.mode is none.
 std::vector<bool> recompute_layers(const config& c);
+/// Which layers keep their GELU output (recompute.keep_gelu; [num_layers], true = kept): the last
+/// recompute.keep_gelu layers of the model, whatever the pipeline split.
+std::vector<bool> keep_gelu_layers(const config& c);
 /// Parameter count of the whole model (tied embeddings counted once).
 std::int64_t parameter_count(const model_config& m);
 /// The config as TOML text (resolved, every key), for run directories and checkpoints.

@@ -102,4 +102,12 @@ std::vector<bool> recompute_layers(const config& c) {
   return out;
 }
 
+std::vector<bool> keep_gelu_layers(const config& c) {
+  const int L = c.model.num_layers;
+  std::vector<bool> out(static_cast<std::size_t>(L), false);
+  for (int l = std::max(0, L - c.recompute.keep_gelu); l < L; ++l)
+    out[static_cast<std::size_t>(l)] = true;
+  return out;
+}
+
 }  // namespace troupe::core

@@ -253,6 +253,8 @@ std::vector<key_spec> make_specs() {
                       "0 recomputes every layer; N the first N layers of each model chunk"));
   s.push_back(int_list_key("recompute", "layer_list", &C::recompute, &recompute_config::layer_list,
                            0, 9999, "global layer indices, 0 to num_layers - 1"));
+  s.push_back(int_key("recompute", "keep_gelu", &C::recompute, &recompute_config::keep_gelu, 0,
+                      10000, "0 recomputes GELU in every layer; N keeps it in the last N layers"));
 
   s.push_back(choice_key("precision", "compute", &C::precision, &precision_config::compute,
                          {"fp32", "bf16", "fp16"}));

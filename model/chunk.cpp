@@ -156,6 +156,7 @@ class chunk_impl {
     ops_ = tp_.size > 1 ? make_tp_layer_ops(cfg_, be_, act_, tp_.size, *tp_.comm)
                         : make_layer_ops(cfg_, be_, act_);
     recompute_layers_.assign(static_cast<std::size_t>(spec.num_layers), true);
+    keep_gelu_.assign(static_cast<std::size_t>(spec.num_layers), false);
   }
 
   core::model_config cfg_;
@@ -191,6 +192,7 @@ class chunk_impl {
   core::recompute_mode recompute_ = core::recompute_mode::none;
   std::vector<bool> recompute_layers_;  // [spec_.num_layers]: the layers recompute_ applies to
   bool whole_ = false;                  // full recompute of every layer: rerun the whole chunk
+  std::vector<bool> keep_gelu_;         // [spec_.num_layers]: layer_acts::keep_act of each layer
   std::map<int, mb_state> states_;
   std::map<int, tensor> losses_;  // per-row losses of each micro-batch, on the device
   std::size_t bytes_ = 0, peak_ = 0;
@@ -401,6 +403,7 @@ class chunk_impl {
     st.layers.assign(k == keep::nothing ? 0 : spec_.num_layers, {});
     for (int l = 0; l < spec_.num_layers; ++l) {
       layer_acts a;
+      a.keep_act = keep_gelu_[static_cast<std::size_t>(l)];
       name_op(spec_.first_layer + l, st, again ? comm_op::recompute : comm_op::forward);
       tensor y = ops_->forward(w.layers[l], x, a, layer_drop(st, l), st.docs);
       const keep kl = k == keep::per_layer ? layer_keep(l) : k;
@@ -627,6 +630,7 @@ class chunk_impl {
       // same input, so the same bits) right before its backward.
       if (!st.layers[l].n1.defined()) {
         layer_acts a;
+        a.keep_act = keep_gelu_[static_cast<std::size_t>(l)];
         name_op(spec_.first_layer + l, st, comm_op::recompute);
         ops_->forward(w.layers[l], st.layers[l].x, a, layer_drop(st, l), st.docs);
         st.layers[l] = std::move(a);
@@ -832,12 +836,19 @@ void chunk::trainable_updated() {
 
 void chunk::zero_grads() { impl_->zero_grads(); }
 
-void chunk::set_recompute(core::recompute_mode mode, const std::vector<bool>& layers) {
+void chunk::set_recompute(core::recompute_mode mode, const std::vector<bool>& layers,
+                          const std::vector<bool>& keep_gelu) {
   chunk_impl& m = *impl_;
   const chunk_spec& sp = m.spec_;
   TROUPE_CHECK(layers.empty() || static_cast<int>(layers.size()) == m.cfg_.num_layers,
                "a recompute choice of " + std::to_string(layers.size()) + " layers for a " +
                    std::to_string(m.cfg_.num_layers) + "-layer model");
+  TROUPE_CHECK(keep_gelu.empty() || static_cast<int>(keep_gelu.size()) == m.cfg_.num_layers,
+               "a GELU choice of " + std::to_string(keep_gelu.size()) + " layers for a " +
+                   std::to_string(m.cfg_.num_layers) + "-layer model");
+  for (int l = 0; l < sp.num_layers; ++l)
+    m.keep_gelu_[static_cast<std::size_t>(l)] =
+        !keep_gelu.empty() && keep_gelu[static_cast<std::size_t>(sp.first_layer + l)];
   m.recompute_ = mode;
   m.recompute_layers_.assign(static_cast<std::size_t>(sp.num_layers), true);
   if (!layers.empty())

@@ -141,7 +141,10 @@ class chunk {
   /// of the chunk recomputes in full, the chunk keeps only its input and reruns its whole forward
   /// (head included) before the backward; otherwise a fully recomputed layer keeps only its input
   /// and reruns its own forward just before its backward, and the head keeps what it needs.
-  void set_recompute(core::recompute_mode mode, const std::vector<bool>& layers = {});
+  /// `keep_gelu` (global, [num_layers] or empty = none): the GPT-2 layers that keep their GELU
+  /// output for the weight phase (core::keep_gelu_layers) instead of recomputing it.
+  void set_recompute(core::recompute_mode mode, const std::vector<bool>& layers = {},
+                     const std::vector<bool>& keep_gelu = {});
 
   /// Forward of micro-batch `mb`: rows = B × seq_length tokens for any B >= 1.
   /// input: int32 tokens [B*T] on the first chunk, hidden [B*T, C] otherwise.

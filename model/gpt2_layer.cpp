@@ -2,7 +2,10 @@
 // [q heads | k heads | v heads] layout attention reads, and the c_fc → GELU(tanh) → c_proj MLP.
 // Of the MLP only the pre-activation fc is kept for backward: the GELU output is recomputed
 // where the c_proj weight gradient needs it (one elementwise pass, 100 MB less per layer of
-// GPT-2 124M at B=16, T=1024 in bf16).
+// GPT-2 124M at B=16, T=1024 in bf16), unless the layer keeps it (layer_acts::keep_act,
+// recompute.keep_gelu). A kept output is the one c_proj's forward read: with GELU in the GEMM's
+// epilogue (CUDA, 16-bit activations) the GELU of the fp32 sum, where the recomputed one is the
+// GELU of the rounded pre-activation, so the two differ in low bits there and nowhere else.
 #include "model/layer.hpp"
 
 namespace troupe::model {
@@ -34,8 +37,8 @@ class gpt2_layer_ops final : public layer_ops {
     lora_backward_weight(w.qkv_l, a.n1, s.d_qkv, g.qkv_l);
   }
 
-  // Only the pre-activation fc is kept; act = gelu(fc) lives from the c_fc GEMM to the c_proj
-  // GEMM here and is recomputed in the weight phase.
+  // The pre-activation fc is kept; act = gelu(fc) lives from the c_fc GEMM to the c_proj GEMM
+  // here and is recomputed in the weight phase, unless a.keep_act keeps it.
   tensor mlp_forward(const layer_tensors& w, layer_acts& a) override {
     const std::int64_t n = a.n2.dim(0);
     a.fc = alloc({n, ffn_});
@@ -47,6 +50,7 @@ class gpt2_layer_ops final : public layer_ops {
     } else {
       be_.linear_gelu_forward(a.n2, w.fc_w, w.fc_b, a.fc, act);
     }
+    if (a.keep_act) a.act = act;
     return residual_branch(act, w.out_w, w.out_b, w.out_l, a.mid, a.drop.mlp_out);
   }
 
@@ -72,8 +76,11 @@ class gpt2_layer_ops final : public layer_ops {
   void mlp_backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
                            layer_tensors& g) override {
     if (g.out_w.defined() || g.out_l.defined()) {
-      tensor act = alloc(a.fc.shape());
-      be_.gelu_forward(a.fc, act);
+      tensor act = a.act;
+      if (!act.defined()) {
+        act = alloc(a.fc.shape());
+        be_.gelu_forward(a.fc, act);
+      }
       if (g.out_w.defined()) weight_grad(s.d_out, act, g.out_w, g.out_b, g.fresh);
       lora_backward_weight(w.out_l, act, s.d_out, g.out_l);
     }
@@ -81,8 +88,11 @@ class gpt2_layer_ops final : public layer_ops {
     lora_backward_weight(w.fc_l, a.n2, s.d_fc, g.fc_l);
   }
 
-  // The weight phase recomputes act from fc, so fc stays (as large as the act it replaces).
-  void mlp_keep_for_weight(layer_acts& a) const override { (void)a; }
+  // The weight phase reads the kept act, or recomputes it from fc (as large as the act it
+  // replaces), so exactly one of the two stays.
+  void mlp_keep_for_weight(layer_acts& a) const override {
+    if (a.act.defined()) a.fc = {};
+  }
 };
 
 }  // namespace

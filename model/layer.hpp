@@ -121,9 +121,10 @@ struct layer_acts {
   tensor mid;                  // residual stream after attention
   tensor n2, mean2, rstd2;     // norm2 output and statistics
   tensor fc, up;               // MLP pre-activations (GPT-2 c_fc; LLaMA gate and up)
-  tensor act;                  // MLP activation, the output projection's input (LLaMA only:
-                               // GPT-2 recomputes gelu(fc) in the weight phase, which keeps
-                               // one [N, 4C] tensor per layer instead of two)
+  tensor act;                  // MLP activation, the output projection's input (LLaMA always;
+                               // GPT-2 only with keep_act, otherwise it recomputes gelu(fc) in
+                               // the weight phase: one [N, 4C] tensor per layer instead of two)
+  bool keep_act = false;       // GPT-2: set before forward to keep act (recompute.keep_gelu)
 
   /// Every field, for memory accounting and release.
   template <class F>

@@ -83,7 +83,8 @@ core::result<std::unique_ptr<trainer>> trainer::create(const core::config& cfg,
   for (const chunk_spec& spec : partition(cfg.model, chunks)) {
     t->chunks_.emplace_back(cfg.model, spec, be, cfg.precision.compute);
     t->chunks_.back().init(cfg.train.seed);
-    t->chunks_.back().set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
+    t->chunks_.back().set_recompute(cfg.recompute.mode, core::recompute_layers(cfg),
+                                    core::keep_gelu_layers(cfg));
     t->states_.push_back(make_optimizer_state(be, t->chunks_.back()));
   }
   return t;

@@ -96,7 +96,8 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
           kernels::meta_backend::scope s(*wp.stage_be, "parameters and gradients");
           for (int i = 0; i < l.v; ++i) {
             model::chunk c(cfg.model, specs[l.chunk_of(p, i)], *wp.stage_be, cfg.precision.compute, tp);
-            c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
+            c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg),
+                            core::keep_gelu_layers(cfg));
             if (d == 0 && t == 0) {
               out.params[p] += wp.stage_be->rounded(c.flat_params().bytes());
               out.grads[p] += wp.stage_be->rounded(c.flat_grads().bytes());
@@ -139,7 +140,8 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
     for (int i = 0; i < l.v; ++i) {
       const model::chunk_spec& spec = specs[l.chunk_of(p, i)];
       model::chunk c(cfg.model, spec, probe, cfg.precision.compute, tp);
-      c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
+      c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg),
+                      core::keep_gelu_layers(cfg));
       // Under sequence parallel a rank's residual stream holds its rows of the micro-batch.
       const std::int64_t own = cfg.parallel.sequence_parallel ? rows / l.tp : rows;
       core::tensor in = spec.has_embedding

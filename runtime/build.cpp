@@ -60,7 +60,8 @@ core::result<std::vector<model::chunk>> build_stage_chunks(const core::config& c
   for (int i = 0; i < l.v; ++i) {
     model::chunk c(cfg.model, specs[l.chunk_of(pp, i)], be, cfg.precision.compute, tp);
     c.init(cfg.train.seed);
-    c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg));
+    c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg),
+                    core::keep_gelu_layers(cfg));
     if (ck) {
       if (auto st = model::hf::load_frozen_base(cfg, be, c); !st) return st.err();
       auto st = model::checkpoint::restore(*ck, be, cfg.model, c, nullptr);

@@ -26,6 +26,8 @@
 #   gemms       every GEMM of a step, cuBLASLt's first choice against its fastest candidate, at
 #               124M's and 1.5B's widths (bench/gpu_gemm_bench), then the 1.5B step with the
 #               heuristic's and with measured choices (--gemm-tune), interleaved twice
+#   keep-gelu   the step with GELU outputs kept (recompute.keep_gelu, --keep-gelu N) against
+#               recomputed, interleaved twice: 124M keeping 0, 6 and 12 layers, 1.5B 0, 32 and 48
 # Usage, from the repository root: bash bench/gpu/bench.sh [PART...]   (PKG, RESULTS: common.sh)
 # Needs python3 with PyTorch (CUDA) for the baseline. Every program's JSON line goes to
 # $RESULTS/gpt2.jsonl; the summary table with ratios to $RESULTS/bench.md.
@@ -158,7 +160,15 @@ for part in "${parts[@]}"; do
           --gemm-tune "$RESULTS/gemm-tune-1.5B.txt"
       done
       ;;
-    *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, schedules, hash, gpt2-1.5b, profile, attention, kernels, gemms)" >&2; exit 2 ;;
+    keep-gelu)
+      for round in 1 2; do
+        for keep in 0 6 12; do troupe "troupe-124M-keep-gelu-$keep-$round" 100 --keep-gelu $keep; done
+        for keep in 0 32 48; do
+          troupe "troupe-1.5B-keep-gelu-$keep-$round" 300 $big --steps 6 --warmup 2 --keep-gelu $keep
+        done
+      done
+      ;;
+    *) echo "bench.sh: unknown part '$part' (gpt2-124m, pipeline, schedules, hash, gpt2-1.5b, profile, attention, kernels, gemms, keep-gelu)" >&2; exit 2 ;;
   esac
 done
 

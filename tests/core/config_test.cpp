@@ -864,3 +864,26 @@ TEST_CASE("per-layer recompute: recompute.layers and recompute.layer_list, check
   const core::error negative = parse_bad(four + "[recompute]\nmode = \"full\"\nlayer_list = [-1]\n");
   CHECK(contains(negative.message, "out of range [0, 9999]"));
 }
+
+TEST_CASE("recompute.keep_gelu: the last N layers of a GPT-2 model, whatever the split") {
+  const std::string four = "[model]\nnum_layers = 8\n[parallel]\npipeline_stage = 2\n";
+  CHECK(core::keep_gelu_layers(parse_ok(four)) == std::vector<bool>(8, false));
+  const core::config three = parse_ok(four + "[recompute]\nkeep_gelu = 3\n");
+  CHECK(core::keep_gelu_layers(three) ==
+        std::vector<bool>{false, false, false, false, false, true, true, true});
+  CHECK(core::keep_gelu_layers(parse_ok(four + "[recompute]\nkeep_gelu = 8\nmode = \"full\"\n")) ==
+        std::vector<bool>(8, true));
+  CHECK(parse_ok(core::to_toml(three)) == three);
+
+  const core::error many = parse_bad(four + "[recompute]\nkeep_gelu = 9\n");
+  CHECK(many.where.key == "recompute.keep_gelu");
+  CHECK(many.message == "recompute.keep_gelu 9 is more than the model's 8 layers");
+  CHECK(contains(many.hint, "use 1..8"));
+  const core::error llama =
+      parse_bad("[model]\narch = \"llama\"\n[recompute]\nkeep_gelu = 1\n");
+  CHECK(llama.where.key == "recompute.keep_gelu");
+  CHECK(contains(llama.message, "LLaMA"));
+  CHECK(contains(llama.hint, "SwiGLU"));
+  const core::error negative = parse_bad(four + "[recompute]\nkeep_gelu = -1\n");
+  CHECK(negative.where.key == "recompute.keep_gelu");
+}

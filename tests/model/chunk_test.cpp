@@ -392,6 +392,53 @@ TEST_CASE("saved activation bytes are exact and shrink from none to selective to
   CHECK(peak[recompute_mode::full] < peak[recompute_mode::none]);
 }
 
+TEST_CASE("GPT-2 layers that keep their GELU output give the bits of recomputing it") {
+  // recompute.keep_gelu: on the CPU the kept output and the recomputed one are the same op on the
+  // same pre-activation, so every combination with the recompute modes, splits and the split
+  // backward gives the reference's bits. Each keeping layer holds one [N, 4C] tensor more after
+  // the forward, and the same bytes as a recomputing one between its two backward phases.
+  auto be = kernels::make_backend("cpu");
+  core::model_config cfg = tiny_config(arch_kind::gpt2, 4);
+  const std::vector<bool> last_two = {false, false, true, true}, all(4, true);
+  for (int parts : {1, 2}) {
+    CAPTURE(parts);
+    auto chunks = model_of(cfg, *be, parts, 17);
+    const run_result ref = run_two(chunks, *be, cfg);
+    for (recompute_mode mode :
+         {recompute_mode::none, recompute_mode::selective, recompute_mode::full}) {
+      for (const auto& keep : {last_two, all}) {
+        CAPTURE(keep[0]);
+        for (auto& c : chunks) c.set_recompute(mode, {false, true, false, true}, keep);
+        for (bool split_backward : {false, true}) {
+          CAPTURE(split_backward);
+          const run_result r = run_two(chunks, *be, cfg, split_backward);
+          CHECK(r.losses == ref.losses);
+          CHECK(differing(ref.grads, r.grads).empty());
+        }
+      }
+    }
+  }
+
+  const std::int64_t n = 2 * cfg.seq_length;
+  const tensor tok = random_tokens(cfg, 2, 1), tgt = random_tokens(cfg, 2, 2);
+  auto held = [&](const std::vector<bool>& keep) {
+    auto chunks = model_of(cfg, *be, 1);
+    chunks[0].set_recompute(recompute_mode::none, {}, keep);
+    forward_all(chunks, 0, tok, tgt, 1.0f / n);
+    const std::size_t after_forward = chunks[0].saved_activation_bytes();
+    CHECK(!chunks[0].backward_input(0, {}).defined());
+    const std::size_t between = chunks[0].saved_activation_bytes();
+    chunks[0].backward_weight(0);
+    CHECK(chunks[0].saved_activation_bytes() == 0);
+    return std::pair{after_forward, between};
+  };
+  const auto none = held({}), two = held(last_two);
+  const std::size_t act = static_cast<std::size_t>(4 * n * 4 * cfg.hidden_size);  // fp32 [N, 4C]
+  CHECK(none.first == gpt2_none_bytes(cfg, n));
+  CHECK(two.first == none.first + 2 * act);
+  CHECK(two.second == none.second);
+}
+
 TEST_CASE("split backward holds the weight-phase state until backward_weight and then frees it") {
   auto be = kernels::make_backend("cpu");
   core::model_config cfg = tiny_config(arch_kind::llama, 2);

@@ -209,6 +209,18 @@ TEST_CASE("the plan follows uneven stages and per-layer recompute, and matches a
     compare(with(base, {"parallel.stage_layers=[1,3]", "recompute.mode=full", "recompute.layers=1"}));
     compare(with(base, {"parallel.stage_layers=[3,1]", "recompute.mode=selective",
                         "recompute.layer_list=[1,3]"}));
+
+    // recompute.keep_gelu = 2: the GELU outputs of the model's last two layers, which the even
+    // split puts on the last stage: one fp32 [rows, 4C] more each there, nothing on the first.
+    if (arch == core::arch_kind::gpt2) {
+      auto keep = plan::make_plan(with(base, {"recompute.keep_gelu=2"}), {});
+      REQUIRE(keep.ok());
+      const std::uint64_t act = static_cast<std::uint64_t>(base.parallel.micro_batch_size) *
+                                base.model.seq_length * 4 * base.model.hidden_size * 4;
+      CHECK(keep->ranks[0].saved_per_microbatch == even->ranks[0].saved_per_microbatch);
+      CHECK(keep->ranks[1].saved_per_microbatch == even->ranks[1].saved_per_microbatch + 2 * act);
+      compare(with(base, {"recompute.keep_gelu=2"}));
+    }
   }
 }
 
