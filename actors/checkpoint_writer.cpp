@@ -73,7 +73,7 @@ core::result<std::string> write(const job& j, const std::string& root, std::int6
   auto specs = model::partition(j.cfg);
   const int tp = j.layout.tp;
   for (int c = 0; c < j.layout.chunks(); ++c) {
-    auto defs = model::define_params(j.cfg.model, specs[c]);
+    auto defs = model::define_params(j.cfg.model, specs[c], tp);
     std::vector<core::tensor> flat, m, v;  // per tensor-parallel rank
     for (int t = 0; t < tp; ++t) {
       const std::int64_t numel =

@@ -382,7 +382,7 @@ void coordinator_engine::evaluate() {
   try {
     auto specs = model::partition(cfg_);
     for (int c = 0; c < layout_.chunks(); ++c) {
-      const auto defs = model::define_params(cfg_.model, specs[c]);
+      const auto defs = model::define_params(cfg_.model, specs[c], layout_.tp);
       for (std::size_t i = 0; i < defs.size(); ++i) {
         core::tensor dst = eval_model_->param(defs[i].info.name);
         be_->copy(model::unshard_param(cfg_.model, defs, i, layout_.tp,
@@ -440,7 +440,7 @@ std::uint64_t stage_param_bytes(const core::config& cfg, const job_layout& l, in
   const auto specs = model::partition(cfg);
   std::uint64_t n = 0;
   for (int i = 0; i < l.v; ++i) {
-    auto defs = model::define_params(cfg.model, specs[l.chunk_of(p, i)]);
+    auto defs = model::define_params(cfg.model, specs[l.chunk_of(p, i)], l.tp);
     if (l.tp > 1) defs = model::shard_defs(cfg.model, std::move(defs), l.tp, t);
     n += static_cast<std::uint64_t>(model::flat_numel(defs));
   }

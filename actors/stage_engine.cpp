@@ -422,9 +422,9 @@ bool stage_engine::reduce_grad(int c) {
     return true;
   }
   const std::string emb = model::embedding_name(cfg_.model);
-  if (last == 0) {  // one chunk holds both uses
+  if (last == 0) {  // one chunk holds both uses; its head has no copy of its own to update
     core::tensor g_wte = chunk_for(0).grad(emb), g_head = chunk_for(0).grad("lm_head.weight");
-    model::tie_gradients(be_, g_wte, g_head);
+    model::tie_gradients(be_, g_wte, g_head, !chunk_for(0).shares_head());
     send_slices(c);
     return true;
   }

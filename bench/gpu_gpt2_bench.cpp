@@ -374,9 +374,9 @@ int main(int argc, char** argv) {
     }
 
     std::vector<model::param_slot> slots = model::slots_of(c, state);
-    const model::param_info* tied = nullptr;
-    for (const auto& p : c.params())
-      if (p.tied) tied = &p;
+    // The tied head reads the embedding (chunk::shares_head): the sum of the two gradients
+    // goes into the embedding's.
+    const bool tied = c.shares_head();
     model::device_clip clip_buffers = model::make_device_clip(be);
     core::train_config train_cfg;
     train_cfg.grad_clip = 1.0;
@@ -412,12 +412,8 @@ int main(int argc, char** argv) {
       c.backward(0, tensor{});
       mark(2);
       if (tied) {
-        tensor g_head = c.grad(tied->name);
-        for (const auto& p : c.params())
-          if (!p.tied && p.shape == tied->shape && p.name.find("wte") != std::string::npos) {
-            tensor g_wte = c.grad(p.name);
-            model::tie_gradients(be, g_wte, g_head);
-          }
+        tensor g_head = c.grad("lm_head.weight"), g_wte = c.grad("wte.weight");
+        model::tie_gradients(be, g_wte, g_head, false);
       }
       mark(3);
       if (o.no_clip)  // the baseline's step: AdamW straight after the backward

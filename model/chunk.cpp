@@ -123,7 +123,8 @@ class chunk_impl {
                  "hidden_size " + std::to_string(cfg.hidden_size) + ", num_heads " +
                      std::to_string(cfg.num_heads) + ", kv heads " +
                      std::to_string(cfg.kv_heads()) + " do not divide");
-    defs_ = define_params(cfg, spec);
+    shared_head_ = shares_head(cfg, spec, tp.size);
+    defs_ = define_params(cfg, spec, tp.size);
     frozen_defs_ = define_frozen_params(cfg, spec);
     if (tp_.size > 1) shard_defs();
     for (std::size_t i = 0; i < defs_.size(); ++i) {
@@ -139,6 +140,10 @@ class chunk_impl {
     grads_ = be_.empty({n}, core::dtype::f32);
     be_.zero(params_);
     be_.zero(grads_);
+    if (shared_head_) {
+      head_grad_ = be_.empty({cfg.vocab_size, cfg.hidden_size}, core::dtype::f32);
+      be_.zero(head_grad_);
+    }
     if (act_ != core::dtype::f32) {
       low_ = be_.empty({n}, act_);
       be_.zero(low_);
@@ -187,6 +192,10 @@ class chunk_impl {
   std::vector<param_info> infos_, frozen_infos_;
   std::unordered_map<std::string, std::pair<bool, std::size_t>> index_;  // name → (frozen, i)
   tensor params_, grads_, low_;
+  // One chunk holds both uses of a tied embedding: the head reads the embedding's weights and
+  // writes its gradient into head_grad_, outside grads_ (chunk::shares_head).
+  bool shared_head_ = false;
+  tensor head_grad_;
   tensor frozen_, frozen_low_;
   std::unique_ptr<layer_ops> ops_;
   core::recompute_mode recompute_ = core::recompute_mode::none;
@@ -204,8 +213,12 @@ class chunk_impl {
   std::vector<std::pair<std::int64_t, std::int64_t>> unwritten_;
   bool ranges_known_ = false;
 
+  /// Whether `name` is the head of a shared tied embedding (no parameter of its own).
+  bool is_shared_head(const std::string& name) const {
+    return shared_head_ && name == "lm_head.weight";
+  }
   std::pair<bool, const param_info*> info(const std::string& name) const {
-    auto it = index_.find(name);
+    auto it = index_.find(is_shared_head(name) ? embedding_name(cfg_) : name);
     if (it == index_.end())
       throw core::failure("no parameter '" + name + "' in the chunk of layers [" +
                           std::to_string(spec_.first_layer) + ", " +
@@ -221,6 +234,7 @@ class chunk_impl {
     return (frozen ? frozen_ : params_).slice(p->offset, p->shape);
   }
   tensor grad_view(const std::string& name) const {
+    if (is_shared_head(name)) return head_grad_;
     const auto [frozen, p] = info(name);
     if (frozen)
       throw core::failure("parameter '" + name + "' is frozen ([lora]): it has no gradient");
@@ -253,6 +267,7 @@ class chunk_impl {
   }
   views gradients() const {
     return make_views([&](const std::string& name) {
+      if (is_shared_head(name)) return head_grad_;
       const auto [frozen, p] = info(name);
       return frozen ? tensor{} : grads_.slice(p->offset, p->shape);
     });
@@ -294,7 +309,8 @@ class chunk_impl {
       std::vector<std::pair<std::int64_t, std::int64_t>> written;
       for (int l = -1; l < spec_.num_layers; ++l)
         if (l >= 0 || spec_.has_head)
-          for (const tensor& t : written_by(g, l)) written.push_back(range_in_grads(t));
+          for (const tensor& t : written_by(g, l))
+            if (t.store() == grads_.store()) written.push_back(range_in_grads(t));
       std::sort(written.begin(), written.end());
       std::int64_t at = 0;
       for (auto [b, e] : written) {
@@ -780,6 +796,7 @@ core::shape_t chunk::whole_shape(const std::string& name) const {
   return impl_->full_defs_.at(static_cast<std::size_t>(p - impl_->infos_.data())).info.shape;
 }
 const std::vector<param_info>& chunk::params() const { return impl_->infos_; }
+bool chunk::shares_head() const { return impl_->shared_head_; }
 const std::vector<param_info>& chunk::frozen_params() const { return impl_->frozen_infos_; }
 tensor& chunk::flat_params() { return impl_->params_; }
 tensor& chunk::flat_grads() {

@@ -12,7 +12,10 @@
 //
 // Tied embeddings (GPT-2): the first chunk owns "wte.weight", the last chunk owns a copy named
 // "lm_head.weight" flagged `tied`. Each keeps its own gradient; the trainer / runtime sums them in
-// the fixed order (embedding use, then head use) and both copies take the same update.
+// the fixed order (embedding use, then head use) and both copies take the same update. A chunk
+// that holds both uses (shares_head) has no copy: its head reads the embedding's weights and
+// writes its gradient into a buffer of its own, grad("lm_head.weight"), which the sum adds into
+// the embedding's; the one update is the bits each copy would take.
 #pragma once
 
 #include <cstdint>
@@ -102,6 +105,10 @@ class chunk {
   /// adapters and the base parameters lora.trainable names (model::define_params). The optimizer,
   /// gradient reduction, ZeRO shards and checkpoints see only these.
   const std::vector<param_info>& params() const;
+  /// Whether this chunk holds both uses of a tied embedding and its head reads the embedding
+  /// itself: params() has no "lm_head.weight" (param() of that name is the embedding's, grad()
+  /// the head's own gradient buffer, outside flat_grads()). Never under tensor parallel.
+  bool shares_head() const;
   /// The frozen base parameters ([lora]): no gradient, no optimizer state; empty without [lora].
   const std::vector<param_info>& frozen_params() const;
   /// Flat fp32 master parameters / gradients of params() (padded; padding stays zero).

@@ -30,12 +30,12 @@ std::vector<param_slot> slots_of(chunk& c, optimizer_state& state) {
   return out;
 }
 
-void tie_gradients(kernels::backend& be, tensor& g_wte, tensor& g_head) {
+void tie_gradients(kernels::backend& be, tensor& g_wte, tensor& g_head, bool head_copy) {
   TROUPE_CHECK(g_wte.shape() == g_head.shape(),
                "tied gradients differ in shape: " + core::shape_string(g_wte.shape()) + " vs " +
                    core::shape_string(g_head.shape()));
   be.accumulate(g_head, g_wte);
-  be.copy(g_wte, g_head);
+  if (head_copy) be.copy(g_wte, g_head);
 }
 
 void add_sumsq(kernels::backend& be, const std::vector<param_slot>& slots, tensor& acc) {

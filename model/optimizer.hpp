@@ -65,8 +65,9 @@ optimizer_state make_optimizer_state(kernels::backend& be, chunk& c);
 std::vector<param_slot> slots_of(chunk& c, optimizer_state& state);
 
 /// Step 3: sums the two uses of a tied embedding in the fixed order (embedding, then head) and
-/// gives the head copy the same gradient: g_wte += g_head; g_head = g_wte.
-void tie_gradients(kernels::backend& be, tensor& g_wte, tensor& g_head);
+/// gives the head copy the same gradient: g_wte += g_head; g_head = g_wte. Without `head_copy`
+/// (a chunk whose head shares the embedding, chunk::shares_head) only the sum.
+void tie_gradients(kernels::backend& be, tensor& g_wte, tensor& g_head, bool head_copy = true);
 
 /// Step 4, first half, on the device: acc (int64 [core::exact_sum_words] on be's device, an
 /// exact_sum_add accumulator) += the exact sum of the per-block fp64 sums of squares of each

@@ -137,10 +137,18 @@ bool tied_gradients(const core::model_config& cfg) {
   return cfg.tie_embeddings && base_trainable(cfg, embedding_name(cfg));
 }
 
-std::vector<param_def> define_params(const core::model_config& cfg, const chunk_spec& spec) {
+bool shares_head(const core::model_config& cfg, const chunk_spec& spec, int tp) {
+  return spec.has_embedding && spec.has_head && tp <= 1 && tied_gradients(cfg);
+}
+
+std::vector<param_def> define_params(const core::model_config& cfg, const chunk_spec& spec,
+                                     int tp) {
+  const bool shared_head = shares_head(cfg, spec, tp);
   std::vector<param_def> out;
   for (auto& d : all_params(cfg, spec))
-    if (is_adapter(d.info.name) || base_trainable(cfg, d.info.name)) out.push_back(std::move(d));
+    if ((is_adapter(d.info.name) || base_trainable(cfg, d.info.name)) &&
+        !(shared_head && d.info.tied))
+      out.push_back(std::move(d));
   return assign(std::move(out));
 }
 

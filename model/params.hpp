@@ -39,8 +39,14 @@ struct param_def {
 
 /// Every trainable parameter of the chunk (the flat_params() buffer), in flat-buffer order,
 /// offsets assigned: all base parameters without a [lora] table; with one, the LoRA adapters and
-/// the base parameters cfg.lora lets train.
-std::vector<param_def> define_params(const core::model_config& cfg, const chunk_spec& spec);
+/// the base parameters cfg.lora lets train; at tensor-parallel degree `tp` (before
+/// shard_defs). Where shares_head(cfg, spec, tp) the tied head has no parameter of its own.
+std::vector<param_def> define_params(const core::model_config& cfg, const chunk_spec& spec,
+                                     int tp = 1);
+/// Whether a chunk of `spec` at tensor-parallel degree `tp` holds both uses of a trained tied
+/// embedding and its head reads the embedding itself (chunk::shares_head): never under tensor
+/// parallel, whose vocabulary-parallel head keeps its slice.
+bool shares_head(const core::model_config& cfg, const chunk_spec& spec, int tp);
 /// The chunk's frozen base parameters (the flat_frozen() buffer), offsets in that buffer; empty
 /// without a [lora] table.
 std::vector<param_def> define_frozen_params(const core::model_config& cfg, const chunk_spec& spec);

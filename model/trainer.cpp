@@ -104,6 +104,11 @@ std::vector<param_slot> trainer::all_slots() {
 }
 
 void trainer::tie(const std::vector<param_slot>& slots) {
+  for (chunk& c : chunks_)
+    if (c.shares_head()) {  // 3, one chunk holding both uses: the sum alone
+      tensor g_wte = c.grad(embedding_name(cfg_.model)), g_head = c.grad("lm_head.weight");
+      tie_gradients(be_, g_wte, g_head, false);
+    }
   for (const param_slot& s : slots) {  // 3
     if (!s.info.tied) continue;
     tensor g_wte = chunks_.front().grad(embedding_name(cfg_.model));

@@ -39,11 +39,17 @@ inline std::vector<chunk> make_chunks(const core::model_config& cfg, kernels::ba
 inline std::map<std::string, std::vector<float>> by_name(std::vector<chunk>& chunks,
                                                          kernels::backend& be, bool grads) {
   std::map<std::string, std::vector<float>> out;
-  for (auto& c : chunks)
-    for (const auto& p : c.params()) {
-      tensor h = be.to_host(grads ? c.grad(p.name) : c.param(p.name));
-      out[p.name].assign(h.data<float>(), h.data<float>() + h.numel());
+  for (auto& c : chunks) {
+    std::vector<std::string> names;
+    for (const auto& p : c.params()) names.push_back(p.name);
+    // A head that shares the embedding (chunk::shares_head) still has its own gradient, and its
+    // weights are the embedding's: listed as a split lists its copy.
+    if (c.shares_head()) names.push_back("lm_head.weight");
+    for (const auto& name : names) {
+      tensor h = be.to_host(grads ? c.grad(name) : c.param(name));
+      out[name].assign(h.data<float>(), h.data<float>() + h.numel());
     }
+  }
   return out;
 }
 

@@ -89,9 +89,13 @@ TEST_CASE("parameters carry Hugging Face names, block-aligned offsets and decay 
                             "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias",
                             "h.0.attn.c_proj.weight", "h.0.attn.c_proj.bias", "h.0.ln_2.weight",
                             "h.0.mlp.c_fc.weight", "h.0.mlp.c_fc.bias", "h.0.mlp.c_proj.weight",
-                            "h.0.mlp.c_proj.bias", "ln_f.weight", "ln_f.bias", "lm_head.weight"})
+                            "h.0.mlp.c_proj.bias", "ln_f.weight", "ln_f.bias"})
         CHECK_MESSAGE(names.count(n), n);
-      CHECK(names.size() == 2 + 2 * 12 + 3);
+      // The tied head of the whole model reads the embedding: no copy of its own.
+      CHECK(c.shares_head());
+      CHECK(names.size() == 2 + 2 * 12 + 2);
+      CHECK(c.param("lm_head.weight").raw() == c.param("wte.weight").raw());
+      CHECK(c.grad("lm_head.weight").raw() != c.grad("wte.weight").raw());
       CHECK(c.param("h.0.attn.c_attn.weight").shape() == core::shape_t{48, 16});
       CHECK(c.param("h.0.mlp.c_proj.weight").shape() == core::shape_t{16, 64});
     } else {
@@ -106,10 +110,14 @@ TEST_CASE("parameters carry Hugging Face names, block-aligned offsets and decay 
       CHECK(names.size() == 1 + 2 * 9 + 2);
       CHECK(c.param("model.layers.0.self_attn.k_proj.weight").shape() == core::shape_t{8, 16});
     }
+    // Split, the last chunk holds the head's copy, flagged tied.
+    auto split = make_chunks(cfg, *be, 2);
+    CHECK(!split[1].shares_head());
     bool head_tied = false;
-    for (const auto& p : c.params())
+    for (const auto& p : split[1].params())
       if (p.name == "lm_head.weight") head_tied = p.tied;
     CHECK(head_tied == cfg.tie_embeddings);
+    CHECK(c.shares_head() == cfg.tie_embeddings);
     CHECK_THROWS_AS(c.param("h.7.ln_1.weight"), core::failure);
     CHECK_THROWS_AS(c.grad("nope"), core::failure);
   }
@@ -147,6 +155,7 @@ TEST_CASE("init gives each parameter the same values in any split, by the GPT-2 
     auto other_seed = model_of(cfg, *be, 1, 8);
     std::size_t matrices = 0;
     for (const auto& p : other_seed[0].params()) matrices += p.shape.size() == 2;
+    matrices += other_seed[0].shares_head();  // by_name lists the shared head too
     CHECK(differing(ref, by_name(other_seed, *be, false)).size() == matrices);
 
     auto stats = [&](const std::string& name) {
@@ -235,9 +244,12 @@ TEST_CASE("a step's gradients never hold the last step's: zeroed or written by t
   auto be = kernels::make_backend("cpu");
   auto poison = [&](std::vector<chunk>& chunks) {
     for (auto& c : chunks) {
-      tensor nan = tensor::zeros(c.flat_grads().shape());
-      std::fill_n(nan.data<float>(), nan.numel(), std::nanf(""));
-      be->copy(nan, c.flat_grads());
+      for (tensor g : {c.flat_grads(), c.shares_head() ? c.grad("lm_head.weight") : tensor{}}) {
+        if (!g.defined()) continue;
+        tensor nan = tensor::zeros(g.shape());
+        std::fill_n(nan.data<float>(), nan.numel(), std::nanf(""));
+        be->copy(nan, g);
+      }
     }
   };
   for (arch_kind arch : both_archs) {

@@ -47,7 +47,7 @@ struct run {
     c.forward(0, tok, tgt, scale, model::training_dropout(cfg, 5, index, 0));
     c.backward(0, tensor{});
     tensor g_wte = c.grad("wte.weight"), g_head = c.grad("lm_head.weight");
-    model::tie_gradients(be, g_wte, g_head);
+    model::tie_gradients(be, g_wte, g_head, !c.shares_head());
     return c.loss_sum(0) * scale;
   }
 

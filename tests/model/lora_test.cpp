@@ -75,8 +75,11 @@ TEST_CASE("lora: the adapters train, every base weight is frozen, PEFT's default
       CHECK(c.param("model.layers.1.self_attn.v_proj.lora_B.weight").shape() == core::shape_t{8, 4});
     }
     // Every base weight is frozen: no gradient to ask for.
-    const auto base = define_params(tiny_config(arch), partition(cfg, 1)[0]);
-    CHECK(c.frozen_params().size() == base.size());
+    const auto spec = partition(cfg, 1)[0];
+    const auto base = define_params(tiny_config(arch), spec);
+    // The plain model's tied head reads its embedding; frozen, the head keeps its copy.
+    CHECK(c.frozen_params().size() ==
+          base.size() + (shares_head(tiny_config(arch), spec, 1) ? 1 : 0));
     for (const auto& d : base) CHECK(c.frozen(d.info.name));
     CHECK_THROWS_WITH_AS(c.grad(embedding_name(cfg)), doctest::Contains("is frozen"), core::failure);
     CHECK(!tied_gradients(cfg));
@@ -227,7 +230,8 @@ TEST_CASE("lora: the merged model's logits equal the adapter model's within 1e-5
     REQUIRE_MESSAGE(merged.ok(), merged.err().to_string());
     const core::model_config plain_cfg = without_lora(cfg);
     chunk plain(plain_cfg, partition(plain_cfg, 1)[0], *be);
-    REQUIRE(merged->size() == plain.params().size());
+    // The merged tensors hold the tied head's copy; the plain whole model's head reads wte.
+    REQUIRE(merged->size() == plain.params().size() + (plain.shares_head() ? 1 : 0));
     for (const auto& p : plain.params()) {
       tensor dst = plain.param(p.name);
       be->copy(merged->at(p.name), dst);

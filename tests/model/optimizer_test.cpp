@@ -201,9 +201,14 @@ TEST_CASE("tie_gradients adds the head gradient to the embedding's and copies th
   tensor head = filled({4, 3}, -2.0f, 0.25f);
   tensor want = wte.clone();
   for (int i = 0; i < 12; ++i) want.data<float>()[i] += head.data<float>()[i];
+  tensor wte_alone = wte.clone(), head_alone = head.clone(), head_before = head.clone();
   tie_gradients(*be, wte, head);
   CHECK(std::memcmp(wte.raw(), want.raw(), want.bytes()) == 0);
   CHECK(std::memcmp(head.raw(), want.raw(), want.bytes()) == 0);
+  // A head that shares the embedding has no copy to give the sum: the sum alone.
+  tie_gradients(*be, wte_alone, head_alone, false);
+  CHECK(std::memcmp(wte_alone.raw(), want.raw(), want.bytes()) == 0);
+  CHECK(std::memcmp(head_alone.raw(), head_before.raw(), want.bytes()) == 0);
 }
 
 TEST_CASE("adamw_update follows scalar AdamW for three steps, decaying only flagged tensors") {

@@ -139,16 +139,30 @@ TEST_CASE("the loop gives the same bits with the model split into two chunks") {
 }
 
 TEST_CASE("the tied head copy stays equal to the embedding through training") {
-  scratch_dir tmp("trainer");
+  // Split over two chunks the head holds a copy; in one chunk it reads the embedding itself, and
+  // both train the same bits.
+  scratch_dir tmp("trainer"), one_tmp("trainer");
   auto cfg = tiny_run(tmp);
   auto be = troupe::kernels::make_backend("cpu");
-  auto t = troupe::model::trainer::create(cfg, *be);
+  auto t = troupe::model::trainer::create(cfg, *be, 2);
   REQUIRE(t.ok());
-  for (int step = 0; step < 3; ++step) REQUIRE((*t)->train_step(step).ok());
-  auto& c = (*t)->chunks()[0];
-  auto wte = c.param(troupe::model::embedding_name(cfg.model));
-  auto head = c.param("lm_head.weight");
+  auto one_cfg = tiny_run(one_tmp);
+  auto one = troupe::model::trainer::create(one_cfg, *be);
+  REQUIRE(one.ok());
+  REQUIRE((*one)->chunks().size() == 1);
+  CHECK((*one)->chunks()[0].shares_head());
+  for (int step = 0; step < 3; ++step) {
+    REQUIRE((*t)->train_step(step).ok());
+    REQUIRE((*one)->train_step(step).ok());
+  }
+  REQUIRE((*t)->chunks().size() == 2);
+  CHECK(!(*t)->chunks()[1].shares_head());
+  const std::string emb = troupe::model::embedding_name(cfg.model);
+  auto wte = (*t)->chunks()[0].param(emb);
+  auto head = (*t)->chunks()[1].param("lm_head.weight");
   CHECK(std::memcmp(wte.raw(), head.raw(), wte.bytes()) == 0);
+  auto shared = (*one)->chunks()[0].param(emb);
+  CHECK(std::memcmp(wte.raw(), shared.raw(), wte.bytes()) == 0);
 }
 
 TEST_CASE("micro_batch_num and gradient_accumulation_steps with the same product agree bitwise") {
