@@ -47,6 +47,22 @@ TEST_CASE("pipeline_stage 1, 2 and 4 are bit-identical to the single-rank loop")
   }
 }
 
+TEST_CASE("recompute.keep_gelu through the actors, split and with the split backward, gives the bits "
+          "of recomputing GELU") {
+  // On the CPU the kept output and the recomputed one are the same op on the same input.
+  scratch_dir tmp("rt_keep_gelu");
+  auto oracle = oracle_run(pipeline_config(tmp, 1));
+  for (int pp : {1, 2})
+    for (std::string schedule : {"1f1b", "zb_h1"}) {
+      if (pp == 1 && schedule == "zb_h1") continue;
+      INFO("pipeline_stage ", pp, ", ", schedule);
+      auto cfg = pipeline_config(tmp, pp);
+      cfg.schedule.name = schedule;
+      cfg.recompute.keep_gelu = 2;
+      check_identical(actors_run(cfg), oracle);
+    }
+}
+
 TEST_CASE("gpipe, 1f1b, interleaved_1f1b and zb_h1 are bit-identical") {
   scratch_dir tmp("rt_sched");
   auto base = pipeline_config(tmp, 2);

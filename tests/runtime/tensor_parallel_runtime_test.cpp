@@ -79,6 +79,19 @@ TEST_CASE("model_parallel 1, 2 and 4 with and without sequence parallel agree wi
   }
 }
 
+TEST_CASE("at model_parallel 2 GPT-2 layers that keep their GELU output give the bits of recomputing "
+          "it, sequence parallel off and on") {
+  scratch_dir tmp("rt_tp_keep_gelu");
+  for (bool sp : {false, true}) {
+    INFO("sequence_parallel ", sp);
+    const auto base = tp_config(tmp, core::arch_kind::gpt2, 2, sp, 2);
+    const auto ref = actors_run(base);
+    auto cfg = base;
+    cfg.recompute.keep_gelu = 4;
+    check_same_losses_and_tensors(actors_run(cfg), ref);
+  }
+}
+
 TEST_CASE("at model_parallel 2 the same config twice is bit-identical") {
   scratch_dir tmp("rt_tp_twice");
   auto cfg = tp_config(tmp, core::arch_kind::llama, 2, true, 2, 2);
