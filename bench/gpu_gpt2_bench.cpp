@@ -352,10 +352,10 @@ int main(int argc, char** argv) {
     const auto precision = o.fp32 ? core::precision_kind::fp32 : core::precision_kind::bf16;
     model::chunk c(cfg, model::partition(cfg, 1).at(0), be, precision);
     if (o.keep_gelu > 0) {
-      std::vector<bool> keep(static_cast<std::size_t>(o.layers), false);
-      for (int l = std::max(0, o.layers - o.keep_gelu); l < o.layers; ++l)
-        keep[static_cast<std::size_t>(l)] = true;
-      c.set_recompute(core::recompute_mode::none, {}, keep);
+      core::config run_cfg;
+      run_cfg.model = cfg;
+      run_cfg.recompute.keep_gelu = o.keep_gelu;
+      c.set_recompute(core::recompute_mode::none, {}, core::keep_gelu_layers(run_cfg));
     }
     c.init(1234);
     c.params_updated();
