@@ -1,6 +1,6 @@
 # Sourced by bench/gpu/tests.sh and bench/gpu/bench.sh (not run on its own). From the repository
 # root, with the package bench/gpu/pack.sh staged:
-#   PKG      the package folder (default build-gpu): package.tar.gz, unpacked there on first use
+#   PKG      the package folder (default build-gpu): package.tar.xz, unpacked there on first use
 #            into bin/ (programs), lib/ (shared libraries the GPU machine may lack) and
 #            manifest.txt (the commit and build it came from)
 #   RESULTS  where logs and JSON go (default $PKG/results)
@@ -11,11 +11,11 @@ PKG=${PKG:-build-gpu}
 BIN=$PKG/bin
 RESULTS=${RESULTS:-$PKG/results}
 WORK=${WORK:-$PKG/work}
-if [[ -f $PKG/package.tar.gz && ( ! -x $BIN/troupe || $PKG/package.tar.gz -nt $BIN/troupe ) ]]; then
-  rm -rf "$PKG/bin" "$PKG/lib" && tar xzf "$PKG/package.tar.gz" -C "$PKG"
+if [[ -f $PKG/package.tar.xz && ( ! -x $BIN/troupe || $PKG/package.tar.xz -nt $BIN/troupe ) ]]; then
+  rm -rf "$PKG/bin" "$PKG/lib" && tar xJf "$PKG/package.tar.xz" -C "$PKG"
 fi
 if [[ ! -x $BIN/troupe ]]; then
-  echo "bench/gpu: no package at $PKG (expected $PKG/package.tar.gz); run bash bench/gpu/pack.sh on the" \
+  echo "bench/gpu: no package at $PKG (expected $PKG/package.tar.xz); run bash bench/gpu/pack.sh on the" \
        "machine that built troupe with CUDA, then copy the repository with $PKG here" >&2
   exit 2
 fi

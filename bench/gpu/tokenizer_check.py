@@ -12,7 +12,7 @@ exits 1 on any difference. Needs no GPU: it runs where `tokenizers` is installed
 Usage, from the repository root:
   python3 bench/gpu/tokenizer_check.py [PKG] [--data DIR] [--corpus-files N]
 PKG is the package folder of bench/gpu/pack.sh (default build-gpu: PKG/bin/troupe with PKG/lib on
-the loader path; PKG/package.tar.gz is unpacked first when newer) or a build folder holding
+the loader path; PKG/package.tar.xz is unpacked first when newer) or a build folder holding
 troupe.
 """
 import argparse
@@ -49,7 +49,7 @@ SPECIALS = {
 
 
 def troupe_binary(pkg):
-    tarball = os.path.join(pkg, "package.tar.gz")
+    tarball = os.path.join(pkg, "package.tar.xz")
     binary = os.path.join(pkg, "bin", "troupe")
     if os.path.isfile(tarball) and (not os.path.isfile(binary) or
                                     os.path.getmtime(tarball) > os.path.getmtime(binary)):
@@ -58,7 +58,7 @@ def troupe_binary(pkg):
     for candidate in (binary, os.path.join(pkg, "troupe")):
         if os.path.isfile(candidate):
             return candidate
-    sys.exit(f"tokenizer_check: no troupe in {pkg} (expected bin/troupe, package.tar.gz or troupe)")
+    sys.exit(f"tokenizer_check: no troupe in {pkg} (expected bin/troupe, package.tar.xz or troupe)")
 
 
 def troupe_ids(binary, env, tokenizer, texts, bos, tmp):
