@@ -16,7 +16,7 @@
 #   PARTS="gpt2 llama" bash bench/gpu/product.sh 25   # only some parts (default: gpt2 llama cpu)
 #
 # GPT2_SETS="--set KEY=VALUE ..." adds settings to every troupe run of the gpt2 and gpt2-1.5b parts
-# (e.g. GPT2_SETS="--set recompute.keep_gelu=6").
+# (e.g. GPT2_SETS="--set recompute.keep_gelu=6"); TESTS=0 leaves out the GPU tests at the top.
 # Results: $RESULTS/results.jsonl, llama.jsonl, big.jsonl, cpu.jsonl and the tables in
 # $RESULTS/product.md.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -31,6 +31,7 @@ part() { [[ " $PARTS " == *" $1 "* ]]; }
 date -u | tee $O/date.txt
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee -a $O/date.txt
 
+if [[ ${TESTS:-1} != 0 ]]; then
 echo "== message hash on the GPU against its CPU twin"
 for t in test_kernels test_message_hash; do
   [ -x $B/$t ] && timeout 120 $B/$t -tc='*message hash*' 2>&1 | tail -3 | tee -a $O/tests.log
@@ -39,6 +40,7 @@ if [ -x $B/test_runtime ]; then
   echo "== the actor runtime on the GPU (recording on) against the single-rank loop, bit for bit"
   timeout 300 $B/test_runtime -tc='cuda*' > $O/test_runtime.log 2>&1; tail -3 $O/test_runtime.log | tee -a $O/tests.log
   grep -B3 -A14 "ERROR\|FAILED" $O/test_runtime.log | head -40
+fi
 fi
 
 if part gpt2; then
