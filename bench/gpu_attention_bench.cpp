@@ -9,15 +9,15 @@
 //
 // Usage: gpu_attention_bench [--batch 16] [--seq 1024] [--heads 12] [--kv-heads 12] [--dim 64]
 //                            [--reps 50] [--rounds 5]
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
+#include "bench/gpu_timing.hpp"
 #include "kernels/select.hpp"
 
 using namespace troupe;
@@ -67,21 +67,10 @@ tensor random_device(kernels::backend& be, const core::shape_t& shape, std::uint
   return be.from_host(h);
 }
 
-/// Best per-call milliseconds of `f` over o.rounds runs of o.reps calls.
+/// Best per-call milliseconds of `f` (bench/gpu_timing.hpp).
 template <class F>
 double time_ms(kernels::backend& be, const options& o, F&& f) {
-  for (int i = 0; i < 3; ++i) f();
-  be.synchronize();
-  double best = 1e30;
-  for (int r = 0; r < o.rounds; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.reps; ++i) f();
-    be.synchronize();
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    best = std::min(best, ms / o.reps);
-  }
-  return best;
+  return bench::best_ms_per_call(be, 3, o.rounds, o.reps, std::forward<F>(f));
 }
 
 }  // namespace

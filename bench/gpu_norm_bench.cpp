@@ -11,17 +11,17 @@
 // whose values span a few binades as a step's do.
 //
 // Usage: gpu_norm_bench [--rows 16384] [--cols 768] [--blocks 121559] [--reps 200] [--rounds 5]
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "core/exact_sum.hpp"
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
 #include "kernels/backend.hpp"
+#include "bench/gpu_timing.hpp"
 #include "kernels/select.hpp"
 
 using namespace troupe;
@@ -74,21 +74,10 @@ tensor random_device(kernels::backend& be, const core::shape_t& shape, dtype t, 
   return d;
 }
 
-/// Best per-call milliseconds of `f` over o.rounds runs of o.reps calls.
+/// Best per-call milliseconds of `f` (bench/gpu_timing.hpp).
 template <class F>
 double time_ms(kernels::backend& be, const options& o, F&& f) {
-  for (int i = 0; i < 5; ++i) f();
-  be.synchronize();
-  double best = 1e30;
-  for (int r = 0; r < o.rounds; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.reps; ++i) f();
-    be.synchronize();
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    best = std::min(best, ms / o.reps);
-  }
-  return best;
+  return bench::best_ms_per_call(be, 5, o.rounds, o.reps, std::forward<F>(f));
 }
 
 }  // namespace
