@@ -40,8 +40,8 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
-      std::printf("usage: gpu_norm_bench [--rows 16384] [--cols 768] [--blocks 121559] [--reps 200] "
-                  "[--rounds 5]\n");
+      std::printf("usage: gpu_norm_bench [--rows 16384] [--cols 768] [--blocks 121559] "
+                  "[--reps 200] [--rounds 5]\n");
       std::exit(0);
     }
     if (i + 1 >= argc) {
