@@ -26,6 +26,20 @@ void note(std::FILE* log, const std::string& text) {
   if (log) std::fprintf(log, "%s\n", text.c_str());
 }
 
+/// What a step reports: the optimizer's decision (steps 4-7) and the mean loss (step 8).
+step_result result_of(const step_decision& d, double loss, std::int64_t tokens) {
+  step_result r;
+  r.loss = loss;
+  r.grad_norm = d.grad_norm;
+  r.clip = d.clip;
+  r.lr = d.lr;
+  r.tokens = tokens;
+  r.skipped = d.skip;
+  r.loss_scale = d.loss_scale;
+  r.next_loss_scale = d.next_loss_scale;
+  return r;
+}
+
 }  // namespace
 
 trainer::trainer(const core::config& cfg, kernels::backend& be, loader train)
@@ -153,16 +167,7 @@ core::result<step_result> trainer::scaled_step(int step) {
       decide_step(gradient_sumsq(be_, slots), scaler_, cfg_.optimizer, cfg_.train, step);
   if (!d.skip) adamw_update_t(be_, slots, cfg_.optimizer, d.lr, d.grad_scale, d.adam_step);
 
-  step_result r;
-  r.loss = loss_total / static_cast<double>(trained);  // 8
-  r.grad_norm = d.grad_norm;
-  r.clip = d.clip;
-  r.lr = d.lr;
-  r.tokens = tokens_per_step_;
-  r.skipped = d.skip;
-  r.loss_scale = d.loss_scale;
-  r.next_loss_scale = d.next_loss_scale;
-  return r;
+  return result_of(d, loss_total / static_cast<double>(trained), tokens_per_step_);
 }
 
 std::int64_t trainer::trained_targets(int step) const {
@@ -408,15 +413,7 @@ core::result<step_result> trainer::examined_step(int step, loss_history& history
   }
   double loss_total = 0;
   for (double l : e.mb_losses) loss_total += l;
-  step_result r;
-  r.loss = loss_total / static_cast<double>(trained);  // 8
-  r.grad_norm = d.grad_norm;
-  r.clip = d.clip;
-  r.lr = d.lr;
-  r.tokens = tokens_per_step_;
-  r.skipped = d.skip;
-  r.loss_scale = d.loss_scale;
-  r.next_loss_scale = d.next_loss_scale;
+  step_result r = result_of(d, loss_total / static_cast<double>(trained), tokens_per_step_);
   if (!d.skip) history.accept(r.loss);
   return r;
 }

@@ -27,12 +27,16 @@
 #include <vector>
 
 #include "model/checkpoint.hpp"
+#include "tests/cli/child_process.hpp"
 #include "tests/cli/cli_harness.hpp"
+#include "tests/cli/train_compare.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace fs = std::filesystem;
+using troupe::cli_test::child;
 using troupe::cli_test::contains;
 using troupe::cli_test::free_port;
+using troupe::cli_test::require_same_result;
 using troupe::cli_test::slurp;
 using troupe::cli_test::troupe_binary;
 using troupe::model::testing::scratch_dir;
@@ -41,53 +45,6 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 
 const std::string tiny_config = TROUPE_SOURCE_DIR "/configs/tiny.toml";
-
-/// A `troupe ARGS` process started in `dir` with `env` prepended, its output in files there.
-struct child {
-  pid_t pid = -1;
-  fs::path out, err;
-  std::optional<int> code;
-
-  child(const fs::path& dir, const std::string& name, const std::string& args, const std::string& env = "") {
-    out = dir / (name + ".out");
-    err = dir / (name + ".err");
-    const std::string cmd = "cd '" + dir.string() + "' && " + env + " exec '" + troupe_binary + "' " +
-                            args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  child(const child&) = delete;
-  ~child() {
-    if (!code) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-  /// Exit code, waiting at most `limit` (then kills it and fails the test).
-  int wait(std::chrono::seconds limit = std::chrono::seconds(180)) {
-    if (code) return *code;
-    const auto until = clock_type::now() + limit;
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) == 0) {
-      if (clock_type::now() > until) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        code = -1;
-        FAIL("troupe " << out << " did not finish within " << limit.count() << " s");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return *code;
-  }
-  bool running() { return !code && ::waitpid(pid, nullptr, WNOHANG) == 0; }
-  std::string stdout_text() const { return slurp(out); }
-  std::string stderr_text() const { return slurp(err); }
-};
 
 /// A small GPT-2 (2 layers, C=32, V=64) on configs/tiny.toml's layout, `steps` steps, a checkpoint
 /// every 2 steps, in run directory `run`; pattern shards written once per scratch directory.
@@ -149,40 +106,11 @@ void require_gone(const std::vector<pid_t>& pids) {
   }
 }
 
-fs::path last_checkpoint(const fs::path& run) {
-  fs::path best;
-  for (auto& e : fs::directory_iterator(run / "checkpoints"))
-    if (e.path().filename().string().rfind("step_", 0) == 0 && e.path().filename() > best.filename())
-      best = e.path();
-  return best;
-}
-
 std::vector<nlohmann::json> metrics(const fs::path& run) {
   std::vector<nlohmann::json> out;
   std::istringstream in(slurp(run / "metrics.jsonl"));
   for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
   return out;
-}
-
-/// The final checkpoints' files (parameters and AdamW moments) and the per-step losses of two runs
-/// are byte-identical.
-void require_same_result(const fs::path& a, const fs::path& b) {
-  const fs::path ca = last_checkpoint(a), cb = last_checkpoint(b);
-  REQUIRE(!ca.empty());
-  REQUIRE(ca.filename() == cb.filename());
-  int files = 0;
-  for (auto& e : fs::directory_iterator(ca)) {
-    if (e.path().extension() != ".safetensors") continue;
-    ++files;
-    CHECK_MESSAGE(slurp(e.path()) == slurp(cb / e.path().filename()), e.path().filename().string());
-  }
-  CHECK(files > 0);
-  auto losses = [](const fs::path& run) {
-    std::vector<std::string> out;
-    for (auto& j : metrics(run)) out.push_back(std::to_string(j.at("step").get<int>()) + ":" + j.at("loss").dump());
-    return out;
-  };
-  CHECK(losses(a) == losses(b));
 }
 
 /// The launcher restarted the job once, from a checkpoint, and the attempt logs are kept.

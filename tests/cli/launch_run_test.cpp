@@ -22,55 +22,24 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cli/child_process.hpp"
 #include "tests/cli/cli_harness.hpp"
+#include "tests/cli/train_compare.hpp"
 #include "tests/model/trainer_fixture.hpp"
 
 namespace fs = std::filesystem;
 using troupe::model::testing::scratch_dir;
+using troupe::cli_test::child;
 using troupe::cli_test::contains;
 using troupe::cli_test::free_port;
+using troupe::cli_test::last_checkpoint;
+using troupe::cli_test::require_same_result;
 using troupe::cli_test::slurp;
 using troupe::cli_test::troupe_binary;
 
 namespace {
 
 const std::string tiny_config = TROUPE_SOURCE_DIR "/configs/tiny.toml";
-
-/// A `troupe ARGS` process started in `dir`, its output going to files there.
-struct child {
-  pid_t pid = -1;
-  fs::path out, err;
-  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
-
-  child(const fs::path& dir, const std::string& name, const std::string& args, const std::string& env = "") {
-    out = dir / (name + ".out");
-    err = dir / (name + ".err");
-    const std::string cmd = "cd '" + dir.string() + "' && " + env + " exec '" + troupe_binary + "' " + args +
-                            " >'" + out.string() + "' 2>'" + err.string() + "'";
-    pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  /// Exit code, waiting at most `limit` (then kills it and fails the test).
-  int wait(std::chrono::seconds limit = std::chrono::seconds(300)) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        FAIL("troupe " << out << " did not finish within " << limit.count() << " s");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  std::string stdout_text() const { return slurp(out); }
-  std::string stderr_text() const { return slurp(err); }
-};
 
 int run(const fs::path& dir, const std::string& name, const std::string& args, const std::string& env = "") {
   child c(dir, name, args, env);
@@ -91,40 +60,6 @@ std::string tiny_sets(const scratch_dir& tmp, const std::string& run, int steps,
          "' --set train.steps=" + std::to_string(steps) + " --set train.warmup_steps=1" +
          " --set train.eval_interval=2 --set train.eval_batches=1 --set checkpoint.interval=" +
          std::to_string(ckpt_interval) + " --set runtime.threads=1";
-}
-
-/// The latest checkpoint directory of a run.
-fs::path last_checkpoint(const fs::path& run) {
-  fs::path best;
-  for (auto& e : fs::directory_iterator(run / "checkpoints"))
-    if (e.path().filename().string().rfind("step_", 0) == 0 && e.path().filename() > best.filename()) best = e.path();
-  return best;
-}
-
-/// Every safetensors file of the final checkpoints of two runs is byte-identical (parameters and
-/// AdamW moments), and so are the per-step losses.
-void require_same_result(const fs::path& a, const fs::path& b) {
-  const fs::path ca = last_checkpoint(a), cb = last_checkpoint(b);
-  REQUIRE(!ca.empty());
-  REQUIRE(ca.filename() == cb.filename());
-  int files = 0;
-  for (auto& e : fs::directory_iterator(ca)) {
-    if (e.path().extension() != ".safetensors") continue;
-    ++files;
-    CHECK_MESSAGE(slurp(e.path()) == slurp(cb / e.path().filename()), e.path().filename().string());
-  }
-  CHECK(files > 0);
-  auto losses = [](const fs::path& run) {
-    std::vector<std::string> out;
-    std::istringstream in(slurp(run / "metrics.jsonl"));
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      out.push_back(std::to_string(j.at("step").get<int>()) + ":" + j.at("loss").dump());
-    }
-    return out;
-  };
-  CHECK(losses(a) == losses(b));
-  CHECK(!losses(a).empty());
 }
 
 std::string launch_args(int port, const std::string& more = "") {

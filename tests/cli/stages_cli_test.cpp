@@ -6,10 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,27 +19,11 @@ namespace fs = std::filesystem;
 using troupe::model::testing::scratch_dir;
 using namespace troupe::cli_test;
 
-namespace {
-
-/// A 3-layer model of the family on small pattern shards, 3 steps, no evaluation.
-std::string write_config(const scratch_dir& tmp, const std::string& arch) {
-  troupe::model::testing::write_pattern_shard(tmp / "train.bin", 20000, 64, 1);
-  const std::string path = tmp / (arch + ".toml");
-  std::ofstream(path) << "[model]\narch = \"" << arch
-                      << "\"\nnum_layers = 3\nhidden_size = 32\nnum_heads = 4\nseq_length = 16\n"
-                         "vocab_size = 64\n[parallel]\nmicro_batch_num = 4\nmicro_batch_size = 2\n"
-                         "[train]\nsteps = 3\nwarmup_steps = 1\n[data]\ntrain = \""
-                      << (tmp / "train.bin") << "\"\n[runtime]\nthreads = 1\n";
-  return path;
-}
-
-}  // namespace
-
 TEST_CASE("troupe train with uneven stages and per-layer recompute equals the even split, bit for bit") {
   for (const std::string arch : {"gpt2", "llama"}) {
     CAPTURE(arch);
     scratch_dir tmp("stages_cli_" + arch);
-    const std::string config = write_config(tmp, arch);
+    const std::string config = write_small_config(tmp, arch, 3);
     const train_outcome ref = train_run(tmp, config, "even", "--single-rank");
     REQUIRE(ref.losses.size() == 3);
     REQUIRE(!ref.hashes.empty());

@@ -5,10 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,27 +18,11 @@ namespace fs = std::filesystem;
 using troupe::model::testing::scratch_dir;
 using namespace troupe::cli_test;
 
-namespace {
-
-/// A 4-layer model of the family on small pattern shards, 2 pipeline stages, 3 steps.
-std::string write_config(const scratch_dir& tmp, const std::string& arch) {
-  troupe::model::testing::write_pattern_shard(tmp / "train.bin", 20000, 64, 1);
-  const std::string path = tmp / (arch + ".toml");
-  std::ofstream(path) << "[model]\narch = \"" << arch
-                      << "\"\nnum_layers = 4\nhidden_size = 32\nnum_heads = 4\nseq_length = 16\n"
-                         "vocab_size = 64\n[parallel]\npipeline_stage = 2\nmicro_batch_num = 4\n"
-                         "micro_batch_size = 2\n[train]\nsteps = 3\nwarmup_steps = 1\n[data]\ntrain = \""
-                      << (tmp / "train.bin") << "\"\n[runtime]\nthreads = 1\n";
-  return path;
-}
-
-}  // namespace
-
 TEST_CASE("troupe train with zb_v equals 1f1b bit for bit, gpt2 and llama") {
   for (const std::string arch : {"gpt2", "llama"}) {
     CAPTURE(arch);
     scratch_dir tmp("zbv_cli_" + arch);
-    const std::string config = write_config(tmp, arch);
+    const std::string config = write_small_config(tmp, arch, 4, "pipeline_stage = 2\n");
     const train_outcome ref = train_run(tmp, config, "1f1b", "");
     REQUIRE(ref.losses.size() == 3);
     REQUIRE(!ref.hashes.empty());
@@ -53,7 +34,7 @@ TEST_CASE("troupe train with zb_v equals 1f1b bit for bit, gpt2 and llama") {
 
 TEST_CASE("troupe train refuses zb_v without virtual_pipeline = 2, naming the key") {
   scratch_dir tmp("zbv_cli_refuse");
-  const std::string config = write_config(tmp, "gpt2");
+  const std::string config = write_small_config(tmp, "gpt2", 4, "pipeline_stage = 2\n");
   const run_result r = run_troupe(tmp.path, "train '" + config + "' --set schedule.name=zb_v");
   CHECK(r.code == 1);
   CHECK_MESSAGE(contains(r.err, "schedule.name"), r.err);
