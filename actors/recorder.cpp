@@ -633,14 +633,40 @@ void recorder::write_loop() {
       it.line += '\n';
     }
     std::lock_guard<std::mutex> lk(f.mu);
-    if (!f.log) continue;
-    if (it.flush) {
-      if (std::fflush(f.log) != 0) fail(f, "log");
-    } else if (std::fwrite(it.line.data(), 1, it.line.size(), f.log) != it.line.size()) {
-      fail(f, "log");
+    if (f.log) {
+      if (it.flush) {
+        if (std::fflush(f.log) != 0) fail(f, "log");
+      } else if (std::fwrite(it.line.data(), 1, it.line.size(), f.log) != it.line.size()) {
+        fail(f, "log");
+      }
     }
+    if (it.done) it.done->set_value();
   }
 }
+
+void recorder::flush_and_wait(int worker) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> written = done->get_future();
+  item it;
+  it.worker = worker;
+  it.flush = true;
+  it.done = std::move(done);
+  {
+    std::lock_guard<std::mutex> lk(q_mu_);
+    if (stopping_) return;  // close() drains the queue itself; its writer may be gone
+    queue_.push_back(std::move(it));
+  }
+  q_cv_.notify_one();
+  written.wait();
+}
+
+namespace {
+bool is_snapshot(const transport::tag& tg) {
+  const auto k = static_cast<tensor_kind>(tg.kind);
+  return k == tensor_kind::snap_params || k == tensor_kind::snap_exp_avg ||
+         k == tensor_kind::snap_exp_avg_sq;
+}
+}  // namespace
 
 recorder::~recorder() { close(); }
 
@@ -669,23 +695,24 @@ void recorder::sent(const message_record& r, const core::tensor&) {
   it.line += '\n';
   of(r.src);  // checks the worker is this process's
   push(std::move(it));
+  if (is_snapshot(r.tag)) flush_and_wait(r.src);
 }
 
 void recorder::sent_pending(message_record r, std::shared_ptr<kernels::pending_value> hash) {
   of(r.src);
   item it;
   it.worker = r.src;
+  const bool snapshot = is_snapshot(r.tag);
+  const int worker = r.src;
   it.rec = std::move(r);
   it.hash = std::move(hash);
   push(std::move(it));
+  if (snapshot) flush_and_wait(worker);
 }
 
 void recorder::received(int src, int dst, const transport::tag& tg, const core::tensor& bytes) {
   // Snapshots go to the checkpoint writer and the coordinator; --rank never replays those.
-  const auto k = static_cast<tensor_kind>(tg.kind);
-  if (k == tensor_kind::snap_params || k == tensor_kind::snap_exp_avg ||
-      k == tensor_kind::snap_exp_avg_sq)
-    return;
+  if (is_snapshot(tg)) return;
   std::string frame;
   std::string h = frame_header(src, dst, tg, bytes);
   put_u32(frame, static_cast<std::uint32_t>(h.size()));

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -225,7 +226,11 @@ void observe_receive(message_sink& sink, int src, int dst, const transport::tag&
 
 /// Writes the message logs of the workers this process hosts: one buffered file per worker, written
 /// by one writer thread in the order the worker's actors sent, flushed when the worker ends a step.
-/// The sending actors only queue: the writer waits for each pending hash.
+/// The sending actors only queue: the writer waits for each pending hash. A checkpoint snapshot's
+/// sender waits instead until the writer has written and flushed the snapshot's line: a checkpoint
+/// can then be complete only once every line before it is in the files, so a worker killed later
+/// (SIGKILL loses what a process still buffers) leaves a log that a resume from that checkpoint
+/// continues without a gap, and that replays.
 class recorder final : public message_sink {
  public:
   /// Opens <run_dir>/messages/rank_<w>.log (and .tensors when `tensors`) for every w in
@@ -258,8 +263,11 @@ class recorder final : public message_sink {
     std::string line;
     message_record rec;
     std::shared_ptr<kernels::pending_value> hash;
+    std::shared_ptr<std::promise<void>> done;  // a flush's waiter, told once the flush is done
   };
   explicit recorder(bool tensors);
+  /// Queues a flush of `worker`'s log and waits until the writer has done it (unless closing).
+  void flush_and_wait(int worker);
   file& of(int worker);
   void fail(file& f, const std::string& what);
   void push(item it);
