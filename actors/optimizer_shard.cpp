@@ -99,7 +99,7 @@ caf::behavior shard_actor(shard_self* self, std::shared_ptr<job> j, int pp,
                 transport::tag{step, static_cast<std::uint32_t>(tensor_kind::snap_exp_avg_sq), c, -1 - t, part},
                 copy(eng.moments()[i].exp_avg_sq));
         }
-        if (j->sink) j->sink->flush(self->state.worker);
+        // No flush here: the recorder flushes each snapshot's line before it is sent.
       },
   };
 }

@@ -179,7 +179,7 @@ class message_sink {
   /// the worker's actors sends a tensor of the re-execution. Those sends supersede the worker's
   /// earlier ones of the step.
   virtual void reexecuted(int /*worker*/, std::int64_t /*step*/) {}
-  /// Worker `worker` ended a step (or sent its snapshots): its buffered lines may go to disk.
+  /// Worker `worker` ended a step: its buffered lines may go to disk.
   virtual void flush(int /*worker*/) {}
 };
 

@@ -105,7 +105,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, std::shared_pt
           tg.part = 1;  // the writer and the coordinator share worker 0: keep their tags apart
           if (dests & to_coordinator) route(self, *j, me, address{role::coordinator, 0, 0}, tg, copy);
         }
-        if (j->sink) j->sink->flush(st.worker);
+        // No flush here: the recorder flushes each snapshot's line before it is sent.
       },
       [=](status_atom) {
         auto& eng = *self->state.b->engine;
