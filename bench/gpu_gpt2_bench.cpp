@@ -192,8 +192,9 @@ class profiling_backend final : public kernels::backend {
   }
   void layernorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
                                    const tensor& m, const tensor& r, const tensor& res, tensor& dx,
-                                   tensor& dw, tensor& db) override {
-    timed("layernorm_backward", [&] { in_.layernorm_backward_residual(dy, x, w, m, r, res, dx, dw, db); });
+                                   tensor& dw, tensor& db, tensor& rsum) override {
+    timed("layernorm_backward",
+          [&] { in_.layernorm_backward_residual(dy, x, w, m, r, res, dx, dw, db, rsum); });
   }
   void rmsnorm_forward(const tensor& x, const tensor& w, float eps, tensor& y, tensor& r) override {
     timed("rmsnorm_forward", [&] { in_.rmsnorm_forward(x, w, eps, y, r); });
@@ -225,6 +226,9 @@ class profiling_backend final : public kernels::backend {
   }
   void accumulate(const tensor& x, tensor& y) override {
     timed("accumulate", [&] { in_.accumulate(x, y); });
+  }
+  void sum_rows(const tensor& x, tensor& out) override {
+    timed("sum_rows", [&] { in_.sum_rows(x, out); });
   }
   void scale(tensor& x, float s) override { timed("scale", [&] { in_.scale(x, s); }); }
   void dropout(const tensor& x, const kernels::dropout_spec& s, std::int64_t e, tensor& y) override {

@@ -6,11 +6,14 @@
 // Timing: `reps` back-to-back calls queued on the stream, ended by a synchronisation, after warm-up
 // calls; the time per call is the best of `rounds` such runs. GB/s counts the bytes an op must
 // move: the forward reads x and writes y, the backward reads dy, x and the residual and writes dx
-// (the per-row statistics and the weights are under 1 % of it). Also the gradient norm's exact
+// (the per-row statistics and the weights are under 1 % of it). "layernorm backward + rsum" also
+// sums the residual's columns (a projection's bias gradient, model/layer.cpp); "column sums" is
+// that sum as a pass of its own (reads the residual). Also the gradient norm's exact
 // sum (exact_sum_add) of `blocks` norm blocks (default: GPT-2 124M's, one per 1024 parameters),
 // whose values span a few binades as a step's do.
 //
 // Usage: gpu_norm_bench [--rows 16384] [--cols 768] [--blocks 121559] [--reps 200] [--rounds 5]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -96,8 +99,10 @@ int main(int argc, char** argv) {
     tensor y = be.empty({N, C}, dtype::bf16), dx = be.empty({N, C}, dtype::bf16);
     tensor mean = be.empty({N}, dtype::f32), rstd = be.empty({N}, dtype::f32);
     tensor dw = be.empty({C}, dtype::f32), db = be.empty({C}, dtype::f32);
+    tensor rsum = be.empty({C}, dtype::f32), none;
     be.zero(dw);
     be.zero(db);
+    be.zero(rsum);
 
     // Norm blocks' sums of squares: runs of 4096 within about 3 binades, runs apart by up to 2^20.
     tensor sums_host = tensor::zeros({o.blocks}, dtype::f64);
@@ -124,8 +129,17 @@ int main(int argc, char** argv) {
          2 * row_bytes},
         {"layernorm backward",
          time_ms(be, o,
-                 [&] { be.layernorm_backward_residual(dy, x, w, mean, rstd, res, dx, dw, db); }),
+                 [&] {
+                   be.layernorm_backward_residual(dy, x, w, mean, rstd, res, dx, dw, db, none);
+                 }),
          4 * row_bytes},
+        {"layernorm backward + rsum",
+         time_ms(be, o,
+                 [&] {
+                   be.layernorm_backward_residual(dy, x, w, mean, rstd, res, dx, dw, db, rsum);
+                 }),
+         4 * row_bytes},
+        {"column sums", time_ms(be, o, [&] { be.sum_rows(res, rsum); }), row_bytes},
         {"rmsnorm forward", time_ms(be, o, [&] { be.rmsnorm_forward(x, w, 1e-5f, y, rstd); }),
          2 * row_bytes},
         {"rmsnorm backward",
@@ -139,8 +153,12 @@ int main(int argc, char** argv) {
     std::string json = "{\"bench\":\"norm\",\"rows\":" + std::to_string(N) +
                        ",\"cols\":" + std::to_string(C);
     for (const result& r : rs) {
-      std::printf("  %-20s %8.2f us  %7.0f GB/s\n", r.name, r.ms * 1e3, r.bytes / r.ms * 1e-6);
+      std::printf("  %-26s %8.2f us  %7.0f GB/s\n", r.name, r.ms * 1e3, r.bytes / r.ms * 1e-6);
       std::string key = r.name;
+      key.erase(std::remove(key.begin(), key.end(), '+'), key.end());
+      key.erase(std::unique(key.begin(), key.end(),
+                            [](char a, char b) { return a == ' ' && b == ' '; }),
+                key.end());
       std::replace(key.begin(), key.end(), ' ', '_');
       char num[32];
       std::snprintf(num, sizeof num, "%.5f", r.ms);

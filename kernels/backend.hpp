@@ -181,11 +181,14 @@ class backend {
                                           tensor& dx);
   /// dx = residual + LayerNorm's input gradient (written; dw, db accumulate as in
   /// layernorm_backward): a pre-norm block's gradient, the residual path's and the norm's, in one
-  /// pass instead of a copy and an accumulate.
+  /// pass instead of a copy and an accumulate. With `rsum` defined (float [C]), also rsum +=
+  /// Σ_rows residual: the bias gradient of the projection whose output joined the residual stream
+  /// there (model/layer.cpp), from the pass that reads the residual anyway. Its bits are fixed by
+  /// the inputs' shapes (the CPU's are sum_rows'; the CUDA kernels add in another order).
   virtual void layernorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
                                            const tensor& mean, const tensor& rstd,
                                            const tensor& residual, tensor& dx, tensor& dw,
-                                           tensor& db);
+                                           tensor& db, tensor& rsum);
 
   // --- embeddings ---------------------------------------------------------------------------
   /// out[B*T,C] = wte[tok] (+ wpe[t] when wpe is defined, t = row % T). tokens: int32 [B*T].
@@ -227,6 +230,9 @@ class backend {
   virtual void add(const tensor& a, const tensor& b, tensor& y) = 0;
   /// y += x.
   virtual void accumulate(const tensor& x, tensor& y) = 0;
+  /// out[c] += Σ_r x[r, c] over the rows of x [N, C] (out fp32 [C]) in a fixed order: the bits
+  /// of linear_backward_weight's db for dy = x.
+  virtual void sum_rows(const tensor& x, tensor& out) = 0;
   /// x *= s.
   virtual void scale(tensor& x, float s) = 0;
   /// y = x ⊙ mask / (1 − p) for x [rows, cols] holding whole sequences of `sample_elems`

@@ -61,11 +61,12 @@ void backend::linear_backward_input_gelu(const tensor& dy, const tensor& w, cons
 void backend::layernorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
                                           const tensor& mean, const tensor& rstd,
                                           const tensor& residual, tensor& dx, tensor& dw,
-                                          tensor& db) {
+                                          tensor& db, tensor& rsum) {
   TROUPE_CHECK(!dx.defined() || !residual.defined() || dx.raw() != residual.raw(),
                "layernorm_backward_residual: dx must not alias the residual");
   copy(residual, dx);
   layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
+  if (rsum.defined()) sum_rows(residual, rsum);
 }
 
 void backend::rmsnorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,

@@ -93,6 +93,7 @@ class meta_backend final : public backend {
   void swiglu_backward(const tensor&, const tensor&, const tensor&, tensor&, tensor&) override {}
   void add(const tensor&, const tensor&, tensor&) override {}
   void accumulate(const tensor&, tensor&) override {}
+  void sum_rows(const tensor&, tensor&) override {}
   void scale(tensor&, float) override {}
   void dropout(const tensor&, const dropout_spec&, std::int64_t, tensor&) override {}
   void rope_forward(const tensor&, int, int, int, int, const rope_spec&, tensor&) override {}

@@ -287,14 +287,16 @@ class chunk_impl {
       return out;
     }
     const layer_tensors& t = g.layers[static_cast<std::size_t>(l)];
+    // Biases whose gradients the norms' backward sums accumulate into zeroed memory.
+    const bool branch = ops_->branch_bias_from_norm();
     add(t.qkv_w, &t.qkv_b);
     add(t.q_w, nullptr);
     add(t.k_w, nullptr);
     add(t.v_w, nullptr);
-    add(t.proj_w, &t.proj_b);
+    add(t.proj_w, branch ? nullptr : &t.proj_b);
     add(t.fc_w, &t.fc_b);
     add(t.up_w, nullptr);
-    add(t.out_w, &t.out_b);
+    add(t.out_w, branch ? nullptr : &t.out_b);
     return out;
   }
   std::pair<std::int64_t, std::int64_t> range_in_grads(const tensor& t) const {

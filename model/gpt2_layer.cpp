@@ -81,7 +81,9 @@ class gpt2_layer_ops final : public layer_ops {
         act = alloc(a.fc.shape());
         be_.gelu_forward(a.fc, act);
       }
-      if (g.out_w.defined()) weight_grad(s.d_out, act, g.out_w, g.out_b, g.fresh);
+      tensor none;  // out_b's gradient may come from norm2's backward (branch_bias_from_norm)
+      if (g.out_w.defined())
+        weight_grad(s.d_out, act, g.out_w, branch_bias_ ? none : g.out_b, g.fresh);
       lora_backward_weight(w.out_l, act, s.d_out, g.out_l);
     }
     if (g.fc_w.defined()) weight_grad(s.d_fc, a.n2, g.fc_w, g.fc_b, g.fresh);

@@ -40,7 +40,9 @@ layer_ops::layer_ops(const core::model_config& cfg, kernels::backend& be, core::
       comm_(comm),
       qkv_width_(static_cast<std::int64_t>(heads_ + 2 * kv_heads_) * cfg.head_dim()),
       ffn_(split ? split->ffn : ffn_hidden(cfg)),
-      lora_scale_(lora_scale(cfg)) {
+      lora_scale_(lora_scale(cfg)),
+      branch_bias_(cfg.arch == core::arch_kind::gpt2 && comm == nullptr &&
+                   cfg.hidden_dropout <= 0) {
   TROUPE_CHECK((split == nullptr) == (comm == nullptr),
                "a tensor-parallel layer needs both its split and its group");
   TROUPE_CHECK(!comm || cfg.lora.rank == 0,
@@ -92,10 +94,11 @@ void layer_ops::norm_backward(const tensor& dy, const tensor& x, const tensor& w
 void layer_ops::norm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
                                        const tensor& mean, const tensor& rstd,
                                        const tensor& residual, tensor& dx, tensor& dw,
-                                       tensor& db) {
+                                       tensor& db, tensor& rsum) {
   if (cfg_.arch == core::arch_kind::gpt2) {
-    be_.layernorm_backward_residual(dy, x, w, mean, rstd, residual, dx, dw, db);
+    be_.layernorm_backward_residual(dy, x, w, mean, rstd, residual, dx, dw, db, rsum);
   } else {
+    TROUPE_CHECK(!rsum.defined(), "RMSNorm's backward sums no residual");
     be_.rmsnorm_backward_residual(dy, x, w, rstd, residual, dx, dw);
   }
 }
@@ -234,6 +237,16 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
     if (!dw->defined()) *dw = zeros({c}, core::dtype::f32);
     if (bias && !db->defined()) *db = zeros({c}, core::dtype::f32);
   }
+  // The projections' bias gradients from the norms' backward (branch_bias_from_norm): c_proj's
+  // output gradient is dy, the attention projection's is d_mid, the residuals of norm2 and norm1.
+  // Without norm_grads the weight phase reruns both norms' backward for them.
+  tensor out_b_sum, proj_b_sum;
+  if (branch_bias_ && norm_grads) {
+    TROUPE_CHECK(!a.drop.mlp_out.on() && !a.drop.attention_out.on(),
+                 "hidden dropout with the projections' bias gradients taken from the norms");
+    out_b_sum = norm_grads->out_b;
+    proj_b_sum = norm_grads->proj_b;
+  }
 
   // Buffers an op writes whole are allocated, not zeroed; only accumulated ones are zeroed.
   // Tensor parallel: the MLP and attention run on every row (rows = a.n2's), their input
@@ -248,7 +261,8 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   if (comm_) dn2 = comm_->reduce_rows(dn2);
   tensor d_mid = alloc({n, c});
   // dy reaches d_mid twice: along the residual path (unmasked) and through the norm.
-  norm_backward_residual(dn2, a.mid, w.norm2_w, a.mean2, a.rstd2, dy, d_mid, dw2, db2);
+  norm_backward_residual(dn2, a.mid, w.norm2_w, a.mean2, a.rstd2, dy, d_mid, dw2, db2,
+                         out_b_sum);
   if (!s.norms_done) s.d_n2 = dn2;
 
   if (!a.att.defined()) recompute_attention(a);
@@ -269,7 +283,8 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   if (comm_) dn1 = comm_->reduce_rows(dn1);
 
   tensor dx = alloc({n, c});
-  norm_backward_residual(dn1, a.x, w.norm1_w, a.mean1, a.rstd1, d_mid, dx, dw1, db1);
+  norm_backward_residual(dn1, a.x, w.norm1_w, a.mean1, a.rstd1, d_mid, dx, dw1, db1,
+                         proj_b_sum);
   if (!s.norms_done) s.d_n1 = dn1;
   if (norm_grads && sp)
     for (auto [part, g] : {std::pair{&dw2, &norm_grads->norm2_w}, std::pair{&db2, &norm_grads->norm2_b},
@@ -299,10 +314,31 @@ void layer_ops::backward_weight(const layer_tensors& w, const layer_acts& a,
     fs = &whole_s;
   }
   mlp_backward_weight(w, *full, *fs, g);
-  if (g.proj_w.defined()) weight_grad(fs->d_mid, a.att, g.proj_w, g.proj_b, g.fresh);
+  tensor none;
+  if (g.proj_w.defined())
+    weight_grad(fs->d_mid, a.att, g.proj_w, branch_bias_ ? none : g.proj_b, g.fresh);
   lora_backward_weight(w.proj_l, a.att, fs->d_mid, g.proj_l);
   qkv_backward_weight(w, *full, *fs, g);
   if (s.norms_done) return;
+  if (branch_bias_) {
+    // The norms' backward as backward_input runs it (the same residuals, so the same bits), for
+    // their weight gradients and the projections' biases; dx is scratch.
+    for (int which : {2, 1}) {
+      tensor dw = which == 2 ? g.norm2_w : g.norm1_w, db = which == 2 ? g.norm2_b : g.norm1_b;
+      tensor rsum = which == 2 ? g.out_b : g.proj_b;
+      if (!dw.defined() && !db.defined() && !rsum.defined()) continue;
+      if (!dw.defined()) dw = zeros({c}, core::dtype::f32);
+      if (!db.defined() && w.norm1_b.defined()) db = zeros({c}, core::dtype::f32);
+      tensor dx_scratch = alloc({n, c});
+      if (which == 2)
+        norm_backward_residual(s.d_n2, a.mid, w.norm2_w, a.mean2, a.rstd2, s.d_out, dx_scratch,
+                               dw, db, rsum);
+      else
+        norm_backward_residual(s.d_n1, a.x, w.norm1_w, a.mean1, a.rstd1, s.d_mid, dx_scratch, dw,
+                               db, rsum);
+    }
+    return;
+  }
   // The input gradient was produced in backward_input; this pass only wants dw and db.
   if (!g.norm1_w.defined() && !g.norm2_w.defined()) return;
   tensor dx_scratch = zeros({n, c});

@@ -257,10 +257,17 @@ class layer_ops {
   /// Norm backward: dx += ..., dw (and db) += ....
   void norm_backward(const tensor& dy, const tensor& x, const tensor& w, const tensor& mean,
                      const tensor& rstd, tensor& dx, tensor& dw, tensor& db);
-  /// Norm backward of a pre-norm block: dx = residual + ... (written), dw (and db) += ....
+  /// Norm backward of a pre-norm block: dx = residual + ... (written), dw (and db) += ..., and
+  /// rsum += Σ_rows residual when rsum is defined (LayerNorm only).
   void norm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
                               const tensor& mean, const tensor& rstd, const tensor& residual,
-                              tensor& dx, tensor& dw, tensor& db);
+                              tensor& dx, tensor& dw, tensor& db, tensor& rsum);
+  /// Whether the bias gradients of the two projections that end in the residual stream (proj_b
+  /// and out_b) come from the norms' backward instead of the weight phase's GEMMs: GPT-2 on one
+  /// rank without hidden dropout, where a projection's output gradient is the residual
+  /// stream's gradient that the next norm's backward reads anyway (one pass over [N, C] less
+  /// per projection). Those biases then accumulate into zeroed gradients (model/chunk.cpp).
+  bool branch_bias_from_norm() const { return branch_bias_; }
   /// Allocates norm statistics for n rows into mean (LayerNorm only) and rstd.
   void norm_stats(std::int64_t n, tensor& mean, tensor& rstd);
 
@@ -340,6 +347,7 @@ class layer_ops {
   std::int64_t qkv_width_;  // (heads + 2 kv_heads) * D
   int ffn_;
   float lora_scale_;        // lora.alpha / lora.rank
+  bool branch_bias_;        // branch_bias_from_norm()
 
  private:
   /// B placed at rows [col, col + out) of a zero [Y, r] scratch (B itself when it fills y).

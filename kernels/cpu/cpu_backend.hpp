@@ -59,6 +59,7 @@ class cpu_backend final : public backend {
                        tensor& dup) override;
   void add(const tensor& a, const tensor& b, tensor& y) override;
   void accumulate(const tensor& x, tensor& y) override;
+  void sum_rows(const tensor& x, tensor& out) override;
   void scale(tensor& x, float s) override;
   void dropout(const tensor& x, const dropout_spec& s, std::int64_t sample_elems,
                tensor& y) override;

@@ -97,6 +97,23 @@ void cpu_backend::linear_backward_input(const tensor& dy, const tensor& w, tenso
                 dx.data<float>(), ic);
 }
 
+namespace {
+/// out[c] += Σ_r x[r, c]: each column summed over rows in row order into a fresh fp32
+/// accumulator, then added to out; threads take column ranges. The bias gradients' sum, wherever
+/// it is computed (linear_backward_weight, sum_rows), so both give the same bits.
+void add_column_sums(const float* x, std::int64_t n, std::int64_t cols, float* out) {
+  parallel_for(cols, std::max<std::int64_t>(16, (1 << 16) / std::max<std::int64_t>(n, 1)),
+               [&](std::int64_t c0, std::int64_t c1) {
+                 std::vector<float> acc(static_cast<std::size_t>(c1 - c0), 0.0f);
+                 for (std::int64_t r = 0; r < n; ++r) {
+                   const float* row = x + r * cols + c0;
+                   for (std::int64_t j = 0; j < c1 - c0; ++j) acc[j] += row[j];
+                 }
+                 for (std::int64_t j = 0; j < c1 - c0; ++j) out[c0 + j] += acc[j];
+               });
+}
+}  // namespace
+
 void cpu_backend::linear_backward_weight(const tensor& dy, const tensor& x, tensor& dw,
                                          tensor& db) {
   op_check c("linear_backward_weight", {{"dy", &dy}, {"x", &x}, {"dw", &dw}, {"db", &db}});
@@ -112,19 +129,17 @@ void cpu_backend::linear_backward_weight(const tensor& dy, const tensor& x, tens
   if (db.defined()) c.shape(db, "db", {oc}, "OC = dw.dim(0)");
   const float* dyp = dy.data<float>();
   blocked_sgemm(true, false, oc, ic, n, dyp, oc, x.data<float>(), ic, 1.0f, dw.data<float>(), ic);
-  if (db.defined()) {
-    // Column sums, each column summed over rows in row order; threads take column ranges.
-    float* dbp = db.data<float>();
-    parallel_for(oc, std::max<std::int64_t>(16, (1 << 16) / std::max<std::int64_t>(n, 1)),
-                 [&](std::int64_t c0, std::int64_t c1) {
-                   std::vector<float> acc(static_cast<std::size_t>(c1 - c0), 0.0f);
-                   for (std::int64_t r = 0; r < n; ++r) {
-                     const float* row = dyp + r * oc + c0;
-                     for (std::int64_t j = 0; j < c1 - c0; ++j) acc[j] += row[j];
-                   }
-                   for (std::int64_t j = 0; j < c1 - c0; ++j) dbp[c0 + j] += acc[j];
-                 });
-  }
+  if (db.defined()) add_column_sums(dyp, n, oc, db.data<float>());
+}
+
+void cpu_backend::sum_rows(const tensor& x, tensor& out) {
+  op_check c("sum_rows", {{"x", &x}, {"out", &out}});
+  c.host(x, "x", core::dtype::f32);
+  c.host(out, "out", core::dtype::f32);
+  c.require(x.rank() >= 1, "x must be [N, C]");
+  const std::int64_t cols = x.dim(-1);
+  c.shape(out, "out", {cols}, "C = last dim of x");
+  add_column_sums(x.data<float>(), rows_of(x), cols, out.data<float>());
 }
 
 }  // namespace troupe::kernels::cpu

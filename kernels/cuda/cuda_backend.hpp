@@ -91,6 +91,7 @@ class cuda_backend final : public backend {
                        tensor& dup) override;
   void add(const tensor& a, const tensor& b, tensor& y) override;
   void accumulate(const tensor& x, tensor& y) override;
+  void sum_rows(const tensor& x, tensor& out) override;
   void scale(tensor& x, float s) override;
   void dropout(const tensor& x, const dropout_spec& s, std::int64_t sample_elems,
                tensor& y) override;
@@ -105,7 +106,7 @@ class cuda_backend final : public backend {
                           const tensor& lse, const attention_dims& d, tensor& dqkv) override;
   void layernorm_backward_residual(const tensor& dy, const tensor& x, const tensor& w,
                                    const tensor& mean, const tensor& rstd, const tensor& residual,
-                                   tensor& dx, tensor& dw, tensor& db) override;
+                                   tensor& dx, tensor& dw, tensor& db, tensor& rsum) override;
   void attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
                                 const tensor& lse, const attention_dims& d, tensor& dqkv) override;
 

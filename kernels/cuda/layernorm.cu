@@ -515,9 +515,14 @@ void cuda_backend::layernorm_backward(const tensor& dy, const tensor& x, const t
 void cuda_backend::layernorm_backward_residual(const tensor& dy, const tensor& x,
                                                const tensor& w, const tensor& mean,
                                                const tensor& rstd, const tensor& residual,
-                                               tensor& dx, tensor& dw, tensor& db) {
+                                               tensor& dx, tensor& dw, tensor& db,
+                                               tensor& rsum) {
   activate();
+  // rsum is summed from the residual after dx is written.
+  require(!rsum.defined() || residual.raw() != dx.raw() || residual.numel() == 0,
+          "cuda layernorm_backward_residual", "dx must not alias the residual");
   layernorm_backward_on(*ctx_, dy, x, w, mean, rstd, dx, dw, db, &residual);
+  if (rsum.defined()) sum_rows(residual, rsum);
 }
 
 }  // namespace troupe::kernels::cuda

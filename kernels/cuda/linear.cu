@@ -692,6 +692,18 @@ void cuda_backend::linear_backward_weight_write(const tensor& dy, const tensor& 
   weight_gradient(*ctx_, dy, x, dw, db, 0, "cuda linear_backward_weight_write");
 }
 
+void cuda_backend::sum_rows(const tensor& x, tensor& out) {
+  activate();
+  const char* op = "cuda sum_rows";
+  require_float(x, op, "x");
+  require_float(out, op, "out");
+  require(x.rank() >= 1, op, "x must be [N, C], got " + core::shape_string(x.shape()));
+  const std::int64_t cols = x.dim(-1);
+  require_numel(out, cols, op, "out");
+  const std::int64_t rows = rows_of(x);
+  if (rows > 0) bias_gradient(*ctx_, x, rows, static_cast<int>(cols), out, false);
+}
+
 void set_gemm_log(bool on) { gemm_log.store(on); }
 
 void set_gelu_epilogue(bool on) { gelu_epilogue.store(on); }

@@ -304,9 +304,11 @@ TEST_CASE("cuda adamw_runs rejects overlapping runs and runs outside the buffers
 TEST_CASE("cuda layernorm over many rows matches the CPU, deterministically, wide rows included") {
   if (!gpu_or_skip()) return;
   backends be;
-  // 3000 rows: every warp of the row-cached kernels takes several rows; C 2052 takes the plain
-  // kernels (too wide to cache in fp32 packs; not a multiple of 8 in bf16).
-  for (auto shape : {std::pair<std::int64_t, std::int64_t>{3000, 768}, {40, 2052}, {1, 64}}) {
+  // 3000 rows: every warp of the row-cached kernels takes several rows; C 1600 (GPT-2 1.5B) and
+  // 1024 are wide rows; C 2052 takes the plain kernels (too wide to cache in fp32 packs; not a
+  // multiple of 8 in bf16).
+  for (auto shape : {std::pair<std::int64_t, std::int64_t>{3000, 768}, {2000, 1600}, {300, 1024},
+                     {40, 2052}, {1, 64}}) {
     const std::int64_t N = shape.first, C = shape.second;  // plain names: INFO captures them
     for (dtype t : {dtype::f32, dtype::bf16}) {
       INFO("dtype " << core::dtype_name(t) << ", N " << N << ", C " << C);
@@ -355,10 +357,43 @@ TEST_CASE("cuda layernorm over many rows matches the CPU, deterministically, wid
       // accumulating onto a dx that held the residual.
       tensor gres = upload(*be.gpu, dx0, t), gdx_w = poisoned(*be.gpu, {N, C}, t);
       tensor gdw_r = upload(*be.gpu, dw0, dtype::f32), gdb_r = upload(*be.gpu, db0, dtype::f32);
-      be.gpu->layernorm_backward_residual(gdy, gx, gw, gmean, grstd, gres, gdx_w, gdw_r, gdb_r);
+      tensor none;
+      be.gpu->layernorm_backward_residual(gdy, gx, gw, gmean, grstd, gres, gdx_w, gdw_r, gdb_r,
+                                          none);
       CHECK(same_bits(be.gpu->to_host(gdx_w), first[0]));
       CHECK(same_bits(be.gpu->to_host(gdw_r), first[1]));
       CHECK(same_bits(be.gpu->to_host(gdb_r), first[2]));
+      // With the residual's column sums (a projection's bias gradient) from the same pass: dx,
+      // dw and db keep their bits, the sums match the CPU's (into fp32 and into bf16) and repeat
+      // bit for bit.
+      tensor rs0 = random_host({C}, 97), rs_ref = rs0.clone();
+      be.cpu->sum_rows(dx0, rs_ref);
+      std::vector<tensor> with_rsum;
+      for (int rep = 0; rep < 2; ++rep) {
+        tensor gdx_s = poisoned(*be.gpu, {N, C}, t), gdw_s = upload(*be.gpu, dw0, dtype::f32);
+        tensor gdb_s = upload(*be.gpu, db0, dtype::f32), grs = upload(*be.gpu, rs0, dtype::f32);
+        be.gpu->layernorm_backward_residual(gdy, gx, gw, gmean, grstd, gres, gdx_s, gdw_s,
+                                            gdb_s, grs);
+        std::vector<tensor> got = {be.gpu->to_host(gdx_s), be.gpu->to_host(gdw_s),
+                                   be.gpu->to_host(gdb_s), be.gpu->to_host(grs)};
+        for (int i = 0; i < 3; ++i) CHECK(same_bits(got[i], first[i]));
+        if (rep == 0) {
+          check_close(got[3], rs_ref, rtol, "rsum");
+          with_rsum = got;
+        } else {
+          CHECK(same_bits(got[3], with_rsum[3]));
+        }
+      }
+      tensor grs16 = upload(*be.gpu, rs0, dtype::bf16), gdx_h = poisoned(*be.gpu, {N, C}, t);
+      be.gpu->layernorm_backward_residual(gdy, gx, gw, gmean, grstd, gres, gdx_h, gdw_r, gdb_r,
+                                          grs16);
+      check_close(host_f32(be.gpu->to_host(grs16)), rs_ref, rtol_for(dtype::bf16), "rsum bf16");
+      // sum_rows: the bias gradient's own pass, against the CPU.
+      tensor gcs = upload(*be.gpu, rs0, dtype::f32);
+      be.gpu->sum_rows(gres, gcs);
+      check_close(be.gpu->to_host(gcs), rs_ref, rtol, "sum_rows");
+      CHECK_THROWS(be.gpu->layernorm_backward_residual(gdy, gx, gw, gmean, grstd, gres, gres,
+                                                       gdw_r, gdb_r, gcs));
     }
   }
 }

@@ -106,12 +106,32 @@ TEST_CASE("layernorm_backward_residual writes residual + the norm's input gradie
   // The accumulating op (checked against finite differences) onto a dx that holds the residual.
   tensor dx_acc = res.clone(), dw_acc = dw0.clone(), db_acc = db0.clone();
   be->layernorm_backward(dy, x, w, mean, rstd, dx_acc, dw_acc, db_acc);
-  tensor dx = nan_filled(*be, {N, IC}), dw = dw0.clone(), db = db0.clone();
-  be->layernorm_backward_residual(dy, x, w, mean, rstd, res, dx, dw, db);
+  tensor dx = nan_filled(*be, {N, IC}), dw = dw0.clone(), db = db0.clone(), none;
+  be->layernorm_backward_residual(dy, x, w, mean, rstd, res, dx, dw, db, none);
   CHECK(same_bits(dx, dx_acc));
   CHECK(same_bits(dw, dw_acc));
   CHECK(same_bits(db, db_acc));
-  CHECK_THROWS(be->layernorm_backward_residual(dy, x, w, mean, rstd, res, res, dw, db));
+  CHECK_THROWS(be->layernorm_backward_residual(dy, x, w, mean, rstd, res, res, dw, db, none));
+  // The residual's column sums join rsum with the bits of a linear layer's bias gradient for an
+  // output gradient equal to the residual (the projection whose output joined it).
+  tensor rs0 = randn({IC}, 19), rsum = rs0.clone(), db_lin = rs0.clone();
+  tensor dx2 = nan_filled(*be, {N, IC}), dw2 = dw0.clone(), db2 = db0.clone();
+  be->layernorm_backward_residual(dy, x, w, mean, rstd, res, dx2, dw2, db2, rsum);
+  CHECK(same_bits(dx2, dx_acc));
+  CHECK(same_bits(dw2, dw_acc));
+  CHECK(same_bits(db2, db_acc));
+  tensor x_lin = randn({N, 3}, 20), dw_lin = tensor::zeros({IC, 3});
+  be->linear_backward_weight(res, x_lin, dw_lin, db_lin);
+  CHECK(same_bits(rsum, db_lin));
+  tensor direct = rs0.clone();
+  be->sum_rows(res, direct);
+  CHECK(same_bits(direct, db_lin));
+  // Against a plain sum in double.
+  for (std::int64_t c = 0; c < IC; ++c) {
+    double want = rs0.data<float>()[c];
+    for (std::int64_t r = 0; r < N; ++r) want += res.data<float>()[r * IC + c];
+    CHECK(rsum.data<float>()[c] == doctest::Approx(want).epsilon(1e-5));
+  }
 }
 
 TEST_CASE("rmsnorm_backward_residual writes residual + the norm's input gradient") {
