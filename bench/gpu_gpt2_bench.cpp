@@ -253,8 +253,9 @@ class profiling_backend final : public kernels::backend {
   }
   void attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
                                 const tensor& lse, const kernels::attention_dims& d,
-                                tensor& dqkv) override {
-    timed("attention_backward", [&] { in_.attention_backward_write(dout, qkv, out, lse, d, dqkv); });
+                                tensor& dqkv, tensor& dsum) override {
+    timed("attention_backward",
+          [&] { in_.attention_backward_write(dout, qkv, out, lse, d, dqkv, dsum); });
   }
   void cross_entropy(tensor& logits, const tensor& t, tensor& l, float gs) override {
     timed("cross_entropy", [&] { in_.cross_entropy(logits, t, l, gs); });

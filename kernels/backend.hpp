@@ -262,9 +262,13 @@ class backend {
   virtual void attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
                                   const tensor& lse, const attention_dims& d, tensor& dqkv) = 0;
   /// dqkv = that gradient (written, not accumulated; a fused variant: its default zeroes dqkv and
-  /// calls attention_backward, the CUDA backend's kernels store instead of adding).
+  /// calls attention_backward, the CUDA backend's kernels store instead of adding). With `dsum`
+  /// defined (float [(H + 2*Hkv)*D]), also dsum = Σ_rows dqkv (written): the qkv projection's
+  /// bias gradient (model/layer.cpp). Its bits are fixed by the shapes (the CPU's and the
+  /// default's are sum_rows', the CUDA kernels may add in another order).
   virtual void attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
-                                        const tensor& lse, const attention_dims& d, tensor& dqkv);
+                                        const tensor& lse, const attention_dims& d, tensor& dqkv,
+                                        tensor& dsum);
 
   // --- inference with a key/value cache (troupe generate) ---------------------------------
   // A cached forward runs rows that belong to cache slots (one slot per sequence being generated)

@@ -79,9 +79,13 @@ void backend::rmsnorm_backward_residual(const tensor& dy, const tensor& x, const
 }
 
 void backend::attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
-                                       const tensor& lse, const attention_dims& d, tensor& dqkv) {
+                                       const tensor& lse, const attention_dims& d, tensor& dqkv,
+                                       tensor& dsum) {
   zero(dqkv);
   attention_backward(dout, qkv, out, lse, d, dqkv);
+  if (!dsum.defined()) return;
+  zero(dsum);
+  sum_rows(dqkv, dsum);
 }
 
 }  // namespace troupe::kernels

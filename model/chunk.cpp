@@ -655,6 +655,7 @@ class chunk_impl {
         account(st);
       }
       name_op(spec_.first_layer + l, st, comm_op::backward_input);
+      st.stash[l].sum_qkv_bias = g.layers[l].qkv_b.defined();
       tensor dx = ops_->backward_input(w.layers[l], st.layers[l], dy, st.stash[l],
                                        with_weights ? &g.layers[l] : nullptr);
       account(st);

@@ -42,7 +42,8 @@ layer_ops::layer_ops(const core::model_config& cfg, kernels::backend& be, core::
       ffn_(split ? split->ffn : ffn_hidden(cfg)),
       lora_scale_(lora_scale(cfg)),
       branch_bias_(cfg.arch == core::arch_kind::gpt2 && comm == nullptr &&
-                   cfg.hidden_dropout <= 0) {
+                   cfg.hidden_dropout <= 0),
+      qkv_bias_sum_(cfg.arch == core::arch_kind::gpt2 && comm == nullptr) {
   TROUPE_CHECK((split == nullptr) == (comm == nullptr),
                "a tensor-parallel layer needs both its split and its group");
   TROUPE_CHECK(!comm || cfg.lora.rank == 0,
@@ -277,7 +278,12 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   auto d = dims(rows);
   d.dropout = a.drop.attention;
   d.doc_start = a.docs.start;
-  be_.attention_backward_write(datt, a.qkv, a.att, a.lse, d, dqkv);
+  // The qkv bias gradient: the column sums of dqkv, from the pass that writes it; the weight
+  // phase adds them to the gradient (qkv_bias_from_attention).
+  tensor dsum;
+  if (qkv_bias_sum_ && s.sum_qkv_bias) dsum = alloc({qkv_width_}, core::dtype::f32);
+  be_.attention_backward_write(datt, a.qkv, a.att, a.lse, d, dqkv, dsum);
+  s.d_qkv_b = dsum;
   tensor dn1 = alloc({rows, c});
   qkv_backward_input(w, dqkv, dn1, s, a.docs.on() ? &a.docs.positions : nullptr);
   if (comm_) dn1 = comm_->reduce_rows(dn1);

@@ -145,11 +145,14 @@ struct layer_stash {
   tensor d_mid;   // d mid: the attention output projection's dy
   tensor d_qkv;   // dy of the qkv projection (before RoPE)
   tensor d_n1;    // dy of norm1
+  tensor d_qkv_b;  // Σ_rows d_qkv (fp32), GPT-2's qkv bias gradient from the attention backward
   bool norms_done = false;  // norm weight gradients were accumulated in backward_input
+  // Set by the caller of backward_input: the qkv bias gradient is wanted (not frozen).
+  bool sum_qkv_bias = false;
 
   template <class F>
   void each(F&& f) {
-    for (tensor* t : {&d_out, &d_fc, &d_up, &d_n2, &d_mid, &d_qkv, &d_n1}) f(*t);
+    for (tensor* t : {&d_out, &d_fc, &d_up, &d_n2, &d_mid, &d_qkv, &d_n1, &d_qkv_b}) f(*t);
   }
 };
 
@@ -268,6 +271,10 @@ class layer_ops {
   /// stream's gradient that the next norm's backward reads anyway (one pass over [N, C] less
   /// per projection). Those biases then accumulate into zeroed gradients (model/chunk.cpp).
   bool branch_bias_from_norm() const { return branch_bias_; }
+  /// Whether the qkv projection's bias gradient comes from the attention backward, which sums
+  /// the columns of the dqkv it writes (layer_stash::d_qkv_b), instead of a pass of its own over
+  /// dqkv: GPT-2 on one rank.
+  bool qkv_bias_from_attention() const { return qkv_bias_sum_; }
   /// Allocates norm statistics for n rows into mean (LayerNorm only) and rstd.
   void norm_stats(std::int64_t n, tensor& mean, tensor& rstd);
 
@@ -348,6 +355,7 @@ class layer_ops {
   int ffn_;
   float lora_scale_;        // lora.alpha / lora.rank
   bool branch_bias_;        // branch_bias_from_norm()
+  bool qkv_bias_sum_;       // qkv_bias_from_attention()
 
  private:
   /// B placed at rows [col, col + out) of a zero [Y, r] scratch (B itself when it fills y).

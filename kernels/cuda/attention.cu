@@ -1207,9 +1207,15 @@ void cuda_backend::attention_backward(const tensor& dout, const tensor& qkv, con
 
 void cuda_backend::attention_backward_write(const tensor& dout, const tensor& qkv,
                                             const tensor& out, const tensor& lse,
-                                            const attention_dims& d, tensor& dqkv) {
+                                            const attention_dims& d, tensor& dqkv,
+                                            tensor& dsum) {
   activate();
   attention_backward_on(*ctx_, dout, qkv, out, lse, d, dqkv, false);
+  if (!dsum.defined()) return;
+  require_float(dsum, "cuda attention_backward_write", "dsum");
+  require_numel(dsum, qkv.dim(-1), "cuda attention_backward_write", "dsum");
+  zero(dsum);
+  sum_rows(dqkv, dsum);
 }
 
 }  // namespace troupe::kernels::cuda

@@ -108,7 +108,8 @@ class cuda_backend final : public backend {
                                    const tensor& mean, const tensor& rstd, const tensor& residual,
                                    tensor& dx, tensor& dw, tensor& db, tensor& rsum) override;
   void attention_backward_write(const tensor& dout, const tensor& qkv, const tensor& out,
-                                const tensor& lse, const attention_dims& d, tensor& dqkv) override;
+                                const tensor& lse, const attention_dims& d, tensor& dqkv,
+                                tensor& dsum) override;
 
   void embedding_forward_at(const tensor& tokens, const tensor& wte, const tensor& wpe,
                             const tensor& positions, tensor& out) override;

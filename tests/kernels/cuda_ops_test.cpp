@@ -444,10 +444,20 @@ void check_attention(backends& be, dtype t, const attention_dims& dims, const st
   tensor gz = upload(*be.gpu, tensor::zeros({N, W}), t);
   be.gpu->attention_backward(gdout, gqkv, gout, glse, dg, gz);
   const tensor added = download(*be.gpu, gz);
-  tensor gw1 = poisoned(*be.gpu, {N, W}, t), gw2 = poisoned(*be.gpu, {N, W}, t);
-  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, dg, gw1);
-  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, dg, gw2);
+  tensor gw1 = poisoned(*be.gpu, {N, W}, t), gw2 = poisoned(*be.gpu, {N, W}, t), none;
+  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, dg, gw1, none);
+  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, dg, gw2, none);
   CHECK(same_bits(be.gpu->to_host(gw1), be.gpu->to_host(gw2)));
+  // With the column sums of the written dqkv (GPT-2's qkv bias gradient, written over NaN): the
+  // same dqkv bits, sums that match the CPU's sum of that dqkv, the same bits on repeat.
+  tensor gw3 = poisoned(*be.gpu, {N, W}, t), gs1 = poisoned(*be.gpu, {W}, dtype::f32);
+  tensor gw4 = poisoned(*be.gpu, {N, W}, t), gs2 = poisoned(*be.gpu, {W}, dtype::f32);
+  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, dg, gw3, gs1);
+  be.gpu->attention_backward_write(gdout, gqkv, gout, glse, dg, gw4, gs2);
+  CHECK(same_bits(be.gpu->to_host(gw3), be.gpu->to_host(gw1)));
+  CHECK(same_bits(be.gpu->to_host(gs1), be.gpu->to_host(gs2)));
+  const tensor sum_ref = column_sums_f64(download(*be.gpu, gw1), tensor::zeros({W}));
+  check_close(be.gpu->to_host(gs1), sum_ref, fp32_rtol, "attention dqkv column sums");
   const tensor written = download(*be.gpu, gw1);
   std::int64_t differ = 0;
   for (std::int64_t i = 0; i < written.numel(); ++i)

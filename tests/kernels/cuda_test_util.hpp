@@ -90,6 +90,20 @@ inline tensor host_f32(const tensor& host) {
   return out;
 }
 
+/// start[c] + Σ_r rows[r, c] (host fp32 [N, C] and [C]) summed in double, as fp32: a reference
+/// for column sums that the GPU adds in another order (an fp32 sum in row order of thousands of
+/// terms is itself off by about the tolerance).
+inline tensor column_sums_f64(const tensor& rows, const tensor& start) {
+  const std::int64_t cols = start.numel(), n = cols ? rows.numel() / cols : 0;
+  tensor out = tensor::zeros({cols});
+  for (std::int64_t c = 0; c < cols; ++c) {
+    double s = start.data<float>()[c];
+    for (std::int64_t r = 0; r < n; ++r) s += rows.data<float>()[r * cols + c];
+    out.data<float>()[c] = static_cast<float>(s);
+  }
+  return out;
+}
+
 /// Device tensor of dtype t with the values of host fp32 tensor `host`.
 inline tensor upload(backend& gpu, const tensor& host, dtype t) {
   return gpu.from_host(host_as(host, t));

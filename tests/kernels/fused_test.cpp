@@ -159,9 +159,16 @@ TEST_CASE("attention_backward_write overwrites dqkv with the gradient attention_
   be->attention_forward(qkv, d, out, lse);
   tensor added = tensor::zeros({rows, width});  // the accumulating op, checked against finite differences
   be->attention_backward(dout, qkv, out, lse, d, added);
-  tensor written = nan_filled(*be, {rows, width});
-  be->attention_backward_write(dout, qkv, out, lse, d, written);
+  tensor written = nan_filled(*be, {rows, width}), none;
+  be->attention_backward_write(dout, qkv, out, lse, d, written, none);
   CHECK(same_bits(written, added));
+  // dsum: written over NaN, sum_rows' bits of the written gradient.
+  tensor again = nan_filled(*be, {rows, width}), dsum = nan_filled(*be, {width});
+  be->attention_backward_write(dout, qkv, out, lse, d, again, dsum);
+  CHECK(same_bits(again, added));
+  tensor want = tensor::zeros({width});
+  be->sum_rows(added, want);
+  CHECK(same_bits(dsum, want));
 }
 
 TEST_CASE("linear_backward_input_gelu overwrites dx with (dy*w) times gelu'(pre)") {
