@@ -34,7 +34,7 @@ class gpt2_layer_ops final : public layer_ops {
   void qkv_backward_weight(const layer_tensors& w, const layer_acts& a, const layer_stash& s,
                            layer_tensors& g) override {
     if (g.qkv_w.defined()) {
-      // The bias gradient summed by the attention backward (qkv_bias_from_attention), or here.
+      // The bias gradient summed by the attention backward (layer_ops::qkv_bias_sum_), or here.
       const bool summed = s.d_qkv_b.defined() && g.qkv_b.defined();
       tensor none;
       weight_grad(s.d_qkv, a.n1, g.qkv_w, summed ? none : g.qkv_b, g.fresh);

@@ -279,7 +279,7 @@ tensor layer_ops::backward_input(const layer_tensors& w, layer_acts& a, const te
   d.dropout = a.drop.attention;
   d.doc_start = a.docs.start;
   // The qkv bias gradient: the column sums of dqkv, from the pass that writes it; the weight
-  // phase adds them to the gradient (qkv_bias_from_attention).
+  // phase adds them to the gradient (qkv_bias_sum_).
   tensor dsum;
   if (qkv_bias_sum_ && s.sum_qkv_bias) dsum = alloc({qkv_width_}, core::dtype::f32);
   be_.attention_backward_write(datt, a.qkv, a.att, a.lse, d, dqkv, dsum);

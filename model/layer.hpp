@@ -271,10 +271,6 @@ class layer_ops {
   /// stream's gradient that the next norm's backward reads anyway (one pass over [N, C] less
   /// per projection). Those biases then accumulate into zeroed gradients (model/chunk.cpp).
   bool branch_bias_from_norm() const { return branch_bias_; }
-  /// Whether the qkv projection's bias gradient comes from the attention backward, which sums
-  /// the columns of the dqkv it writes (layer_stash::d_qkv_b), instead of a pass of its own over
-  /// dqkv: GPT-2 on one rank.
-  bool qkv_bias_from_attention() const { return qkv_bias_sum_; }
   /// Allocates norm statistics for n rows into mean (LayerNorm only) and rstd.
   void norm_stats(std::int64_t n, tensor& mean, tensor& rstd);
 
@@ -355,7 +351,10 @@ class layer_ops {
   int ffn_;
   float lora_scale_;        // lora.alpha / lora.rank
   bool branch_bias_;        // branch_bias_from_norm()
-  bool qkv_bias_sum_;       // qkv_bias_from_attention()
+  // Whether the qkv projection's bias gradient comes from the attention backward, which sums the
+  // columns of the dqkv it writes (layer_stash::d_qkv_b), instead of a pass of its own over dqkv:
+  // GPT-2 on one rank.
+  bool qkv_bias_sum_;
 
  private:
   /// B placed at rows [col, col + out) of a zero [Y, r] scratch (B itself when it fills y).
