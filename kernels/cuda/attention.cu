@@ -32,6 +32,7 @@
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_sm90.hpp"
+#include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_context.hpp"
@@ -1117,9 +1118,13 @@ void cuda_backend::attention_forward(const tensor& qkv, const attention_dims& d,
 namespace {
 
 /// Adds the gradient to dqkv, or writes it (`accumulate` false: dqkv's old contents are ignored).
+/// With `dsum` (written results only), also writes dqkv's column sums: from the Hopper kernels'
+/// per-16-row partial sums where they run, by the bias gradient's pass over dqkv otherwise.
 void attention_backward_on(context& ctx, const tensor& dout, const tensor& qkv, const tensor& out,
                            const tensor& lse, const attention_dims& d, tensor& dqkv,
-                           bool accumulate) {
+                           bool accumulate, tensor* dsum) {
+  require(!(accumulate && dsum), "cuda attention_backward", "column sums of an accumulated dqkv");
+  bool summed = false;
   const char* op = "cuda attention_backward";
   const attn_shape s = check_attention(qkv, d, op);
   const std::int64_t rows = static_cast<std::int64_t>(d.batch) * d.seq;
@@ -1138,12 +1143,22 @@ void attention_backward_on(context& ctx, const tensor& dout, const tensor& qkv, 
     TROUPE_CUDA_CHECK_LAUNCH();
 #if defined(TROUPE_CUDA_SM90A)
     // On an H100/H200 the wgmma backward (sm90/attention_bwd.cu) takes the cases it covers.
-    if (ctx.hopper_attention && use_mma(qkv.type(), d.head_dim, {&qkv, &dout, &dqkv}) &&
-        attention_backward_sm90(qkv.type(), qkv.raw(), dout.raw(), lse.data<float>(),
-                                delta.as<float>(), dqkv.raw(), d.batch, s, accumulate,
-                                ctx.stream)) {
-      TROUPE_CUDA_CHECK_LAUNCH();
-      return;
+    if (ctx.hopper_attention && use_mma(qkv.type(), d.head_dim, {&qkv, &dout, &dqkv})) {
+      const int parts = attention_backward_sm90_sum_rows(d.batch, s);
+      const int W = s.W;
+      scratch partial(ctx, dsum ? sizeof(float) * static_cast<std::size_t>(parts) * W : 0);
+      if (attention_backward_sm90(qkv.type(), qkv.raw(), dout.raw(), lse.data<float>(),
+                                  delta.as<float>(), dqkv.raw(), d.batch, s, accumulate,
+                                  dsum ? partial.as<float>() : nullptr, ctx.stream)) {
+        TROUPE_CUDA_CHECK_LAUNCH();
+        if (dsum) {
+          column_finish_kernel<<<finish_grid(W), finish_block(), 0, ctx.stream>>>(
+              partial.as<float>(), parts, W, dsum->raw(), code_of(dsum->type()), true);
+          TROUPE_CUDA_CHECK_LAUNCH();
+          summed = true;
+        }
+        return;
+      }
     }
 #endif
     if constexpr (!std::is_same_v<T, float>) {
@@ -1195,6 +1210,7 @@ void attention_backward_on(context& ctx, const tensor& dout, const tensor& qkv, 
       TROUPE_CUDA_CHECK_LAUNCH();
     });
   });
+  if (dsum && !summed) sum_rows_on(ctx, dqkv, *dsum, true);
 }
 
 }  // namespace
@@ -1202,7 +1218,7 @@ void attention_backward_on(context& ctx, const tensor& dout, const tensor& qkv, 
 void cuda_backend::attention_backward(const tensor& dout, const tensor& qkv, const tensor& out,
                                       const tensor& lse, const attention_dims& d, tensor& dqkv) {
   activate();
-  attention_backward_on(*ctx_, dout, qkv, out, lse, d, dqkv, true);
+  attention_backward_on(*ctx_, dout, qkv, out, lse, d, dqkv, true, nullptr);
 }
 
 void cuda_backend::attention_backward_write(const tensor& dout, const tensor& qkv,
@@ -1210,12 +1226,12 @@ void cuda_backend::attention_backward_write(const tensor& dout, const tensor& qk
                                             const attention_dims& d, tensor& dqkv,
                                             tensor& dsum) {
   activate();
-  attention_backward_on(*ctx_, dout, qkv, out, lse, d, dqkv, false);
-  if (!dsum.defined()) return;
-  require_float(dsum, "cuda attention_backward_write", "dsum");
-  require_numel(dsum, qkv.dim(-1), "cuda attention_backward_write", "dsum");
-  zero(dsum);
-  sum_rows(dqkv, dsum);
+  if (dsum.defined()) {
+    require_float(dsum, "cuda attention_backward_write", "dsum");
+    require_numel(dsum, qkv.dim(-1), "cuda attention_backward_write", "dsum");
+  }
+  attention_backward_on(*ctx_, dout, qkv, out, lse, d, dqkv, false,
+                        dsum.defined() ? &dsum : nullptr);
 }
 
 }  // namespace troupe::kernels::cuda

@@ -24,11 +24,18 @@ bool attention_forward_sm90(core::dtype type, const void* qkv, void* out, float*
                             const attn_shape& s, tile_loads loads, cudaStream_t stream);
 
 /// The causal backward with wgmma (sm90/attention_bwd.cu), given Δ (attention.cu's launch_delta):
-/// adds the gradient to dqkv (`accumulate`) or writes it. Returns false without launching where it
-/// does not cover the case (head size other than 64, packed documents, a type other than bf16 or
-/// fp16). The pointers must be 16-byte aligned.
+/// adds the gradient to dqkv (`accumulate`) or writes it. When it writes, `sums` (else null) gets
+/// the column sums of the dqkv it stored, per 16 rows: partial rows
+/// [attention_backward_sm90_sum_rows(batch, s), W], each written once, for column_finish_kernel
+/// to add in a fixed order. Returns false without launching where it does not cover the case
+/// (head size other than 64, packed documents, a type other than bf16 or fp16, sums with
+/// `accumulate`). The pointers must be 16-byte aligned.
 bool attention_backward_sm90(core::dtype type, const void* qkv, const void* dout,
                              const float* lse, const float* delta, void* dqkv, int batch,
-                             const attn_shape& s, bool accumulate, cudaStream_t stream);
+                             const attn_shape& s, bool accumulate, float* sums,
+                             cudaStream_t stream);
+
+/// The partial rows of attention_backward_sm90's `sums`: batch · ⌈T/16⌉.
+int attention_backward_sm90_sum_rows(int batch, const attn_shape& s);
 
 }  // namespace troupe::kernels::cuda

@@ -153,4 +153,8 @@ void column_sums_vec(context& ctx, const F& f, std::int64_t rows, int cols, void
   TROUPE_CUDA_CHECK_LAUNCH();
 }
 
+/// out += Σ_rows x (written with `write`: out's old contents are ignored) over x [rows, cols]:
+/// the backend's sum_rows and the bias gradient's kernels (kernels/cuda/linear.cu).
+void sum_rows_on(context& ctx, const tensor& x, tensor& out, bool write);
+
 }  // namespace troupe::kernels::cuda

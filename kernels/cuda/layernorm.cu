@@ -1,10 +1,13 @@
 // LayerNorm over the last dimension: y = (x − mean)·rstd·w + b with fp32 statistics saved for the
 // backward, and the backward dx += rstd·(w·dy − mean(w·dy) − x̂·mean(w·dy·x̂)), dw += Σ dy·x̂,
-// db += Σ dy. One warp per row (rows are 768–1600 wide in GPT-2: a warp's lanes stride the row with
-// 16-byte accesses and the row stays in L1 between the passes), so no block-level synchronisation is
-// needed. Rows that fit in registers take the row-cached kernels (below), which read each row once
-// and fuse the weight and bias gradients into the dx pass; wider rows take the plain kernels, whose
-// weight and bias gradients are column sums done deterministically by column_sum.cuh.
+// db += Σ dy; the residual variant writes dx = residual + that gradient and may also sum the
+// residual's columns (a bias gradient: GPT-2's projection outputs join the residual stream, see
+// docs/model.md). One warp per row (rows are 768–1600 wide in GPT-2: a warp's lanes stride the
+// row with 16-byte accesses and the row stays in L1 between the passes), so no block-level
+// synchronisation is needed. Rows that fit in registers take the row-cached kernels (below), which
+// read each row once and fuse the weight and bias gradients into the dx pass; wider rows take the
+// plain kernels, whose weight and bias gradients are column sums done deterministically by
+// column_sum.cuh.
 // x, y, dy, dx share one dtype; w, b and their gradients may be any float dtype (fp32 gradients of
 // bf16 weights).
 #include "kernels/cuda/column_sum.cuh"
@@ -99,8 +102,8 @@ __global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const void
   }
 }
 
-// Row-cached kernels for rows of at most `ITERS` · 32 · V elements (forward: up to 2048 in bf16;
-// backward, which holds more per row: up to 768 in bf16, GPT-2 124M):
+// Row-cached kernels for rows of at most `ITERS` · 32 · V elements (up to 2048 in bf16, which
+// covers GPT-2 124M's 768 and 1.5B's 1600; the backward takes fp32 rows up to 384):
 // each lane keeps its columns of the row, and of w and b, in registers, so a row is read from
 // memory once, and each warp does several rows (w and b are loaded once per warp). The backward
 // also keeps each warp's dw and db partial sums across its rows (in shared memory); a block adds
@@ -194,38 +197,57 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-/// dx of every row, and per block the column sums [dw (C) | db (C)] of its rows into
-/// partial[blockIdx.x · 2C ...]. Each warp adds its rows' dw and db terms into its own slice of
-/// shared memory (dynamic), in which each lane owns its columns, so there are no atomics and no
-/// races; at the end the block adds the warps' slices in warp order. A slice is stored lane-minor
-/// (element k of pack `it` of lane l at (it·V + k)·32 + l), so the 32 lanes of a warp touch 32
-/// consecutive floats (lane l's columns side by side would be an 8-way bank conflict). Keeping
-/// these partial sums in registers instead (2 · ITERS · V of them next to the row's x and dy), and
-/// w read through its dtype at each use, needed 128 registers with spills at two blocks per SM:
-/// measured on the H200 at 52 µs per call for 16384 × 768 in bf16 (38% of DRAM bandwidth, 725k
-/// local-memory requests). Each warp holds its current row (x, dy and the base of dx) and loads
-/// its next row's x and dy meanwhile, at two blocks per SM.
-template <class T, int V, int ITERS>
-__global__ void __launch_bounds__(256, 2)
+/// Makes the compiler treat p's words as new values: conversions of p done before this call cannot
+/// be reused after it, so the 16-bit packs are held instead of their fp32 conversions (twice the
+/// registers; the wide row-cached backward spilled with them).
+template <class T, int V>
+__device__ __forceinline__ void launder(pack<T, V>& p) {
+  static_assert(sizeof(pack<T, V>) % 4 == 0, "packs are whole 32-bit words");
+  auto* w = reinterpret_cast<unsigned*>(&p);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(pack<T, V>) / 4); ++i)
+    asm volatile("" : "+r"(w[i]));
+}
+
+/// dx of every row, and per block the column sums [dw (C) | db (C)] of its rows (with RSUM also
+/// [... | rsum (C)], the residual's column sums) into partial[blockIdx.x · NS·C ...]. Each warp
+/// adds its rows' terms into its own slice of shared memory (dynamic), in which each lane owns its
+/// columns, so there are no atomics and no races; at the end the block adds the warps' slices in
+/// warp order. A slice is stored lane-minor (element k of pack `it` of lane l at
+/// (it·V + k)·32 + l), so the 32 lanes of a warp touch 32 consecutive floats (lane l's columns
+/// side by side would be an 8-way bank conflict). Keeping these partial sums in registers instead (2 · ITERS · V of them
+/// next to the row's x and dy), and w read through its dtype at each use, needed 128 registers
+/// with spills at two blocks per SM: measured on the H200 at 52 µs per call for 16384 × 768 in
+/// bf16 (38% of DRAM bandwidth, 725k local-memory requests).
+/// Rows of up to 768 in bf16 (ITERS ≤ 3) take 8 warps per block, two blocks per SM, and each warp
+/// loads its next row's x and dy while it works on the current one (PREFETCH). Wider rows (up to
+/// 2048: GPT-2 1.5B's 1600) hold 8 packs of x, dy and the base per lane: a second row in flight
+/// would spill, so they take 4 warps per block without prefetching, and the SM's other blocks hide
+/// the loads.
+template <class T, int V, int ITERS, int WARPS, bool PREFETCH, bool RSUM>
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 3)
     layernorm_backward_cached_kernel(const T* dy, const T* x, const void* w, int wc,
                                      const float* mean, const float* rstd, const T* base, T* dx,
                                      float* partial, std::int64_t rows, int C) {
   extern __shared__ float sums[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  // This warp's slice: dw terms at [0, ITERS·V·32), db terms after them (lane-minor, see above);
-  // after all slices, w as fp32 in the same layout (read at every use: no dtype branches and no
-  // registers held for it).
+  constexpr int NS = RSUM ? 3 : 2;  // slices per warp: dw, db (, rsum)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // This warp's slices, each lane-minor (see above): dw terms at [0, half), db terms after them,
+  // then the residual's; after all warps' slices, w as fp32 in the same layout (read at every
+  // use: no dtype branches and no registers held for it).
   constexpr int half = ITERS * V * 32;
-  float* mine = sums + static_cast<std::int64_t>(warp) * 2 * half;
-  float* ws = sums + static_cast<std::int64_t>(warps) * 2 * half;
+  float* mine = sums + static_cast<std::int64_t>(warp) * NS * half;
+  float* ws = sums + static_cast<std::int64_t>(WARPS) * NS * half;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const int l = i % 32, it = i / 32 / V, k = i / 32 % V, c = (it * 32 + l) * V + k;
     ws[i] = c < C ? load_f(w, wc, c) : 0.0f;
   }
 #pragma unroll
-  for (int i = 0; i < ITERS * V; ++i) mine[i * 32 + lane] = mine[half + i * 32 + lane] = 0.0f;
+  for (int i = 0; i < ITERS * V; ++i)
+#pragma unroll
+    for (int sl = 0; sl < NS; ++sl) mine[sl * half + i * 32 + lane] = 0.0f;
   __syncthreads();
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * WARPS;
   auto load_row = [&](std::int64_t row, pack<T, V> (&px)[ITERS], pack<T, V> (&pd)[ITERS]) {
     const T* xr = x + row * C;
     const T* dyr = dy + row * C;
@@ -238,10 +260,10 @@ __global__ void __launch_bounds__(256, 2)
       }
     }
   };
-  std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * warps + warp;
+  std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * WARPS + warp;
   pack<T, V> px[ITERS], pd[ITERS];
   float mu = 0.0f, rs = 0.0f;
-  if (row < rows) {
+  if (PREFETCH && row < rows) {
     load_row(row, px, pd);
     mu = mean[row];
     rs = rstd[row];
@@ -249,21 +271,32 @@ __global__ void __launch_bounds__(256, 2)
   for (; row < rows; row += stride) {
     // The next row's loads: a different row from the one whose dx this iteration writes, and
     // only this warp writes it, so dx may alias x, dy or the base.
-    pack<T, V> nx[ITERS], nd[ITERS];
+    pack<T, V> nx[PREFETCH ? ITERS : 1], nd[PREFETCH ? ITERS : 1];
     float nmu = 0.0f, nrs = 0.0f;
-    if (row + stride < rows) {
-      load_row(row + stride, nx, nd);
-      nmu = mean[row + stride];
-      nrs = rstd[row + stride];
+    if constexpr (PREFETCH) {
+      if (row + stride < rows) {
+        load_row(row + stride, nx, nd);
+        nmu = mean[row + stride];
+        nrs = rstd[row + stride];
+      }
+    } else {
+      load_row(row, px, pd);
+      mu = mean[row];
+      rs = rstd[row];
     }
     T* dxr = dx + row * C;
     const T* br = base + row * C;
     pack<T, V> pb[ITERS];
+    auto load_base = [&] {
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int c = (it * 32 + lane) * V;
-      if (c < C) pb[it] = *reinterpret_cast<const pack<T, V>*>(br + c);
-    }
+      for (int it = 0; it < ITERS; ++it) {
+        const int c = (it * 32 + lane) * V;
+        if (c < C) pb[it] = *reinterpret_cast<const pack<T, V>*>(br + c);
+      }
+    };
+    // With the next row in flight, the base is read with the row; without, after the row's
+    // reductions, so that x, dy and the base are not all held at once (the wide rows would spill).
+    if constexpr (PREFETCH) load_base();
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
@@ -278,6 +311,14 @@ __global__ void __launch_bounds__(256, 2)
       }
     }
     const float m1 = warp_sum(s1) / C, m2 = warp_sum(s2) / C;
+    if constexpr (!PREFETCH) {
+      load_base();
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        launder(px[it]);
+        launder(pd[it]);
+      }
+    }
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int c = (it * 32 + lane) * V;
@@ -287,59 +328,73 @@ __global__ void __launch_bounds__(256, 2)
         for (int k = 0; k < V; ++k) {
           const float d = to_f(pd[it].v[k]);
           const float xhat = (to_f(px[it].v[k]) - mu) * rs;
-          po.v[k] = from_f<T>(to_f(po.v[k]) +
-                              rs * (ws[(it * V + k) * 32 + lane] * d - m1 - xhat * m2));
+          const float r = to_f(po.v[k]);
+          po.v[k] = from_f<T>(r + rs * (ws[(it * V + k) * 32 + lane] * d - m1 - xhat * m2));
           mine[(it * V + k) * 32 + lane] += d * xhat;
           mine[half + (it * V + k) * 32 + lane] += d;
+          if constexpr (RSUM) mine[2 * half + (it * V + k) * 32 + lane] += r;
         }
         *reinterpret_cast<pack<T, V>*>(dxr + c) = po;
       }
     }
+    if constexpr (PREFETCH) {
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      px[it] = nx[it];
-      pd[it] = nd[it];
+      for (int it = 0; it < ITERS; ++it) {
+        px[it] = nx[it];
+        pd[it] = nd[it];
+      }
+      mu = nmu;
+      rs = nrs;
     }
-    mu = nmu;
-    rs = nrs;
   }
   __syncthreads();
-  // The block's warps' slices, added in warp order, written column by column ([dw | db]).
-  float* out = partial + static_cast<std::int64_t>(blockIdx.x) * 2 * C;
-  for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
-    const int c = i < C ? i : i - C, pk = c / V;  // pack pk = it·32 + l holds column c
-    const int at = (i < C ? 0 : half) + ((pk / 32) * V + c % V) * 32 + pk % 32;
+  // The block's warps' slices, added in warp order, written column by column ([dw | db | rsum]).
+  float* out = partial + static_cast<std::int64_t>(blockIdx.x) * NS * C;
+  for (int i = threadIdx.x; i < NS * C; i += blockDim.x) {
+    const int sl = i / C, c = i - sl * C, pk = c / V;  // pack pk = it·32 + l holds column c
+    const int at = sl * half + ((pk / 32) * V + c % V) * 32 + pk % 32;
     float total = sums[at];
-    for (int wi = 1; wi < warps; ++wi) total += sums[static_cast<std::int64_t>(wi) * 2 * half + at];
+    for (int wi = 1; wi < WARPS; ++wi)
+      total += sums[static_cast<std::int64_t>(wi) * NS * half + at];
     out[i] = total;
   }
 }
 
-/// dw[c] += Σ_blocks partial[block][c], db[c] += Σ_blocks partial[block][C + c], in the fixed
-/// order of column_total.
-__global__ void layernorm_param_finish_kernel(const float* partial, int blocks, int C, void* dw,
-                                              int dwc, void* db, int dbc) {
+/// Where layernorm_param_finish_kernel adds each part of a partial row: dw, db and the residual's
+/// column sums (a null pointer skips that part).
+struct layernorm_param_outs {
+  void* out[3] = {nullptr, nullptr, nullptr};
+  int code[3] = {0, 0, 0};
+};
+
+/// out.out[p][c] += Σ_blocks partial[block][p·C + c] for the `parts` parts of each partial row,
+/// in the fixed order of column_total.
+__global__ void layernorm_param_finish_kernel(const float* partial, int blocks, int C, int parts,
+                                              layernorm_param_outs o) {
   const int i = blockIdx.x * finish_cols + threadIdx.x;
-  const float s = column_total(partial, blocks, 2 * C, i);
-  if (threadIdx.y != 0 || i >= 2 * C) return;
-  void* out = i < C ? dw : db;
+  const float s = column_total(partial, blocks, parts * C, i);
+  if (threadIdx.y != 0 || i >= parts * C) return;
+  const int p = i / C, c = i - p * C;
+  void* out = o.out[p];
   if (!out) return;
-  const int c = i < C ? i : i - C, code = i < C ? dwc : dbc;
-  store_f(out, code, c, load_f(out, code, c) + s);
+  store_f(out, o.code[p], c, load_f(out, o.code[p], c) + s);
 }
 
-/// dw and db terms of one (row, column).
+/// dw and db terms of one (row, column), and with acc[2] (column_sums<3>) the residual's.
 template <class T>
 struct layernorm_param_terms {
   const T* dy;
   const T* x;
   const float* mean;
   const float* rstd;
+  const T* residual;
   int C;
-  __device__ void operator()(std::int64_t r, int c, float (&acc)[2]) const {
+  template <int N>
+  __device__ void operator()(std::int64_t r, int c, float (&acc)[N]) const {
     const float d = to_f(dy[r * C + c]);
     acc[0] += d * (to_f(x[r * C + c]) - mean[r]) * rstd[r];
     acc[1] += d;
+    if constexpr (N > 2) acc[2] += to_f(residual[r * C + c]);
   }
 };
 
@@ -370,6 +425,24 @@ bool with_row_iters(int C, F&& f) {
       if (need <= 8) return f(std::integral_constant<int, 8>{}), true;
     }
     return false;
+  }
+}
+
+/// with_row_iters for rows of 4 to 8 packs per lane: f(integral_constant<int, I>) with the
+/// smallest I of {4, 6, 7, 8} that fits (7: GPT-2 1.5B's 1600 in bf16, where 8 would spill).
+template <int V, class F>
+bool with_wide_iters(int C, F&& f) {
+  if constexpr (V == 1) {
+    (void)C;
+    (void)f;
+    return false;
+  } else {
+    const int need = (C + 32 * V - 1) / (32 * V);
+    if (need <= 3 || need > 8) return false;
+    if (need <= 4) return f(std::integral_constant<int, 4>{}), true;
+    if (need <= 6) return f(std::integral_constant<int, 6>{}), true;
+    if (need <= 7) return f(std::integral_constant<int, 7>{}), true;
+    return f(std::integral_constant<int, 8>{}), true;
   }
 }
 
@@ -422,9 +495,11 @@ void cuda_backend::layernorm_forward(const tensor& x, const tensor& w, const ten
 namespace {
 
 /// dx += LayerNorm's input gradient, or, with a residual, dx = *residual + that gradient (written).
+/// With `rsum`, also rsum += Σ_rows *residual (fused into the row-cached kernels; a separate
+/// column-sum pass otherwise). Returns after queueing everything.
 void layernorm_backward_on(context& ctx, const tensor& dy, const tensor& x, const tensor& w,
                            const tensor& mean, const tensor& rstd, tensor& dx, tensor& dw,
-                           tensor& db, const tensor* residual) {
+                           tensor& db, const tensor* residual, tensor* rsum) {
   const char* op = residual ? "cuda layernorm_backward_residual" : "cuda layernorm_backward";
   require_float(x, op, "x");
   require(x.rank() >= 1, op, "x must have a channel dimension");
@@ -437,6 +512,11 @@ void layernorm_backward_on(context& ctx, const tensor& dy, const tensor& x, cons
   if (residual) {
     require_type(*residual, x.type(), op, "residual");
     require_numel(*residual, x.numel(), op, "residual");
+  }
+  if (rsum) {
+    require(residual != nullptr, op, "rsum needs a residual");
+    require_float(*rsum, op, "rsum");
+    require_numel(*rsum, C, op, "rsum");
   }
   require_float(w, op, "w");
   require_numel(w, C, op, "w");
@@ -452,6 +532,17 @@ void layernorm_backward_on(context& ctx, const tensor& dy, const tensor& x, cons
   require_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
   const unsigned grid = static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block);
+  layernorm_param_outs outs;
+  outs.out[0] = dw.raw();
+  outs.code[0] = code_of(dw.type());
+  if (db.defined()) {
+    outs.out[1] = db.raw();
+    outs.code[1] = code_of(db.type());
+  }
+  if (rsum) {
+    outs.out[2] = rsum->raw();
+    outs.code[2] = code_of(rsum->type());
+  }
   dispatch_float(x.type(), op, [&](auto tag) {
     using T = decltype(tag);
     const T* base = residual ? residual->data<T>() : dx.data<T>();
@@ -459,32 +550,49 @@ void layernorm_backward_on(context& ctx, const tensor& dy, const tensor& x, cons
     bool cached = false;
     with_row_vector<T>({&x, &dy, &dx, &base_t}, C, [&](auto v) {
       constexpr int V = decltype(v)::value;
-      // At most 3 packs per lane (768 in bf16): the shared partial sums of 8 warps stay within
-      // 51 KB; wider rows take the plain kernels.
-      cached = with_row_iters<V, 3>(C, [&](auto iters) {
-        // 8 rows per warp (16384 rows are 256 blocks, one wave at two blocks per SM on an H200:
-        // 2 rows per warp measured 52.7 µs, 8 rows 37.5); the cut depends only on the row count
-        // (fixed sums, see above).
+      // Rows of at most 3 packs per lane (768 in bf16) take 8 warps per block with prefetching;
+      // 16-bit rows of up to 8 packs (2048) take 4 warps without (see the kernel). Wider rows,
+      // and fp32 ones past 3 packs, take the plain kernels.
+      auto launch = [&](auto iters, auto warps_c, auto rpw_c) {
+        constexpr int ITERS = decltype(iters)::value, WARPS = decltype(warps_c)::value;
+        constexpr int RPW = decltype(rpw_c)::value;
+        // RPW rows per warp (8 at 768: 16384 rows are 256 blocks, one wave at two blocks per
+        // SM on an H200; 2 rows per warp measured 52.7 µs, 8 rows 37.5); the cut depends only
+        // on the row count (fixed sums, see above).
         const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>(
-            (rows + 8 * rows_per_block - 1) / (8 * rows_per_block), 1, 1024));
-        scratch partial(ctx, sizeof(float) * 2 * static_cast<std::size_t>(C) * blocks);
-        // 2 · ITERS · V · 32 floats per warp, 8 warps, and w: up to 51 KB (ITERS 3, V 8), over
-        // the 48 KB a kernel gets without asking.
-        constexpr int ITERS = decltype(iters)::value;
-        const std::size_t smem = sizeof(float) * (2 * rows_per_block + 1) * ITERS * V * 32;
-        auto kernel = layernorm_backward_cached_kernel<T, V, ITERS>;
-        // Per launch, not once: the attribute belongs to the current device's context.
-        TROUPE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem)));
-        kernel<<<blocks, rows_per_block * 32, smem, ctx.stream>>>(
-                dy.data<T>(), x.data<T>(), w.raw(), code_of(w.type()), mean.data<float>(),
-                rstd.data<float>(), base, dx.data<T>(), partial.as<float>(), rows, C);
+            (rows + RPW * WARPS - 1) / (RPW * WARPS), 1, 1024));
+        const int parts = rsum ? 3 : 2;
+        scratch partial(ctx, sizeof(float) * parts * static_cast<std::size_t>(C) * blocks);
+        // parts · ITERS · V · 32 floats per warp, and w: 51 KB at ITERS 3, V 8, 8 warps and
+        // two parts; 104 KB at ITERS 8, 4 warps and three parts; over the 48 KB a kernel gets
+        // without asking.
+        const std::size_t smem = sizeof(float) * (parts * WARPS + 1) * ITERS * V * 32;
+        auto run = [&](auto kernel) {
+          // Per launch, not once: the attribute belongs to the current device's context.
+          TROUPE_CUDA_CHECK(cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+          kernel<<<blocks, WARPS * 32, smem, ctx.stream>>>(
+              dy.data<T>(), x.data<T>(), w.raw(), code_of(w.type()), mean.data<float>(),
+              rstd.data<float>(), base, dx.data<T>(), partial.as<float>(), rows, C);
+          TROUPE_CUDA_CHECK_LAUNCH();
+        };
+        constexpr bool prefetch = WARPS == 8;
+        if (rsum)
+          run(layernorm_backward_cached_kernel<T, V, ITERS, WARPS, prefetch, true>);
+        else
+          run(layernorm_backward_cached_kernel<T, V, ITERS, WARPS, prefetch, false>);
+        layernorm_param_finish_kernel<<<finish_grid(parts * C), finish_block(), 0,
+                                        ctx.stream>>>(partial.as<float>(),
+                                                      static_cast<int>(blocks), C, parts, outs);
         TROUPE_CUDA_CHECK_LAUNCH();
-        layernorm_param_finish_kernel<<<finish_grid(2 * C), finish_block(), 0, ctx.stream>>>(
-            partial.as<float>(), static_cast<int>(blocks), C, dw.raw(), code_of(dw.type()),
-            db.defined() ? db.raw() : nullptr, db.defined() ? code_of(db.type()) : 0);
-        TROUPE_CUDA_CHECK_LAUNCH();
-      });
+      };
+      using eight = std::integral_constant<int, 8>;
+      using four = std::integral_constant<int, 4>;
+      cached = with_row_iters<V, 3>(C, [&](auto iters) { launch(iters, eight{}, eight{}); });
+      if constexpr (sizeof(T) == 2) {
+        if (!cached)
+          cached = with_wide_iters<V>(C, [&](auto iters) { launch(iters, four{}, four{}); });
+      }
     });
     if (cached) return;
     with_row_vector<T>({&x, &dy, &dx, &base_t}, C, [&](auto v) {
@@ -496,10 +604,16 @@ void layernorm_backward_on(context& ctx, const tensor& dy, const tensor& x, cons
     });
     TROUPE_CUDA_CHECK_LAUNCH();
     layernorm_param_terms<T> f{dy.data<T>(), x.data<T>(), mean.data<float>(), rstd.data<float>(),
-                               C};
-    void* const outs[2] = {dw.raw(), db.defined() ? db.raw() : nullptr};
-    const int codes[2] = {code_of(dw.type()), db.defined() ? code_of(db.type()) : 0};
-    column_sums<2>(ctx, f, rows, C, outs, codes);
+                               residual ? residual->data<T>() : nullptr, C};
+    if (rsum) {
+      void* const three[3] = {outs.out[0], outs.out[1], outs.out[2]};
+      const int codes[3] = {outs.code[0], outs.code[1], outs.code[2]};
+      column_sums<3>(ctx, f, rows, C, three, codes);
+    } else {
+      void* const two[2] = {outs.out[0], outs.out[1]};
+      const int codes[2] = {outs.code[0], outs.code[1]};
+      column_sums<2>(ctx, f, rows, C, two, codes);
+    }
   });
 }
 
@@ -509,7 +623,7 @@ void cuda_backend::layernorm_backward(const tensor& dy, const tensor& x, const t
                                       const tensor& mean, const tensor& rstd, tensor& dx,
                                       tensor& dw, tensor& db) {
   activate();
-  layernorm_backward_on(*ctx_, dy, x, w, mean, rstd, dx, dw, db, nullptr);
+  layernorm_backward_on(*ctx_, dy, x, w, mean, rstd, dx, dw, db, nullptr, nullptr);
 }
 
 void cuda_backend::layernorm_backward_residual(const tensor& dy, const tensor& x,
@@ -518,11 +632,11 @@ void cuda_backend::layernorm_backward_residual(const tensor& dy, const tensor& x
                                                tensor& dx, tensor& dw, tensor& db,
                                                tensor& rsum) {
   activate();
-  // rsum is summed from the residual after dx is written.
+  // The plain kernels sum rsum from the residual after dx is written.
   require(!rsum.defined() || residual.raw() != dx.raw() || residual.numel() == 0,
           "cuda layernorm_backward_residual", "dx must not alias the residual");
-  layernorm_backward_on(*ctx_, dy, x, w, mean, rstd, dx, dw, db, &residual);
-  if (rsum.defined()) sum_rows(residual, rsum);
+  layernorm_backward_on(*ctx_, dy, x, w, mean, rstd, dx, dw, db, &residual,
+                        rsum.defined() ? &rsum : nullptr);
 }
 
 }  // namespace troupe::kernels::cuda

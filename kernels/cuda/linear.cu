@@ -692,16 +692,23 @@ void cuda_backend::linear_backward_weight_write(const tensor& dy, const tensor& 
   weight_gradient(*ctx_, dy, x, dw, db, 0, "cuda linear_backward_weight_write");
 }
 
-void cuda_backend::sum_rows(const tensor& x, tensor& out) {
-  activate();
-  const char* op = "cuda sum_rows";
+void sum_rows_on(context& ctx, const tensor& x, tensor& out, bool write) {
+  const char* op = write ? "cuda sum_rows (written)" : "cuda sum_rows";
   require_float(x, op, "x");
   require_float(out, op, "out");
   require(x.rank() >= 1, op, "x must be [N, C], got " + core::shape_string(x.shape()));
   const std::int64_t cols = x.dim(-1);
   require_numel(out, cols, op, "out");
   const std::int64_t rows = rows_of(x);
-  if (rows > 0) bias_gradient(*ctx_, x, rows, static_cast<int>(cols), out, false);
+  if (rows > 0)
+    bias_gradient(ctx, x, rows, static_cast<int>(cols), out, write);
+  else if (write)
+    TROUPE_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.bytes(), ctx.stream));
+}
+
+void cuda_backend::sum_rows(const tensor& x, tensor& out) {
+  activate();
+  sum_rows_on(*ctx_, x, out, false);
 }
 
 void set_gemm_log(bool on) { gemm_log.store(on); }

@@ -55,18 +55,24 @@ __device__ __forceinline__ void pack_a(std::uint32_t (&a)[N / 16][4], const floa
 
 /// Adds (Acc) or writes a warp's m64n64 accumulator rows, times `mul`, into rows of `dst`
 /// (row stride `stride`), two neighbouring columns per 4-byte access; rows ≥ T are not written.
-template <bool Acc, class T>
+/// With Sum (written results only), also writes the column sums of the warp's 16 rows as stored
+/// (rounded to T) into sums[0, 64): each thread adds its two rows of a column, then the eight
+/// lanes that share the column add theirs by shuffles in a fixed order (no atomics). A warp whose
+/// rows all lie past T writes no sums (it owns no partial row).
+template <bool Acc, bool Sum, class T>
 __device__ __forceinline__ void store_rows(T* dst, std::int64_t stride, const float (&x)[32],
-                                           float mul, int row_base, int T_len) {
+                                           float mul, int row_base, int T_len, float* sums) {
+  static_assert(!(Acc && Sum), "column sums are of written results");
   using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
   const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_base + g + 8 * r;
-    if (row >= T_len) continue;
-    T2* p = reinterpret_cast<T2*>(dst + static_cast<std::int64_t>(row) * stride + 2 * t);
+  for (int j = 0; j < 8; ++j) {
+    float c0 = 0.0f, c1 = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int r = 0; r < 2; ++r) {
+      const int row = row_base + g + 8 * r;
+      if (row >= T_len) continue;
+      T2* p = reinterpret_cast<T2*>(dst + static_cast<std::int64_t>(row) * stride + 2 * t);
       float lo, hi;
       if constexpr (Acc) {
         const T2 e = p[4 * j];
@@ -77,15 +83,40 @@ __device__ __forceinline__ void store_rows(T* dst, std::int64_t stride, const fl
         hi = x[4 * j + 2 * r + 1] * mul;
       }
       const std::uint32_t v = pack2<T>(lo, hi);
-      p[4 * j] = *reinterpret_cast<const T2*>(&v);
+      const T2 stored = *reinterpret_cast<const T2*>(&v);
+      p[4 * j] = stored;
+      if constexpr (Sum) {
+        c0 += __low2float(stored);
+        c1 += __high2float(stored);
+      }
+    }
+    if constexpr (Sum) {
+#pragma unroll
+      for (int m = 4; m < 32; m <<= 1) {
+        c0 += __shfl_xor_sync(0xffffffffu, c0, m);
+        c1 += __shfl_xor_sync(0xffffffffu, c1, m);
+      }
+      if (g == 0 && row_base < T_len) {
+        sums[8 * j + 2 * t] = c0;
+        sums[8 * j + 2 * t + 1] = c1;
+      }
     }
   }
 }
 
-template <class T, int WGS, int TILE, int NS, bool Overlap, bool Acc>
+/// Where a warp's column sums go: the partial row of its 16 rows (attention_backward_sm90's
+/// `sums`: [batch · ⌈T/16⌉, W]), at column `col`; null without sums.
+__device__ __forceinline__ float* sum_row(float* sums, const attn_shape& s, int b, int row_base,
+                                          int col) {
+  if (!sums) return nullptr;
+  const std::int64_t r = static_cast<std::int64_t>(b) * ((s.T + 15) / 16) + row_base / 16;
+  return sums + r * s.W + col;
+}
+
+template <class T, int WGS, int TILE, int NS, bool Overlap, bool Acc, bool Sum>
 __device__ __forceinline__ void dkdv_block(const T* qkv, const T* dout, const float* lse,
-                                           const float* delta, T* dqkv, const attn_shape& s,
-                                           int bh, int kb) {
+                                           const float* delta, T* dqkv, float* sums,
+                                           const attn_shape& s, int bh, int kb) {
   static_assert(NS >= (Overlap ? 3 : 2) && TILE <= WGS * 128);
   // With Overlap a stage is still read by the gradient products of the tile before; without, a
   // tile's products end within its step.
@@ -209,14 +240,16 @@ __device__ __forceinline__ void dkdv_block(const T* qkv, const T* dout, const fl
   }
   cp_wait<0>();
   T* dbase = dqkv + static_cast<std::int64_t>(b) * s.T * s.W;
-  store_rows<Acc>(dbase + (s.H + kvh) * D, s.W, dk, s.scale, key_base, s.T);
-  store_rows<Acc>(dbase + (s.H + s.Hkv + kvh) * D, s.W, dv, 1.0f, key_base, s.T);
+  store_rows<Acc, Sum>(dbase + (s.H + kvh) * D, s.W, dk, s.scale, key_base, s.T,
+                       sum_row(sums, s, b, key_base, (s.H + kvh) * D));
+  store_rows<Acc, Sum>(dbase + (s.H + s.Hkv + kvh) * D, s.W, dv, 1.0f, key_base, s.T,
+                       sum_row(sums, s, b, key_base, (s.H + s.Hkv + kvh) * D));
 }
 
-template <class T, int WGS, int TILE, int NS, bool Acc>
+template <class T, int WGS, int TILE, int NS, bool Acc, bool Sum>
 __device__ __forceinline__ void dq_block(const T* qkv, const T* dout, const float* lse,
-                                         const float* delta, T* dqkv, const attn_shape& s, int bh,
-                                         int qb) {
+                                         const float* delta, T* dqkv, float* sums,
+                                         const attn_shape& s, int bh, int qb) {
   static_assert(NS >= 3);
   constexpr int BM = WGS * 64, PF = NS - 2, TB = TILE * ROWB;
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -329,8 +362,8 @@ __device__ __forceinline__ void dq_block(const T* qkv, const T* dout, const floa
     pin(dq);
   }
   cp_wait<0>();
-  store_rows<Acc>(dqkv + static_cast<std::int64_t>(b) * s.T * s.W + h * D, s.W, dq, s.scale,
-                  row_base, s.T);
+  store_rows<Acc, Sum>(dqkv + static_cast<std::int64_t>(b) * s.T * s.W + h * D, s.W, dq,
+                       s.scale, row_base, s.T, sum_row(sums, s, b, row_base, h * D));
 }
 
 /// A backward's block shapes: warpgroups per block (64 keys or queries each), the tile the dK/dV
@@ -345,42 +378,43 @@ struct bwd_shape {
 };
 constexpr bwd_shape shipped_shape{1, 64, 3, false, 64, 3, true};
 
-template <class T, int WGS, int KVT, int KVS, bool KVO, int QT, int QS, bool Acc>
+template <class T, int WGS, int KVT, int KVS, bool KVO, int QT, int QS, bool Acc, bool Sum>
 __global__ void __launch_bounds__(WGS * 128, 1)
     attn_backward_dkdv_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
-                             T* dqkv, attn_shape s) {
+                             T* dqkv, float* sums, attn_shape s) {
   // The first key blocks see the most queries: launched first.
-  dkdv_block<T, WGS, KVT, KVS, KVO, Acc>(qkv, dout, lse, delta, dqkv, s, blockIdx.x, blockIdx.y);
+  dkdv_block<T, WGS, KVT, KVS, KVO, Acc, Sum>(qkv, dout, lse, delta, dqkv, sums, s, blockIdx.x,
+                                              blockIdx.y);
 }
-template <class T, int WGS, int KVT, int KVS, bool KVO, int QT, int QS, bool Acc>
+template <class T, int WGS, int KVT, int KVS, bool KVO, int QT, int QS, bool Acc, bool Sum>
 __global__ void __launch_bounds__(WGS * 128, 1)
     attn_backward_dq_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
-                           T* dqkv, attn_shape s) {
+                           T* dqkv, float* sums, attn_shape s) {
   // The last query blocks see the most keys: launched first.
-  dq_block<T, WGS, QT, QS, Acc>(qkv, dout, lse, delta, dqkv, s, blockIdx.x,
-                                gridDim.y - 1 - blockIdx.y);
+  dq_block<T, WGS, QT, QS, Acc, Sum>(qkv, dout, lse, delta, dqkv, sums, s, blockIdx.x,
+                                     gridDim.y - 1 - blockIdx.y);
 }
 /// Both kernels as one grid (they read the same inputs and write different columns of dqkv):
 /// the dK/dV blocks, then the dQ blocks, each heaviest first, so that the dQ blocks fill the
 /// multiprocessors the last dK/dV blocks leave.
-template <class T, int WGS, int KVT, int KVS, bool KVO, int QT, int QS, bool Acc>
+template <class T, int WGS, int KVT, int KVS, bool KVO, int QT, int QS, bool Acc, bool Sum>
 __global__ void __launch_bounds__(WGS * 128, WGS == 1 ? 3 : 1)
     attn_backward_wgmma(const T* qkv, const T* dout, const float* lse, const float* delta,
-                        T* dqkv, attn_shape s, int batch, int blocks) {
+                        T* dqkv, float* sums, attn_shape s, int batch, int blocks) {
   const int kv_rows = batch * s.Hkv, i = static_cast<int>(blockIdx.x);
   if (i < kv_rows * blocks) {
-    dkdv_block<T, WGS, KVT, KVS, KVO, Acc>(qkv, dout, lse, delta, dqkv, s, i % kv_rows,
-                                           i / kv_rows);
+    dkdv_block<T, WGS, KVT, KVS, KVO, Acc, Sum>(qkv, dout, lse, delta, dqkv, sums, s,
+                                                i % kv_rows, i / kv_rows);
   } else {
     const int j = i - kv_rows * blocks, q_rows = batch * s.H;
-    dq_block<T, WGS, QT, QS, Acc>(qkv, dout, lse, delta, dqkv, s, j % q_rows,
-                                  blocks - 1 - j / q_rows);
+    dq_block<T, WGS, QT, QS, Acc, Sum>(qkv, dout, lse, delta, dqkv, sums, s, j % q_rows,
+                                       blocks - 1 - j / q_rows);
   }
 }
 
-template <class T, bool Acc, bwd_shape C>
+template <class T, bool Acc, bool Sum, bwd_shape C>
 void launch(const void* qkv, const void* dout, const float* lse, const float* delta, void* dqkv,
-            int batch, const attn_shape& s, cudaStream_t stream) {
+            float* sums, int batch, const attn_shape& s, cudaStream_t stream) {
   static std::array<std::once_flag, 64> once_kv, once_q, once_both;
   constexpr int rows = C.wgs * 64;
   const int blocks = (s.T + rows - 1) / rows;
@@ -391,37 +425,47 @@ void launch(const void* qkv, const void* dout, const float* lse, const float* de
   auto* d = static_cast<T*>(dqkv);
   if constexpr (C.fused) {
     auto both = attn_backward_wgmma<T, C.wgs, C.kv_tile, C.kv_stages, C.kv_overlap, C.q_tile,
-                                    C.q_stages, Acc>;
+                                    C.q_stages, Acc, Sum>;
     constexpr int smem = smem_kv > smem_q ? smem_kv : smem_q;
     allow_shared_memory(both, smem, once_both);
     const unsigned grid = static_cast<unsigned>(batch * (s.Hkv + s.H) * blocks);
-    both<<<grid, C.wgs * 128, smem, stream>>>(q, g, lse, delta, d, s, batch, blocks);
+    both<<<grid, C.wgs * 128, smem, stream>>>(q, g, lse, delta, d, sums, s, batch, blocks);
   } else {
     const auto ub = static_cast<unsigned>(blocks);
     auto dkdv = attn_backward_dkdv_wgmma<T, C.wgs, C.kv_tile, C.kv_stages, C.kv_overlap,
-                                         C.q_tile, C.q_stages, Acc>;
+                                         C.q_tile, C.q_stages, Acc, Sum>;
     allow_shared_memory(dkdv, smem_kv, once_kv);
-    dkdv<<<dim3(batch * s.Hkv, ub), C.wgs * 128, smem_kv, stream>>>(q, g, lse, delta, d, s);
+    dkdv<<<dim3(batch * s.Hkv, ub), C.wgs * 128, smem_kv, stream>>>(q, g, lse, delta, d, sums,
+                                                                     s);
     TROUPE_CUDA_CHECK(cudaGetLastError());
     auto dq = attn_backward_dq_wgmma<T, C.wgs, C.kv_tile, C.kv_stages, C.kv_overlap, C.q_tile,
-                                     C.q_stages, Acc>;
+                                     C.q_stages, Acc, Sum>;
     allow_shared_memory(dq, smem_q, once_q);
-    dq<<<dim3(batch * s.H, ub), C.wgs * 128, smem_q, stream>>>(q, g, lse, delta, d, s);
+    dq<<<dim3(batch * s.H, ub), C.wgs * 128, smem_q, stream>>>(q, g, lse, delta, d, sums, s);
   }
 }
 
 }  // namespace
 
+int attention_backward_sm90_sum_rows(int batch, const attn_shape& s) {
+  return batch * ((s.T + 15) / 16);
+}
+
 bool attention_backward_sm90(core::dtype type, const void* qkv, const void* dout,
                              const float* lse, const float* delta, void* dqkv, int batch,
-                             const attn_shape& s, bool accumulate, cudaStream_t stream) {
-  if (s.D != D || s.doc) return false;
+                             const attn_shape& s, bool accumulate, float* sums,
+                             cudaStream_t stream) {
+  if (s.D != D || s.doc || (accumulate && sums)) return false;
   return with_16bit_type(type, [&](auto tag) {
     using T = decltype(tag);
     if (accumulate)
-      launch<T, true, shipped_shape>(qkv, dout, lse, delta, dqkv, batch, s, stream);
+      launch<T, true, false, shipped_shape>(qkv, dout, lse, delta, dqkv, nullptr, batch, s,
+                                            stream);
+    else if (sums)
+      launch<T, false, true, shipped_shape>(qkv, dout, lse, delta, dqkv, sums, batch, s, stream);
     else
-      launch<T, false, shipped_shape>(qkv, dout, lse, delta, dqkv, batch, s, stream);
+      launch<T, false, false, shipped_shape>(qkv, dout, lse, delta, dqkv, nullptr, batch, s,
+                                             stream);
   });
 }
 
