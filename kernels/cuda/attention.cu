@@ -29,6 +29,7 @@
 // blocks are the grid's slow dimension, so the order holds across batches and heads).
 #include <climits>
 #include <cmath>
+#include <optional>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_sm90.hpp"
@@ -1146,14 +1147,15 @@ void attention_backward_on(context& ctx, const tensor& dout, const tensor& qkv, 
     if (ctx.hopper_attention && use_mma(qkv.type(), d.head_dim, {&qkv, &dout, &dqkv})) {
       const int parts = attention_backward_sm90_sum_rows(d.batch, s);
       const int W = s.W;
-      scratch partial(ctx, dsum ? sizeof(float) * static_cast<std::size_t>(parts) * W : 0);
+      std::optional<scratch> partial;
+      if (dsum) partial.emplace(ctx, sizeof(float) * static_cast<std::size_t>(parts) * W);
       if (attention_backward_sm90(qkv.type(), qkv.raw(), dout.raw(), lse.data<float>(),
                                   delta.as<float>(), dqkv.raw(), d.batch, s, accumulate,
-                                  dsum ? partial.as<float>() : nullptr, ctx.stream)) {
+                                  dsum ? partial->as<float>() : nullptr, ctx.stream)) {
         TROUPE_CUDA_CHECK_LAUNCH();
         if (dsum) {
           column_finish_kernel<<<finish_grid(W), finish_block(), 0, ctx.stream>>>(
-              partial.as<float>(), parts, W, dsum->raw(), code_of(dsum->type()), true);
+              partial->as<float>(), parts, W, dsum->raw(), code_of(dsum->type()), true);
           TROUPE_CUDA_CHECK_LAUNCH();
           summed = true;
         }

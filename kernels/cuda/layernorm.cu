@@ -209,21 +209,21 @@ __device__ __forceinline__ void launder(pack<T, V>& p) {
     asm volatile("" : "+r"(w[i]));
 }
 
-/// dx of every row, and per block the column sums [dw (C) | db (C)] of its rows (with RSUM also
+/// dx of every row, and per block the column sums [dw (C) | db (C)] of its rows (with RSUM, also
 /// [... | rsum (C)], the residual's column sums) into partial[blockIdx.x · NS·C ...]. Each warp
 /// adds its rows' terms into its own slice of shared memory (dynamic), in which each lane owns its
 /// columns, so there are no atomics and no races; at the end the block adds the warps' slices in
 /// warp order. A slice is stored lane-minor (element k of pack `it` of lane l at
 /// (it·V + k)·32 + l), so the 32 lanes of a warp touch 32 consecutive floats (lane l's columns
-/// side by side would be an 8-way bank conflict). Keeping these partial sums in registers instead (2 · ITERS · V of them
-/// next to the row's x and dy), and w read through its dtype at each use, needed 128 registers
-/// with spills at two blocks per SM: measured on the H200 at 52 µs per call for 16384 × 768 in
-/// bf16 (38% of DRAM bandwidth, 725k local-memory requests).
+/// side by side would be an 8-way bank conflict). Keeping these partial sums in registers
+/// instead (2 · ITERS · V of them next to the row's x and dy), and w read through its dtype at
+/// each use, needed 128 registers with spills at two blocks per SM: measured on the H200 at 52 µs
+/// per call for 16384 × 768 in bf16 (38% of DRAM bandwidth, 725k local-memory requests).
 /// Rows of up to 768 in bf16 (ITERS ≤ 3) take 8 warps per block, two blocks per SM, and each warp
 /// loads its next row's x and dy while it works on the current one (PREFETCH). Wider rows (up to
-/// 2048: GPT-2 1.5B's 1600) hold 8 packs of x, dy and the base per lane: a second row in flight
-/// would spill, so they take 4 warps per block without prefetching, and the SM's other blocks hide
-/// the loads.
+/// 2048: GPT-2 1.5B's 1600) hold up to 8 packs of x, dy and the base per lane: a second row in
+/// flight would spill, so they take 4 warps per block without prefetching, and the SM's other
+/// blocks hide the loads.
 template <class T, int V, int ITERS, int WARPS, bool PREFETCH, bool RSUM>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 3)
     layernorm_backward_cached_kernel(const T* dy, const T* x, const void* w, int wc,
@@ -404,11 +404,10 @@ struct layernorm_param_terms {
 namespace {
 constexpr int rows_per_block = 8;  // 8 warps of 32 lanes, one row each
 
-/// Calls f(std::integral_constant<int, I>) with the smallest I of {1, 2, 3, 4, 6, 8} up to
-/// MAX_ITERS such that rows of C elements fit in I · 32 · V; returns false (f not called) when
-/// none does, or when rows do not move in 16-byte packs (V = 1: odd widths, not worth the
-/// instantiations).
-template <int V, int MAX_ITERS, class F>
+/// Calls f(std::integral_constant<int, I>) with the smallest I of `Is` (ascending) such that
+/// rows of C elements fit in I · 32 · V; returns false (f not called) when none does, or when rows
+/// do not move in 16-byte packs (V = 1: odd widths, not worth the instantiations).
+template <int V, int... Is, class F>
 bool with_row_iters(int C, F&& f) {
   if constexpr (V == 1) {
     (void)C;
@@ -416,33 +415,9 @@ bool with_row_iters(int C, F&& f) {
     return false;
   } else {
     const int need = (C + 32 * V - 1) / (32 * V);
-    if (need <= 1) return f(std::integral_constant<int, 1>{}), true;
-    if (need <= 2) return f(std::integral_constant<int, 2>{}), true;
-    if (need <= 3) return f(std::integral_constant<int, 3>{}), true;
-    if constexpr (MAX_ITERS >= 8) {
-      if (need <= 4) return f(std::integral_constant<int, 4>{}), true;
-      if (need <= 6) return f(std::integral_constant<int, 6>{}), true;
-      if (need <= 8) return f(std::integral_constant<int, 8>{}), true;
-    }
-    return false;
-  }
-}
-
-/// with_row_iters for rows of 4 to 8 packs per lane: f(integral_constant<int, I>) with the
-/// smallest I of {4, 6, 7, 8} that fits (7: GPT-2 1.5B's 1600 in bf16, where 8 would spill).
-template <int V, class F>
-bool with_wide_iters(int C, F&& f) {
-  if constexpr (V == 1) {
-    (void)C;
-    (void)f;
-    return false;
-  } else {
-    const int need = (C + 32 * V - 1) / (32 * V);
-    if (need <= 3 || need > 8) return false;
-    if (need <= 4) return f(std::integral_constant<int, 4>{}), true;
-    if (need <= 6) return f(std::integral_constant<int, 6>{}), true;
-    if (need <= 7) return f(std::integral_constant<int, 7>{}), true;
-    return f(std::integral_constant<int, 8>{}), true;
+    bool done = false;
+    ((done = done || (need <= Is && (f(std::integral_constant<int, Is>{}), true))), ...);
+    return done;
   }
 }
 
@@ -475,7 +450,7 @@ void cuda_backend::layernorm_forward(const tensor& x, const tensor& w, const ten
     using T = decltype(tag);
     with_row_vector<T>({&x, &y}, C, [&](auto v) {
       constexpr int V = decltype(v)::value;
-      const bool cached = with_row_iters<V, 8>(C, [&](auto iters) {
+      const bool cached = with_row_iters<V, 1, 2, 3, 4, 6, 8>(C, [&](auto iters) {
         layernorm_forward_cached_kernel<T, V, decltype(iters)::value>
             <<<cached_grid(rows, 8 * rows_per_block), rows_per_block * 32, 0, s>>>(
                 x.data<T>(), w.raw(), code_of(w.type()), b.defined() ? b.raw() : nullptr,
@@ -588,10 +563,14 @@ void layernorm_backward_on(context& ctx, const tensor& dy, const tensor& x, cons
       };
       using eight = std::integral_constant<int, 8>;
       using four = std::integral_constant<int, 4>;
-      cached = with_row_iters<V, 3>(C, [&](auto iters) { launch(iters, eight{}, eight{}); });
+      cached = with_row_iters<V, 1, 2, 3>(C, [&](auto iters) {
+        launch(iters, eight{}, eight{});
+      });
       if constexpr (sizeof(T) == 2) {
         if (!cached)
-          cached = with_wide_iters<V>(C, [&](auto iters) { launch(iters, four{}, four{}); });
+          cached = with_row_iters<V, 4, 6, 7, 8>(C, [&](auto iters) {
+            launch(iters, four{}, four{});  // 7: GPT-2 1.5B's 1600 in bf16, where 8 spilled
+          });
       }
     });
     if (cached) return;
