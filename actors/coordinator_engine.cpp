@@ -49,6 +49,10 @@ coordinator_engine::coordinator_engine(const core::config& cfg, job_layout layou
     be_ = kernels::make_backend(cfg_.runtime.device);
     eval_model_ = std::make_unique<model::chunk>(cfg_.model, model::partition(cfg_.model, 1)[0],
                                                  *be_, cfg_.precision.compute);
+    // Evaluation forwards keep nothing for a backward: the copy holds its weights (no gradients:
+    // model::chunk makes them on first use) and one layer's work at a time, not a training
+    // micro-batch's saved activations (plan::dry_run counts the same).
+    eval_model_->set_recompute(core::recompute_mode::full);
     // Snapshots carry the trainable parameters only; frozen base weights ([lora]) are the
     // stages' own start, made the same way: the seeded initialisation, or model.init's weights.
     if (!eval_model_->frozen_params().empty()) {
@@ -393,6 +397,9 @@ void coordinator_engine::evaluate() {
     snapshot_.clear();
     eval_model_->params_updated();
     o.val_loss = model::validation_loss(*plan_.val, cfg_.train.eval_batches, *be_, {eval_model_.get()});
+    if (const std::uint64_t peak = be_->peak_memory_bytes(); peak > 0)
+      pending_fields_ += std::string(pending_fields_.empty() ? "" : ",") +
+                         "\"evaluation_peak_device_bytes\":" + std::to_string(peak);
   } catch (const std::exception& e) {
     return fail(failure_error(
         actor_failure{actor_name(address{role::coordinator, 0, 0}), 0, step_, "evaluation", e.what()}));
@@ -657,6 +664,9 @@ void coordinator_engine::print_memory() {
                    mib(shard) / 1024.0);
     }
   std::fprintf(log_, "\n");
+  if (be_ && be_->peak_memory_bytes() > 0)
+    std::fprintf(log_, "memory: the coordinator's evaluation copy of the model: %.2f GiB at its "
+                 "peak\n", mib(be_->peak_memory_bytes()) / 1024.0);
 }
 
 void coordinator_engine::on_heartbeat(worker_heartbeat h, clock::time_point now) {

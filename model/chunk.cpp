@@ -137,13 +137,7 @@ class chunk_impl {
     }
     const std::int64_t n = flat_numel(defs_);
     params_ = be_.empty({n}, core::dtype::f32);
-    grads_ = be_.empty({n}, core::dtype::f32);
     be_.zero(params_);
-    be_.zero(grads_);
-    if (shared_head_) {
-      head_grad_ = be_.empty({cfg.vocab_size, cfg.hidden_size}, core::dtype::f32);
-      be_.zero(head_grad_);
-    }
     if (act_ != core::dtype::f32) {
       low_ = be_.empty({n}, act_);
       be_.zero(low_);
@@ -191,11 +185,22 @@ class chunk_impl {
   }
   std::vector<param_info> infos_, frozen_infos_;
   std::unordered_map<std::string, std::pair<bool, std::size_t>> index_;  // name → (frozen, i)
-  tensor params_, grads_, low_;
+  tensor params_, low_;
   // One chunk holds both uses of a tied embedding: the head reads the embedding's weights and
   // writes its gradient into head_grad_, outside grads_ (chunk::shares_head).
   bool shared_head_ = false;
-  tensor head_grad_;
+  // The gradient buffers are made (zeroed) when first asked for (need_grads): a chunk that only
+  // runs evaluation forwards, as the coordinator's copy of the model does, never holds them.
+  mutable tensor grads_, head_grad_;
+  void need_grads() const {
+    if (grads_.defined()) return;
+    grads_ = be_.empty({params_.numel()}, core::dtype::f32);
+    be_.zero(grads_);
+    if (shared_head_) {
+      head_grad_ = be_.empty({cfg_.vocab_size, cfg_.hidden_size}, core::dtype::f32);
+      be_.zero(head_grad_);
+    }
+  }
   tensor frozen_, frozen_low_;
   std::unique_ptr<layer_ops> ops_;
   core::recompute_mode recompute_ = core::recompute_mode::none;
@@ -234,6 +239,7 @@ class chunk_impl {
     return (frozen ? frozen_ : params_).slice(p->offset, p->shape);
   }
   tensor grad_view(const std::string& name) const {
+    need_grads();
     if (is_shared_head(name)) return head_grad_;
     const auto [frozen, p] = info(name);
     if (frozen)
@@ -266,6 +272,7 @@ class chunk_impl {
     });
   }
   views gradients() const {
+    need_grads();
     return make_views([&](const std::string& name) {
       if (is_shared_head(name)) return head_grad_;
       const auto [frozen, p] = info(name);
@@ -306,6 +313,7 @@ class chunk_impl {
   }
   /// Clears what no weight pass writes and marks the rest fresh.
   void zero_grads() {
+    need_grads();
     if (!ranges_known_) {
       const views g = gradients();
       std::vector<std::pair<std::int64_t, std::int64_t>> written;
@@ -803,6 +811,7 @@ bool chunk::shares_head() const { return impl_->shared_head_; }
 const std::vector<param_info>& chunk::frozen_params() const { return impl_->frozen_infos_; }
 tensor& chunk::flat_params() { return impl_->params_; }
 tensor& chunk::flat_grads() {
+  impl_->need_grads();
   impl_->settle();
   return impl_->grads_;
 }

@@ -111,7 +111,9 @@ class chunk {
   bool shares_head() const;
   /// The frozen base parameters ([lora]): no gradient, no optimizer state; empty without [lora].
   const std::vector<param_info>& frozen_params() const;
-  /// Flat fp32 master parameters / gradients of params() (padded; padding stays zero).
+  /// Flat fp32 master parameters / gradients of params() (padded; padding stays zero). The
+  /// gradients are allocated when first needed (a backward, zero_grads, grad(), flat_grads()): a
+  /// chunk that only evaluates holds none.
   tensor& flat_params();
   tensor& flat_grads();
   /// The low-precision working copy of flat_params() (bf16/fp16, same layout) the layers read;

@@ -98,9 +98,11 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
             model::chunk c(cfg.model, specs[l.chunk_of(p, i)], *wp.stage_be, cfg.precision.compute, tp);
             c.set_recompute(cfg.recompute.mode, core::recompute_layers(cfg),
                             core::keep_gelu_layers(cfg));
+            // The gradients are made on first use: here, so that they count as what they are.
+            const std::uint64_t grads = wp.stage_be->rounded(c.flat_grads().bytes());
             if (d == 0 && t == 0) {
               out.params[p] += wp.stage_be->rounded(c.flat_params().bytes());
-              out.grads[p] += wp.stage_be->rounded(c.flat_grads().bytes());
+              out.grads[p] += grads;
               if (c.flat_low().defined()) out.low[p] += wp.stage_be->rounded(c.flat_low().bytes());
               for (const core::tensor* f : {&c.flat_frozen(), &c.flat_frozen_low()})
                 if (f->defined()) out.frozen[p] += wp.stage_be->rounded(f->bytes());
@@ -152,6 +154,20 @@ core::result<dry_run_result> dry_run(const core::config& cfg, device_model dev, 
       c.forward(0, in, tgt, 1.0f);
       out.saved_per_microbatch[p] += c.saved_activation_bytes();
     }
+  }
+
+  // The coordinator's copy of the whole model for the validation loss (actors/coordinator_engine:
+  // built when data.val is set, full recompute, no gradients) and one evaluation micro-batch
+  // through it, as model::validation_loss runs it.
+  if (!cfg.data.val.empty()) {
+    kernels::meta_backend probe(mo);
+    probe.set_device(claimed);
+    model::chunk c(cfg.model, model::partition(cfg.model, 1)[0], probe, cfg.precision.compute);
+    c.set_recompute(core::recompute_mode::full);
+    c.forward(0, probe.empty({rows}, core::dtype::i32), probe.empty({rows}, core::dtype::i32),
+              0.0f);
+    c.release(0);
+    out.evaluation = probe.peak_bytes();
   }
 
   const int last = l.chunks() - 1;

@@ -51,6 +51,10 @@ struct dry_run_result {
   std::vector<std::uint64_t> frozen;
   /// Saved activations of one micro-batch per pipeline rank (all its chunks), after the forward.
   std::vector<std::uint64_t> saved_per_microbatch;
+  /// The peak of the coordinator's evaluation copy of the model (data.val set; 0 without): its
+  /// weights, without gradients, and one evaluation micro-batch's forward, layer by layer. It
+  /// lives on worker 0's device.
+  std::uint64_t evaluation = 0;
 };
 
 /// Runs `steps` training steps of `cfg` (its layout, schedule, recompute, precision, ZeRO) on meta

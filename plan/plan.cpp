@@ -185,9 +185,15 @@ core::result<job_plan> make_plan(const core::config& cfg, const plan_options& o)
             add_term(r.terms, "optimizer scratch", bytes);
           }
         }
+        if (dp == 0 && tp == 0 && pp == 0 && d.evaluation > 0) {
+          // The coordinator runs in worker 0's process, on its device, with a backend of its own.
+          r.evaluation = d.evaluation + (cuda ? cuda_workspace : 0);
+          add_term(r.terms, "evaluation copy of the model", r.evaluation);
+        }
         if (cuda) {
           add_term(r.terms, "GEMM workspace", 2 * cuda_workspace);
-          r.reserve = static_cast<std::uint64_t>(cuda_slack * static_cast<double>(r.stage_peak + r.shard_peak));
+          r.reserve = static_cast<std::uint64_t>(
+              cuda_slack * static_cast<double>(r.stage_peak + r.shard_peak + r.evaluation));
           if (!o.one_device) r.reserve += cuda_context;
           add_term(r.terms, "allocator reserve and context", r.reserve);
         }
@@ -315,15 +321,17 @@ std::string render_text(const job_plan& p) {
   s << "plan: " << p.name << " on " << p.device
     << (p.one_device ? " (every worker in one process on one device)" : " (one device per worker)")
     << "\n";
-  std::snprintf(line, sizeof line, "%-12s %12s %12s %12s %12s  %s\n", "rank", "stage", "optimizer",
-                "reserve", "total", "largest terms");
+  std::snprintf(line, sizeof line, "%-12s %12s %12s %12s %12s %12s  %s\n", "rank", "stage",
+                "optimizer", "evaluation", "reserve", "total", "largest terms");
   s << line;
   for (const auto& r : p.ranks) {
     std::string top;
     for (std::size_t i = 0; i < r.terms.size() && i < 3; ++i)
       top += (i ? ", " : "") + r.terms[i].name + " " + format_bytes(r.terms[i].bytes);
-    std::snprintf(line, sizeof line, "%-12s %12s %12s %12s %12s  %s\n", rank_name(p, r).c_str(),
-                  format_bytes(r.stage_peak).c_str(), format_bytes(r.shard_peak).c_str(),
+    std::snprintf(line, sizeof line, "%-12s %12s %12s %12s %12s %12s  %s\n",
+                  rank_name(p, r).c_str(), format_bytes(r.stage_peak).c_str(),
+                  format_bytes(r.shard_peak).c_str(),
+                  r.evaluation ? format_bytes(r.evaluation).c_str() : "-",
                   format_bytes(r.reserve).c_str(), format_bytes(r.total()).c_str(), top.c_str());
     s << line;
   }
@@ -402,6 +410,7 @@ std::string render_json(const job_plan& p) {
     jr["pp"] = r.pp;
     jr["stage_peak_bytes"] = r.stage_peak;
     jr["optimizer_peak_bytes"] = r.shard_peak;
+    jr["evaluation_bytes"] = r.evaluation;
     jr["reserve_bytes"] = r.reserve;
     jr["host_bytes"] = r.host_bytes;
     jr["total_bytes"] = r.total();

@@ -43,14 +43,16 @@ struct rank_plan {
   int dp = 0, pp = 0, tp = 0;
   std::uint64_t stage_peak = 0;  // the stage backend's allocator peak (what metrics report)
   std::uint64_t shard_peak = 0;  // its optimizer shard's
-  std::uint64_t reserve = 0;     // device context and allocator slack, beyond both peaks
+  /// The coordinator's evaluation copy of the model (worker 0 only, with data.val; else 0).
+  std::uint64_t evaluation = 0;
+  std::uint64_t reserve = 0;     // device context and allocator slack, beyond the peaks
   /// optimizer.offload: host bytes of its shard's master slices and moments and its staging
   /// buffers for gradient pieces (all page-locked); 0 without offload.
   std::uint64_t host_bytes = 0;
   std::vector<memory_term> terms;  // the peaks split by kind, largest first
   std::uint64_t saved_per_microbatch = 0;  // one micro-batch's saved activations (all chunks)
   int peak_in_flight = 0;                  // the schedule's most (chunk, micro-batch) passes in flight
-  std::uint64_t total() const { return stage_peak + shard_peak + reserve; }
+  std::uint64_t total() const { return stage_peak + shard_peak + evaluation + reserve; }
 };
 
 /// Another layout that fits, found when this one does not.

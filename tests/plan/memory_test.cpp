@@ -288,3 +288,51 @@ TEST_CASE("tensor parallel halves a rank's split weights and sequence parallel i
     CHECK(plan::rank_name(*one, one->ranks[0]) == "dp0/pp0");
   }
 }
+
+TEST_CASE("the coordinator's evaluation copy: planned on worker 0's device, matching a CPU run "
+          "within 10 %, without gradients") {
+  for (auto arch : {core::arch_kind::gpt2, core::arch_kind::llama}) {
+    INFO((arch == core::arch_kind::gpt2 ? "gpt2" : "llama"));
+    scratch_dir tmp("plan_eval");
+    core::config c = layout(tmp, arch, 1, 2, core::recompute_mode::none, 0);
+    c.data.val = tiny_run(tmp, arch).data.val;
+    c.train.eval_interval = 2;
+    plan::plan_options po;
+    po.suggest = false;
+    auto p = plan::make_plan(c, po);
+    REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.err().to_string()));
+    std::uint64_t params = 0, low = 0, planned = 0;
+    for (const auto& r : p->ranks) {
+      if (r.dp == 0) {
+        params = term(r, "fp32 parameters");  // the whole model's (pipeline_stage 1)
+        low = term(r, "low-precision weights");
+        planned = r.evaluation;
+        CHECK(term(r, "evaluation copy of the model") == r.evaluation);
+      } else {
+        CHECK(r.evaluation == 0);
+      }
+    }
+    // Its weights and one layer's work at a time: a copy that made gradients (as large as its
+    // fp32 parameters) or kept a training micro-batch's activations would be larger.
+    CHECK(planned >= params + low);
+    CHECK(planned < params + low + params / 2);
+
+    run_and_measure(c);
+    std::ifstream f(c.runtime.run_dir + "/metrics.jsonl");
+    std::string line;
+    std::uint64_t measured = 0;
+    while (std::getline(f, line))
+      if (!line.empty())
+        measured = std::max(measured, nlohmann::json::parse(line).value(
+                                          "evaluation_peak_device_bytes", std::uint64_t{0}));
+    INFO("evaluation copy: planned ", planned, " measured ", measured);
+    REQUIRE(measured > 0);
+    CHECK(rel(planned, measured) <= 0.10);
+
+    // Without validation data the coordinator makes no copy.
+    c.data.val.clear();
+    auto none = plan::make_plan(c, po);
+    REQUIRE(none.ok());
+    CHECK(none->ranks.front().evaluation == 0);
+  }
+}
